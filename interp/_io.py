@@ -1,0 +1,70 @@
+"""Atomic output files and early checks on output folders.
+
+Every file the toolkit writes goes through :func:`atomic_write`: the content is written to a
+temporary file in the same folder and moved into place with :func:`os.replace`, so a reader never
+sees a half-written result, and a crash leaves the previous file (or nothing) behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class OutputError(ValueError):
+    """The output location cannot be used."""
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):  # numpy / torch scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+def ensure_writable_dir(out: str | os.PathLike) -> Path:
+    """Create ``out`` if needed and prove that files can be written there.
+
+    Called by every CLI *before* any model is loaded, so that a bad ``--out`` costs nothing.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} exists and is not a directory: pass a folder path")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(
+            f"cannot write to output folder {out}: {e.strerror or e}; pass a writable --out"
+        ) from None
+    return out

@@ -1,0 +1,137 @@
+"""``HeadScores``: one tidy table, a row per (layer, head), a column per score.
+
+Scores with uncertainty carry ``<score>_lo`` and ``<score>_hi`` columns (a bootstrap interval over
+probe sequences, see :func:`bootstrap_ratio`). The table is a plain :class:`pandas.DataFrame`, ready
+for ``groupby("layer")``; :meth:`HeadScores.grid` gives the layer x head matrix for plotting and
+:meth:`HeadScores.rank` the sorted view a summary prints.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp._io import atomic_write, atomic_write_json
+
+CI_SUFFIXES = ("_lo", "_hi")
+
+
+def bootstrap_ratio(
+    num: Float[Tensor, "batch *rest"],
+    den: Float[Tensor, "batch *rest"],
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[Float[Tensor, "*rest"], Float[Tensor, "*rest"], Float[Tensor, "*rest"]]:
+    """Pooled ratio ``sum(num) / sum(den)`` over sequences, and its percentile bootstrap CI.
+
+    Each probe sequence contributes a numerator (attention mass on the targets, summed over its
+    scored queries) and a denominator (how many queries it scored). Sequences are resampled with
+    replacement ``n_boot`` times; the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    quantiles of the resampled ratios. A single sequence gives a degenerate interval.
+    """
+    num, den = num.double().cpu(), den.double().cpu()
+    point = num.sum(0) / den.sum(0).clamp_min(1e-12)
+    b = num.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(b, (n_boot, b), generator=gen)
+    ratios = num[idx].sum(1) / den[idx].sum(1).clamp_min(1e-12)
+    alpha = (1.0 - level) / 2
+    lo = torch.quantile(ratios, alpha, dim=0)
+    hi = torch.quantile(ratios, 1 - alpha, dim=0)
+    return point.float(), lo.float(), hi.float()
+
+
+@dataclass
+class HeadScores:
+    """A tidy per-head table plus the facts of the run that made it."""
+
+    table: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_grids(cls, grids: dict[str, Any], meta: dict[str, Any] | None = None) -> "HeadScores":
+        """Build from ``{column: [n_layers, n_heads] array}``; all grids must share one shape."""
+        shapes = {np.asarray(g).shape for g in grids.values()}
+        if len(shapes) != 1:
+            raise ValueError(f"all grids must have one shape, got {shapes}")
+        (n_layers, n_heads), = shapes
+        layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        data: dict[str, Any] = {"layer": layer.ravel(), "head": head.ravel()}
+        data["label"] = [f"{l}.{h}" for l, h in zip(data["layer"], data["head"])]
+        for name, grid in grids.items():
+            g = grid.detach().cpu().numpy() if isinstance(grid, Tensor) else np.asarray(grid)
+            data[name] = g.astype(float).ravel()
+        return cls(pd.DataFrame(data), dict(meta or {}))
+
+    # ---- views ------------------------------------------------------------------------------
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.table["layer"].max()) + 1
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.table["head"].max()) + 1
+
+    @property
+    def score_names(self) -> list[str]:
+        """Score columns (not ids, not CI bounds)."""
+        skip = {"layer", "head", "label"}
+        cols = [c for c in self.table.columns if c not in skip]
+        return [c for c in cols if not (c.endswith(CI_SUFFIXES) and c[:-3] in cols)]
+
+    def has_ci(self, score: str) -> bool:
+        return f"{score}_lo" in self.table and f"{score}_hi" in self.table
+
+    def grid(self, score: str) -> np.ndarray:
+        """The ``[n_layers, n_heads]`` matrix of one column."""
+        self._check(score)
+        out = np.full((self.n_layers, self.n_heads), np.nan)
+        out[self.table["layer"].to_numpy(), self.table["head"].to_numpy()] = self.table[score].to_numpy()
+        return out
+
+    def rank(self, score: str, top: int | None = None, ascending: bool = False) -> pd.DataFrame:
+        """Rows sorted by one score (largest first), ties broken by layer then head."""
+        self._check(score)
+        order = self.table.sort_values([score, "layer", "head"], ascending=[ascending, True, True],
+                                       kind="mergesort")
+        return order.head(top) if top is not None else order
+
+    def top(self, score: str) -> tuple[int, int]:
+        row = self.rank(score, top=1).iloc[0]
+        return int(row["layer"]), int(row["head"])
+
+    def _check(self, score: str) -> None:
+        if score not in self.table.columns:
+            raise KeyError(f"no score {score!r}; have {self.score_names}")
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def save(self, out_dir: str | Path, stem: str) -> list[Path]:
+        """Write ``<stem>.csv`` and ``<stem>.json`` (table records + meta), each atomically."""
+        out_dir = Path(out_dir)
+        csv = atomic_write(out_dir / f"{stem}.csv", self.table.to_csv(index=False))
+        js = atomic_write_json(
+            out_dir / f"{stem}.json",
+            {"meta": self.meta, "rows": json.loads(self.table.to_json(orient="records"))},
+        )
+        return [csv, js]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HeadScores":
+        """Read back a ``.json`` written by :meth:`save` (or a bare ``.csv``, without meta)."""
+        path = Path(path)
+        if path.suffix == ".csv":
+            return cls(pd.read_csv(path, dtype={"label": str}))
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
