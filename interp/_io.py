@@ -51,20 +51,22 @@ def _json_default(o: Any) -> Any:
 
 
 def ensure_writable_dir(out: str | os.PathLike) -> Path:
-    """Create ``out`` if needed and prove that files can be written there.
+    """Prove that ``out`` can be made and written to, without creating anything.
 
-    Called by every CLI *before* any model is loaded, so that a bad ``--out`` costs nothing.
+    Called by every CLI *before* any model is loaded, so that a bad ``--out`` costs nothing and
+    leaves nothing behind; the folder itself is created by the first :func:`atomic_write`.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a directory: pass a folder path")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=out)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise OutputError(
-            f"cannot write to output folder {out}: {e.strerror or e}; pass a writable --out"
-        ) from None
+    existing = out
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot create output folder {out}: {existing} is a file; pass another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write to output folder {out}: {existing} is not writable; "
+                          "pass a writable --out")
     return out

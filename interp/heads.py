@@ -46,7 +46,7 @@ from interp.scores import HeadScores, bootstrap_ratio
 ATTENTION_SCORES = ("prev_token", "duplicate", "induction")
 
 
-class NonFiniteAttentionError(FloatingPointError):
+class NonFiniteAttentionError(ValueError):
     """An attention pattern held NaN or inf."""
 
 

@@ -190,7 +190,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 def _boot(name: str, dev: torch.device, dt: torch.dtype, *, what: str) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
     try:
         model = TransformerBridge.boot_transformers(name, device=str(dev), dtype=dt)
     except Exception as e:  # the loaders raise OSError, ValueError, KeyError, HTTP errors, ...

@@ -1,0 +1,106 @@
+"""What every ``python -m interp.<analysis>`` command shares: common flags, checks and exit codes.
+
+Exit codes: 0 done; 1 the model cannot be loaded (one clear line on stderr); 2 bad usage or bad
+input (argparse's convention), with nothing written; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from interp._io import OutputError, ensure_writable_dir
+from interp.models import ModelLoadError, load_model, resolve_device, resolve_dtype
+
+EXIT_MODEL = 1
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    """Bad input found after parsing (e.g. a probe too long for the model): exit 2, nothing written."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the flags every analysis takes: model, device, dtype, seed, batch, out, top."""
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="toy",
+                   help="Hugging Face name (gpt2, EleutherAI/pythia-70m, ...), a local HF model "
+                        "directory, or 'toy' for the bundled toy model")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
+    p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    p.add_argument("--seed", type=int, default=0, help="seed for probes and bootstrap")
+    p.add_argument("--batch", type=positive_int, default=10, help="probe sequences")
+    p.add_argument("--out", default=None, help="output folder (default: a folder named after the model)")
+    p.add_argument("--top", type=positive_int, default=10, help="rows in the printed summary")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return p
+
+
+def default_out(model_spec: str, analysis: str) -> Path:
+    """``out/<model>`` with the model spec made filesystem-safe (``EleutherAI/pythia-70m`` -> ``EleutherAI__pythia-70m``)."""
+    name = Path(model_spec).name if Path(model_spec).exists() else model_spec
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "__", name.strip("/")) or "model"
+    return Path("out") / safe
+
+
+def run_cli(
+    parser: argparse.ArgumentParser,
+    main: Callable[[argparse.Namespace, Any, Path], Sequence[Path]],
+    argv: Sequence[str] | None,
+    analysis: str,
+) -> int:
+    """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
+
+    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last.
+    """
+    args = parser.parse_args(argv)
+    try:
+        resolve_device(args.device)
+        resolve_dtype(args.dtype)
+        out = ensure_writable_dir(args.out or default_out(args.model, analysis))
+    except (ValueError, OutputError) as e:
+        parser.error(str(e))
+    try:
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
+    except ModelLoadError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return EXIT_MODEL
+    try:
+        written = main(args, model, out)
+    except (UsageError, ValueError) as e:
+        parser.error(str(e))
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+    print("\nwrote:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = ()) -> str:
+    """A compact fixed-width table; score columns in ``ci`` print as ``v [lo, hi]``."""
+    shown = pd.DataFrame({"head": frame["label"].astype(str)})
+    for col in columns:
+        if col in ci:
+            shown[col] = [f"{v:.3f} [{a:.3f}, {b:.3f}]" for v, a, b in
+                          zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])]
+        else:
+            shown[col] = [f"{v:.3f}" for v in frame[col]]
+    return shown.to_string(index=False)

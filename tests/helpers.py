@@ -1,0 +1,61 @@
+"""Tiny models for tests, built in-process with random weights (and a word-level tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 300
+
+
+def word_tokenizer(vocab: int = VOCAB, *, bert: bool = False):
+    """A whitespace word-level tokenizer over ``w1 ... w{vocab-1}`` (plus special tokens)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if bert:
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        words = {s: i for i, s in enumerate(specials)}
+        words.update({f"w{i}": i for i in range(len(specials), vocab)})
+        tk = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+        tk.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]",
+                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    words = {"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, vocab)}}
+    tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+
+
+def gpt2_model(n_layer: int = 2, n_head: int = 4, n_embd: int = 64, n_positions: int = 256,
+               vocab: int = VOCAB, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
+                     vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def bert_model(vocab: int = VOCAB, seed: int = 0):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                     max_position_embeddings=256, vocab_size=vocab)
+    return BertForMaskedLM(cfg).eval()
+
+
+def save_tiny_gpt2(directory: Path, **kw) -> Path:
+    """A random-weight 2-layer GPT-2 and its tokenizer, saved as a Hugging Face model directory."""
+    gpt2_model(**kw).save_pretrained(directory)
+    word_tokenizer(kw.get("vocab", VOCAB)).save_pretrained(directory)
+    return Path(directory)
+
+
+def save_tiny_bert(directory: Path) -> Path:
+    bert_model().save_pretrained(directory)
+    word_tokenizer(bert=True).save_pretrained(directory)
+    return Path(directory)

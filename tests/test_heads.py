@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+from transformer_lens.head_detector import detect_head
+
+from interp.heads import NonFiniteAttentionError, copying_scores, head_scores, uniform_baseline
+from interp.probes import repeated_tokens
+from interp.scores import bootstrap_ratio
+
+
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [("prev_token", "previous_token_head"), ("duplicate", "duplicate_token_head"),
+     ("induction", "induction_head")],
+)
+def test_all_queries_variant_equals_transformerlens_detect_head(gpt2_tiny, ours, theirs):
+    """With queries='all' our reduction is TransformerLens's 'mul' measure: same numbers."""
+    probe = repeated_tokens(gpt2_tiny, batch=1, block_len=20, n_repeats=3, seed=3)
+    text = " ".join(f"w{t}" for t in probe.tokens[0, 1:].tolist())
+    assert torch.equal(gpt2_tiny.to_tokens(text)[0], probe.tokens[0])
+    expected = detect_head(gpt2_tiny, text, theirs, error_measure="mul")
+    got = head_scores(gpt2_tiny, probe, scores=[ours], copying=False, queries="all", n_boot=10)
+    assert torch.allclose(torch.tensor(got.grid(ours)).float(), expected.float(), atol=1e-6)
+
+
+def test_targets_variant_rescales_by_scored_queries(gpt2_tiny):
+    """Our default averages over the queries that have a target: 'all' x n / n_targets."""
+    probe = repeated_tokens(gpt2_tiny, batch=1, block_len=20, n_repeats=2, seed=0)
+    a = head_scores(gpt2_tiny, probe, copying=False, queries="all", n_boot=10)
+    t = head_scores(gpt2_tiny, probe, copying=False, n_boot=10)
+    n = probe.seq_len
+    assert torch.allclose(torch.tensor(t.grid("induction")), torch.tensor(a.grid("induction")) * n / 20)
+    assert torch.allclose(torch.tensor(t.grid("prev_token")), torch.tensor(a.grid("prev_token")) * n / (n - 1))
+
+
+def test_random_weights_sit_at_uniform_baseline(gpt2_tiny):
+    probe = repeated_tokens(gpt2_tiny, batch=8, block_len=30, seed=0)
+    scores = head_scores(gpt2_tiny, probe, n_boot=200)
+    base = uniform_baseline(probe)
+    assert 0.01 < base < 0.05
+    induction = scores.table["induction"]
+    assert ((induction - base).abs() < 0.25 * base).all(), (base, induction.tolist())
+    assert (scores.table["induction_lo"] <= induction + 1e-9).all()
+    assert (scores.table["induction_hi"] >= induction - 1e-9).all()
+    assert scores.table["copying"].abs().max() < 0.6
+
+
+def test_encoder_scores_run_and_stay_in_range(bert_tiny):
+    probe = repeated_tokens(bert_tiny, batch=4, block_len=10, seed=0)
+    s = head_scores(bert_tiny, probe, n_boot=50)
+    for col in ("prev_token", "duplicate", "induction"):
+        assert s.table[col].between(0, 1).all()
+    # bidirectional uniform attention over 22 keys gives 1/22 per target
+    assert s.table["prev_token"].sub(1 / probe.seq_len).abs().max() < 0.02
+
+
+def test_forward_stops_after_last_pattern(gpt2_tiny):
+    fired = []
+    probe = repeated_tokens(gpt2_tiny, batch=1, block_len=5)
+    with gpt2_tiny.hooks(fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: fired.append(1))]):
+        head_scores(gpt2_tiny, probe, copying=False, n_boot=10)
+    assert fired == []
+
+
+def test_non_finite_attention_is_reported(gpt2_tiny):
+    probe = repeated_tokens(gpt2_tiny, batch=1, block_len=5)
+
+    def poison(pattern, hook):
+        return pattern * float("nan")
+
+    with gpt2_tiny.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", poison)]):
+        with pytest.raises(NonFiniteAttentionError, match="layer 1: the attention pattern holds NaN or inf"):
+            head_scores(gpt2_tiny, probe, copying=False, n_boot=10)
+
+
+def test_copying_score_is_plus_one_for_a_pure_copying_circuit():
+    """An OV circuit W_E W_V W_O W_U that is a positive multiple of a projection scores +1, its negative -1."""
+
+    class Cfg:
+        n_layers, n_heads, d_model, d_head, n_ctx, d_vocab = 1, 2, 8, 4, 16, 10
+        causal = True
+        bos_token_id = None
+        model_name = "ov"
+
+    class OV:
+        cfg = Cfg()
+        tokenizer = None
+
+        def parameters(self):
+            return iter([torch.zeros(1)])
+
+    torch.manual_seed(0)
+    m = OV()
+    m.W_E = torch.randn(10, 8)
+    m.W_U = m.W_E.T.clone()  # unembedding = embedding transposed
+    W_V = torch.randn(1, 2, 8, 4)
+    m.W_V = W_V
+    m.W_O = torch.stack([W_V[0, 0].T, -W_V[0, 1].T])[None]  # head 0: W_V W_V^T (PSD), head 1: minus
+    s = copying_scores(m)
+    assert s[0, 0] == pytest.approx(1.0, abs=1e-5)
+    assert s[0, 1] == pytest.approx(-1.0, abs=1e-5)
+
+
+def test_bootstrap_interval_matches_normal_approximation():
+    gen = torch.Generator().manual_seed(0)
+    hits = (torch.rand(400, generator=gen) < 0.3).float()
+    point, lo, hi = bootstrap_ratio(hits, torch.ones(400), n_boot=4000, seed=1)
+    se = math.sqrt(point * (1 - point) / 400)
+    assert float(point) == pytest.approx(float(hits.mean()))
+    assert float(hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.15)
+    same = bootstrap_ratio(torch.full((5,), 2.0), torch.full((5,), 4.0), n_boot=100)
+    assert [float(x) for x in same] == [0.5, 0.5, 0.5]
