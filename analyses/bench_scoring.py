@@ -1,0 +1,172 @@
+"""Benchmark: scoring heads vs one plain forward, TransformerLens ``detect_head`` and ``run_with_cache``.
+
+GPT-2-small architecture (GPT2Config() defaults: 12 layers x 12 heads, d_model 768, vocab 50257),
+random weights built in-process (no download), at ARENA's defaults: 10 sequences of BOS + 50 random
+tokens repeated twice. Methods, all on the same probe, in the same run:
+
+- ``forward``: one plain forward pass to logits (the yardstick);
+- ``ours``: previous-token, duplicate-token and induction scores together (``interp.heads``):
+  only ``hook_pattern`` captured, reduced inside the hook, forward stopped after the last pattern;
+- ``detect_head``: TransformerLens ``detect_head`` for the same three patterns (it runs
+  ``run_with_cache`` once per sequence and per pattern);
+- ``run_with_cache``: one full ``run_with_cache`` of the batch, then the scores from the cache;
+- ``run_with_cache[patterns]``: the same with ``names_filter`` keeping only the patterns.
+
+Times are medians of ``--repeats`` runs in this process; peak memory is measured per method in a
+fresh subprocess (peak RSS growth over the model-loaded baseline; Linux only), so methods cannot share peaks.
+
+    python analyses/bench_scoring.py            # full size (a few minutes on 2 CPU cores)
+    python analyses/bench_scoring.py --quick    # 4-layer model, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+METHODS = ["forward", "ours", "detect_head", "run_with_cache", "run_with_cache[patterns]"]
+HEADS = ["previous_token_head", "duplicate_token_head", "induction_head"]
+
+
+def build(quick: bool):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from interp.models import from_hf_model
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=4) if quick else GPT2Config()
+    hf = GPT2LMHeadModel(cfg).eval()
+    # A word-level tokenizer over the full vocabulary ("w123" -> 123), so detect_head can run on text.
+    words = {f"w{i}": i for i in range(cfg.vocab_size - 1)}
+    words["<|endoftext|>"] = cfg.vocab_size - 1
+    tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tmp = tempfile.mkdtemp(prefix="bench-tok-")
+    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                            unk_token="<|endoftext|>").save_pretrained(tmp)
+    return from_hf_model(hf, AutoTokenizer.from_pretrained(tmp), name="gpt2-small-random")
+
+
+def runners(model):
+    from transformer_lens.head_detector import detect_head
+
+    from interp.heads import head_scores
+    from interp.models import pattern_hook
+    from interp.probes import repeated_tokens
+
+    probe = repeated_tokens(model, batch=10, block_len=50, n_repeats=2, seed=0)
+    texts = [" ".join(f"w{t}" for t in row[1:].tolist()) for row in probe.tokens]
+    L = model.cfg.n_layers
+
+    def forward():
+        with torch.no_grad():
+            model(probe.tokens)
+
+    def ours():
+        head_scores(model, probe, copying=False, n_boot=1000)
+
+    def detect():
+        for name in HEADS:
+            detect_head(model, texts, name, error_measure="mul")
+
+    def from_cache(names_filter=None):
+        with torch.no_grad():
+            _, cache = model.run_with_cache(probe.tokens, names_filter=names_filter)
+        dup, ind = probe.duplicate_mask().float(), probe.induction_mask().float()
+        for layer in range(L):
+            pattern = cache[pattern_hook(layer)]
+            pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
+            torch.einsum("bhqk,bqk->bh", pattern, dup)
+            torch.einsum("bhqk,bqk->bh", pattern, ind)
+        del cache
+
+    return {
+        "forward": forward,
+        "ours": ours,
+        "detect_head": detect,
+        "run_with_cache": from_cache,
+        "run_with_cache[patterns]": lambda: from_cache(lambda n: n.endswith("hook_pattern")),
+    }
+
+
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_memory(method: str, quick: bool) -> None:
+    """Child process: build the model, reset the peak-RSS mark, run one method, print the growth.
+
+    Writing 5 to /proc/self/clear_refs resets VmHWM (Linux), so model construction's own peak is
+    forgotten and the figure is what the method itself needed above the loaded model.
+    """
+    model = build(quick)
+    run = runners(model)[method]
+    with torch.no_grad():  # one-time lazy initialisation (threads, describe()) is not the method's
+        model(torch.tensor([[1, 2, 3, 4]]))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_mb("VmRSS")
+    run()
+    print(json.dumps({"method": method, "peak_mb": _status_mb("VmHWM") - base}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 layers instead of 12")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--_memory", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._memory:
+        measure_memory(args._memory, args.quick)
+        return
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model = build(args.quick)
+    run = runners(model)
+    for fn in run.values():  # warm-up: allocator, lazy init
+        fn()
+    times = {m: [] for m in METHODS}
+    for _ in range(args.repeats):  # interleaved, so drift hits every method alike
+        for m in METHODS:
+            t0 = time.perf_counter()
+            run[m]()
+            times[m].append(time.perf_counter() - t0)
+    med = {m: statistics.median(v) for m, v in times.items()}
+
+    mem = {}
+    for m in METHODS:
+        cmd = [sys.executable, __file__, "--_memory", m] + (["--quick"] if args.quick else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        mem[m] = json.loads(out.strip().splitlines()[-1])["peak_mb"]
+
+    cfg = model.cfg
+    print(f"model: GPT-2-small architecture, random weights ({cfg.n_layers} layers x {cfg.n_heads} heads, "
+          f"d_model {cfg.d_model}, vocab {cfg.d_vocab}); probe: 10 x (BOS + 2 x 50) tokens; "
+          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    print(f"{'method':<26}{'time s':>9}{'x forward':>11}{'peak MB':>10}{'x forward':>11}")
+    for m in METHODS:
+        print(f"{m:<26}{med[m]:>9.3f}{med[m] / med['forward']:>11.2f}{mem[m]:>10.1f}"
+              f"{mem[m] / max(mem['forward'], 1e-9):>11.2f}")
+    print()
+    print(f"ours / forward time:          {med['ours'] / med['forward']:.2f}x   (target <= 1.00x)")
+    print(f"ours / detect_head time:      {med['ours'] / med['detect_head']:.3f}x")
+    print(f"ours / run_with_cache memory: {mem['ours'] / max(mem['run_with_cache'], 1e-9):.2f}x  "
+          f"(target < 1.00x); vs patterns-only cache: "
+          f"{mem['ours'] / max(mem['run_with_cache[patterns]'], 1e-9):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
