@@ -25,6 +25,8 @@ PRETTY = {
     "duplicate": "duplicate-token",
     "induction": "induction",
     "copying": "copying",
+    "first_mass": "first-token mass",
+    "sep_mass": "[SEP] mass",
 }
 
 

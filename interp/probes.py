@@ -25,7 +25,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from jaxtyping import Bool, Int
@@ -163,30 +163,54 @@ def repeated_tokens(
     if n_repeats < 2:
         raise ValueError(f"n_repeats must be at least 2 (a block must repeat to be copied), got {n_repeats}")
     info = describe(model)
-    prefix, suffix, framing = frame_tokens(info)
-    total = len(prefix) + block_len * n_repeats + len(suffix)
-    if total > info.n_ctx:
-        room = (info.n_ctx - len(prefix) - len(suffix)) // n_repeats
-        raise ValueError(
-            f"probe of {total} tokens ({' + '.join(framing + [f'{n_repeats} x {block_len}'])}) is longer "
-            f"than the model's context of {info.n_ctx} tokens: the longest block for {n_repeats} "
-            f"repeats is {room}; lower --seq-len or --repeats"
-        )
-    vocab = ordinary_vocab(info, getattr(model, "tokenizer", None))
-    if len(vocab) < 2:
-        raise ValueError("the model's vocabulary has fewer than 2 ordinary tokens to draw from")
-    gen = torch.Generator().manual_seed(seed)
-    if len(vocab) >= block_len:
-        picks = torch.stack([torch.randperm(len(vocab), generator=gen)[:block_len] for _ in range(batch)])
-    else:  # tiny vocabularies: duplicates inside a block are unavoidable
-        picks = torch.randint(len(vocab), (batch, block_len), generator=gen)
-    block = vocab[picks]
+    _check_fits(info, block_len * n_repeats, f"{n_repeats} x {block_len}",
+                lambda room: f"the longest block for {n_repeats} repeats is {room // n_repeats}; "
+                             "lower --seq-len or --repeats")
+    block = _draw_blocks(model, info, batch, block_len, seed)
     body = block.repeat(1, n_repeats)
     return framed_probe(
         info, body, seed=seed, block_len=block_len, n_repeats=n_repeats,
         meta={"kind": "repeated_tokens", "batch": batch, "block_len": block_len,
               "n_repeats": n_repeats, "seed": seed},
     )
+
+
+def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int = 0) -> TokenProbe:
+    """Gu et al. (2024)'s sink probe: ``seq_len`` random ordinary tokens per sequence, framed.
+
+    Tokens are drawn uniformly from the ordinary vocabulary, without replacement within a sequence
+    when the vocabulary allows (so no token repeats); ``seq_len`` counts body tokens.
+    """
+    _check_positive(batch=batch, seq_len=seq_len)
+    info = describe(model)
+    _check_fits(info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower --seq-len")
+    body = _draw_blocks(model, info, batch, seq_len, seed)
+    return framed_probe(info, body, seed=seed, meta={"kind": "random_tokens", "batch": batch,
+                                                     "seq_len": seq_len, "seed": seed})
+
+
+def _check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int], str]) -> None:
+    """Raise when ``n_body`` tokens plus the framing exceed the context; ``longest(room)`` is the hint."""
+    prefix, suffix, framing = frame_tokens(info)
+    total = len(prefix) + n_body + len(suffix)
+    if total > info.n_ctx:
+        raise ValueError(
+            f"probe of {total} tokens ({' + '.join(framing + [body])}) is longer than the model's "
+            f"context of {info.n_ctx} tokens: {longest(info.n_ctx - len(prefix) - len(suffix))}"
+        )
+
+
+def _draw_blocks(model: Any, info: ModelInfo, batch: int, n: int, seed: int) -> Int[Tensor, "batch n"]:
+    """``batch`` seeded rows of ``n`` ordinary tokens, distinct within a row when the vocabulary allows."""
+    vocab = ordinary_vocab(info, getattr(model, "tokenizer", None))
+    if len(vocab) < 2:
+        raise ValueError("the model's vocabulary has fewer than 2 ordinary tokens to draw from")
+    gen = torch.Generator().manual_seed(seed)
+    if len(vocab) >= n:
+        picks = torch.stack([torch.randperm(len(vocab), generator=gen)[:n] for _ in range(batch)])
+    else:  # tiny vocabularies: duplicates inside a block are unavoidable
+        picks = torch.randint(len(vocab), (batch, n), generator=gen)
+    return vocab[picks]
 
 
 def framed_probe(info: ModelInfo, body: Int[Tensor, "batch n"], *, meta: dict[str, Any],
@@ -262,14 +286,7 @@ def text_probe(
     """
     _check_positive(batch=batch, seq_len=seq_len)
     info = describe(model)
-    prefix, suffix, framing = frame_tokens(info)
-    total = len(prefix) + seq_len + len(suffix)
-    if total > info.n_ctx:
-        raise ValueError(
-            f"probe of {total} tokens ({' + '.join(framing + [str(seq_len)])}) is longer than the "
-            f"model's context of {info.n_ctx} tokens: the longest window is "
-            f"{info.n_ctx - len(prefix) - len(suffix)}; lower --seq-len"
-        )
+    _check_fits(info, seq_len, str(seq_len), lambda room: f"the longest window is {room}; lower --seq-len")
     rows, source = _text_rows(dataset, split, text_column)
     tokenizer = getattr(model, "tokenizer", None)
     budget = max(_MIN_TEXT_TOKENS, 8 * batch * seq_len)
