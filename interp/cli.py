@@ -104,3 +104,33 @@ def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] 
         else:
             shown[col] = [f"{v:.3f}" for v in frame[col]]
     return shown.to_string(index=False)
+
+
+def float_in(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+             high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float within ``[low, high]`` (``low_open``/``high_open`` exclude an end).
+
+    ``float_in(0)`` is ``>= 0``, ``float_in(0, 1, low_open=True)`` is a fraction in ``(0, 1]``.
+    """
+    if low is not None and high is not None:
+        what = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        what = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        what = f"{'<' if high_open else '<='} {high:g}" if high is not None else "finite"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = value == value and abs(value) != float("inf")
+        if low is not None:
+            ok &= value > low if low_open else value >= low
+        if high is not None:
+            ok &= value < high if high_open else value <= high
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    return parse
