@@ -45,7 +45,9 @@ encoders; ``n_k`` is how many queries see ``k``: ``T - k`` causal, ``T`` encoder
 Memory: the hooks reduce each layer's ``[batch, head, T, T]`` pattern to per-key sums and per-query
 maxima as it is produced, value vectors to their norms and residuals to per-position maxima and
 medians (plus the few massive entries): everything kept across layers is linear in ``T``. The
-forward pass stops after the last layer's residual output.
+forward pass stops after the last layer's residual output. (The TransformerBridge itself keeps
+each layer's pattern on its attention module; :func:`release_kept_pattern` drops it once the layer
+is done, see ``analyses/bench_sinks.py``.)
 """
 
 from __future__ import annotations
@@ -152,18 +154,19 @@ def sink_statistics(
         def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
             layer = _layer(hook)
             a = a.detach().float()
-            if not torch.isfinite(a).all():
+            rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
+            if not torch.isfinite(rows).all():
                 raise NonFiniteAttentionError(
                     f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
                     f"in {info.name}'s dtype on this input: try --dtype float32")
+            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
             stats.received[sl, layer] = a.sum(-2).cpu()
             stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
             stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
-            dev = float((a.sum(-1) - 1).abs().max())
-            stats.max_row_deviation = max(stats.max_row_deviation, dev)
 
         def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
             layer = _layer(hook)
+            release_kept_pattern(model, layer)
             x = x.detach().float()
             mag = x.abs()
             med = mag.median(-1).values
@@ -194,6 +197,22 @@ def sink_statistics(
             kept.append(m)
     stats.massive = kept
     return stats
+
+
+def release_kept_pattern(model: Any, layer: int) -> None:
+    """Drop the pattern a TransformerBridge attention module keeps after its forward.
+
+    TransformerLens 4's ``JointQKVAttentionBridge`` (GPT-2 and kin) stores each layer's
+    ``[batch, head, T, T]`` pattern as ``attn._pattern``: without this, every layer's pattern stays
+    alive for the rest of the pass (and after it), ``n_layers x`` the memory of one. Called once the
+    layer's residual output exists, when nothing needs the pattern any more.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or layer >= len(blocks):
+        return
+    for module in blocks[layer].modules():
+        if isinstance(getattr(module, "_pattern", None), torch.Tensor):
+            module._pattern = None
 
 
 def _layer(hook: Any) -> int:

@@ -220,6 +220,9 @@ def test_nothing_quadratic_is_kept(gpt2_tiny):
         if isinstance(value, torch.Tensor):
             assert value.numel() <= B * info.n_layers * max(info.n_heads, 3) * T, f.name
             assert T * T not in value.shape
+    # nor does the bridge hold on to a pattern once the pass is done
+    kept = [n for n, m in gpt2_tiny.named_modules() if isinstance(getattr(m, "_pattern", None), torch.Tensor)]
+    assert kept == []
 
 
 def test_bad_arguments(gpt2_tiny):
