@@ -147,8 +147,8 @@ def main() -> None:
         one_resid = args.batch * T * models["full"].cfg.d_model * 4 / 2**20
         rows.append((T, peaks, beyond))
         print(f"{T:5d} {peaks['sinks']:8.1f} {peaks['sinks[1 layer]']:9.1f} {beyond:7.1f} {peaks['cache']:8.1f} "
-              f"{peaks['bare']:8.1f} {peaks['cache'] / max(peaks['sinks'], 1e-9):10.1f}x {one_pattern:9.1f} {one_resid:7.1f}",
-              flush=True)
+              f"{peaks['bare']:8.1f} {peaks['cache'] / max(peaks['sinks'], 1e-9):10.1f}x {one_pattern:9.1f} "
+              f"{one_resid:7.1f}", flush=True)
     print("\n(beyond = sinks - sinks[1 layer]: what the sink pass keeps beyond the one layer being processed;"
           "\n 1 pattern = one layer's [batch, head, T, T] float32 pattern, quadratic in T;"
           " 1 resid = one [batch, T, d_model] residual, linear in T)")

@@ -70,7 +70,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp._io import atomic_write, atomic_write_json
-from interp.cli import UsageError, base_parser, format_table, positive_int, run_cli
+from interp.cli import UsageError, base_parser, float_in, format_table, positive_int, run_cli
 from interp.heads import NonFiniteAttentionError
 from interp.hooks import run_with_reducers
 from interp.models import ModelInfo, describe, pattern_hook
@@ -591,26 +591,6 @@ def residual_curves(report: SinkReport) -> go.Figure:
 STEM = "sinks"
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = base_parser("python -m interp.sinks",
                     "Find attention-sink heads, the tokens they park attention on, and the massive "
@@ -624,12 +604,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="--dataset split")
     p.add_argument("--text-column", default="text", help="--dataset column holding the text")
     p.add_argument("--seq-len", type=positive_int, default=64, help="body tokens per sequence")
-    p.add_argument("--epsilon", type=_fraction, default=EPSILON, help="Sink_k^eps threshold on a head's mass")
-    p.add_argument("--sink-ratio", type=_positive, default=SINK_RATIO,
+    p.add_argument("--epsilon", type=float_in(0, 1, low_open=True, high_open=True), default=EPSILON,
+                   help="Sink_k^eps threshold on a head's mass")
+    p.add_argument("--sink-ratio", type=float_in(0, low_open=True), default=SINK_RATIO,
                    help="a token is a sink when it draws this many times a uniform head's attention")
-    p.add_argument("--abs-threshold", type=_positive, default=ABS_THRESHOLD,
+    p.add_argument("--abs-threshold", type=float_in(0, low_open=True), default=ABS_THRESHOLD,
                    help="massive activation: |x| above this")
-    p.add_argument("--rel-threshold", type=_positive, default=REL_THRESHOLD,
+    p.add_argument("--rel-threshold", type=float_in(0, low_open=True), default=REL_THRESHOLD,
                    help="massive activation: |x| above this times its hidden state's median |x|")
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
     return p
@@ -667,47 +648,50 @@ def _summary(report: SinkReport, info: ModelInfo, probe: TokenProbe, top: int, e
     shape = "+".join([f for f in framing if f != "[SEP]"] + [str(probe.body_end - probe.body_start)]
                      + [f for f in framing if f == "[SEP]"])
     what = "random tokens" if probe.meta.get("kind") == "random_tokens" else f"text from {probe.meta.get('source')}"
+    sep = m["sep_position"] is not None
     lines = [
-        f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads); "
-        f"probe: {probe.batch} x ({shape}) tokens of {what}, "
-        f"seed {m['seed']}; scored in {elapsed:.2f}s",
-        f"first token = {first}" + (f"; [SEP] at position {m['sep_position']}" if m["sep_position"] is not None else "")
+        f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} "
+        f"heads); probe: {probe.batch} x ({shape}) tokens of {what}, seed {m['seed']}; scored in {elapsed:.2f}s",
+        f"first token = {first}" + (f"; [SEP] at position {m['sep_position']}" if sep else "")
         + f"; a uniform head gives the first token {m['uniform_first_mass']:.3f}",
         "",
         f"Sink_0^eps (eps = {eps}): {m['sink_rate']:.1%} of heads put more than {eps} on the first token"
-        + (f"; {m['sep_sink_rate']:.1%} on [SEP]" if m["sep_sink_rate"] is not None else ""),
+        + (f"; {m['sep_sink_rate']:.1%} on [SEP]" if sep else ""),
+        "per layer: Sink^eps; largest |residual| and outlier ratio max|x|/median|x| at sink positions vs elsewhere:",
     ]
     lay = report.layers
-    cols = ["layer", "sink_heads", "sink_share"] + (["sep_sink_heads", "sep_sink_share"] if "sep_sink_share" in lay else [])
-    lines += [lay[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"), ""]
+    cols = ["layer", "sink_heads", "sink_share"] + (["sep_sink_heads", "sep_sink_share"] if sep else []) + [
+        "resid_top1", "outlier_ratio_sink", "outlier_ratio_other", "n_massive"]
+    lines += [lay[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"), ""]
+
     ranked = report.heads.rank("first_mass", top=top)
-    score_cols = ["first_mass"] + (["sep_mass"] if "sep_mass" in ranked else []) + [
+    score_cols = ["first_mass"] + (["sep_mass"] if sep else []) + [
         "confidence", "confidence_no_first", "value_norm_ratio", "first_mass_by_norm"]
     lines += [f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
               format_table(ranked, score_cols, ci=["first_mass"]), ""]
+
     roles = report.roles()
     if len(roles):
-        lines += ["attention drawn by role (x uniform):  " + ", ".join(
-            f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"])), ""]
+        lines += ["attention drawn by role (x uniform): " + ", ".join(
+            f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"]))]
     toks = report.tokens.head(top)
     if len(toks):
-        shown = toks.assign(token=toks["token"].map(repr))
-        lines += [f"top {len(toks)} sink tokens (attention x uniform; sink: >= {m['sink_ratio']:g}, or a head dumps > {eps} on it):",
-                  shown[["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share"]]
-                  .to_string(index=False, float_format=lambda v: f"{v:.2f}"), ""]
+        lines += [f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
+                  f"or a head dumps > {eps} on it):",
+                  toks.assign(token=toks["token"].map(repr))[
+                      ["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share", "is_sink"]
+                  ].to_string(index=False, float_format=lambda v: f"{v:.2f}"), ""]
+
     mas = report.massive.head(top)
+    limits = f"|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the median of its hidden state"
     if len(mas):
-        shown = mas.assign(token=mas["token"].map(repr))
-        lines += [f"largest {len(mas)} of {m['n_massive']} massive activations (|x| > {m['abs_threshold']:g} "
-                  f"and > {m['rel_threshold']:g} x median):",
-                  shown[["layer", "sequence", "position", "token", "dim", "value", "magnitude_ratio", "on_sink"]]
-                  .to_string(index=False, float_format=lambda v: f"{v:.1f}")]
+        lines += [f"largest {len(mas)} of {m['n_massive']} massive activations ({limits}):",
+                  mas.assign(token=mas["token"].map(repr))[
+                      ["layer", "sequence", "position", "token", "dim", "value", "magnitude_ratio", "on_sink"]
+                  ].to_string(index=False, float_format=lambda v: f"{v:.1f}")]
     else:
         i = int(lay["resid_top1"].to_numpy().argmax())
-        lines.append(f"no massive activations (|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x median); "
-                     f"largest |x| {lay['resid_top1'].iloc[i]:.2f} at layer {i}")
-    lines.append("outlier ratio max|x|/median|x| per layer, sink positions vs elsewhere: " + ", ".join(
-        f"{l}: {a:.0f}/{b:.0f}" for l, a, b in zip(lay["layer"], lay["outlier_ratio_sink"], lay["outlier_ratio_other"])))
+        lines.append(f"no massive activations ({limits}); largest |x| {lay['resid_top1'].iloc[i]:.3g} at layer {i}")
     return "\n".join(lines)
 
 

@@ -59,9 +59,10 @@ def _fails_with(argv, capsys, code, message):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--epsilon", "1.5", "argument --epsilon: must be between 0 and 1 (exclusive), got 1.5"),
-    ("--epsilon", "x", "argument --epsilon: expected a number between 0 and 1, got 'x'"),
-    ("--abs-threshold", "-1", "argument --abs-threshold: must be > 0, got -1.0"),
+    ("--epsilon", "1.5", "argument --epsilon: must be in (0, 1), got 1.5"),
+    ("--epsilon", "x", "argument --epsilon: expected a number, got 'x'"),
+    ("--abs-threshold", "-1", "argument --abs-threshold: must be > 0, got -1"),
+    ("--rel-threshold", "inf", "argument --rel-threshold: must be > 0, got inf"),
     ("--probe", "images", "argument --probe: invalid choice: 'images'"),
     ("--seq-len", "0", "argument --seq-len: must be >= 1, got 0"),
     ("--batch", "0", "argument --batch: must be >= 1, got 0"),
