@@ -343,6 +343,8 @@ def _text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) 
             raise DatasetLoadError(f"could not read --dataset {path}: {_first_line(e)}") from None
         column = "text" if kind.get(path.suffix.lower()) == "text" else text_column
         return _column(ds, column, str(path)), str(path)
+    if spec.startswith((".", "/", "~")) or path.suffix.lower() in (".txt", ".text", ".json", ".jsonl", ".csv"):
+        raise DatasetLoadError(f"--dataset {spec}: no such file")
     name, _, config = spec.partition(":")
     ds = _load_hub_dataset(name, config or None, split)
     return _column(ds, text_column, spec), f"{spec} ({split})"

@@ -128,6 +128,13 @@ def test_bad_arguments(gpt2_text, kwargs, message):
     assert str(e.value) == message
 
 
+def test_missing_local_file_is_not_taken_for_a_hub_name(gpt2_text, tmp_path):
+    with pytest.raises(DatasetLoadError, match="no such file"):
+        text_probe(gpt2_text, dataset=tmp_path / "absent.txt")
+    with pytest.raises(DatasetLoadError, match="no such file"):
+        text_probe(gpt2_text, dataset="notes.jsonl")
+
+
 def test_text_shorter_than_window(gpt2_text, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("tiny.\n", encoding="utf-8")
