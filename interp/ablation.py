@@ -56,6 +56,7 @@ from interp.hooks import run_with_reducers
 from interp.models import ModelInfo, describe, z_hook
 from interp.probes import TokenProbe
 from interp.scores import HeadScores
+from interp.sinks import release_kept_pattern
 
 ABLATIONS = ("zero", "mean", "resample")
 ENGINES = ("auto", "fast", "loop")
@@ -504,6 +505,7 @@ class Sweeper:
                 args, kwargs = _expand_call(batch.calls[l], b, rep)
                 out = model.blocks[l](hidden, *args, **kwargs)
                 hidden = out[0] if isinstance(out, (tuple, list)) else out
+                release_kept_pattern(model, l)  # the bridge would keep [rep * batch, head, T, T] alive
             picked = self.metric.read(hidden)
             if self.metric.reads == "logits":
                 picked = model.unembed(model.ln_final(picked))

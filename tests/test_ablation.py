@@ -281,3 +281,22 @@ def test_gates_prune_everything_at_huge_lambda_and_nothing_at_zero(gpt2_tiny, pr
     assert sweep.summary["degradation"].iloc[0] == 0.0
     assert len(sweep.gates) == 16 and set(sweep.gates.columns) >= {"log_alpha", "p_open", "gate", "kept"}
     assert sweep.grids().grid("lambda=50").max() < 0.5
+
+
+@pytest.mark.slow
+def test_fast_sweep_equals_loop_on_a_rotary_gqa_model():
+    """Llama-style blocks: rotary position embeddings and grouped key/value heads, passed by the
+    model to each block as extra arguments, which the replay must hand on."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from interp.models import from_hf_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=300, max_position_embeddings=128, bos_token_id=0,
+                      eos_token_id=0)
+    model = from_hf_model(LlamaForCausalLM(cfg).eval(), name="tiny-llama")
+    p = repeated_tokens(model, batch=3, block_len=8, seed=2)
+    metric = incontext_loss(p)
+    fast = exact_sweep(model, p, metric, ablation="resample", engine="fast")
+    _close(fast, loop_sweep(model, p, metric, ablation="resample"))
