@@ -339,7 +339,7 @@ def sink_scores(
     is_sink = lambda f: (f["attention_ratio"] >= sink_ratio) | (f["sink_head_share"] >= 0.999 / (L * H))  # noqa: E731
     sink_pos = _sink_positions(occ[is_sink(occ)], probe, sep)
     tokens = _token_table(occ, is_sink)
-    massive = _massive_table(stats, probe, occ, sink_pos)
+    massive = _massive_table(stats, probe, model, info, sink_pos)
     layers = _layer_table(alpha, stats, sep, sink_pos, massive, epsilon, info)
     positions = _position_table(alpha, epsilon, sep, n_k, first)
 
@@ -490,16 +490,18 @@ def _token_table(occ: pd.DataFrame, is_sink: Callable[[pd.DataFrame], pd.Series]
     return g[cols].reset_index(drop=True)
 
 
-def _massive_table(stats: SinkStatistics, probe: TokenProbe, occ: pd.DataFrame, sink_pos: Tensor) -> pd.DataFrame:
+def _massive_table(stats: SinkStatistics, probe: TokenProbe, model: Any, info: ModelInfo,
+                   sink_pos: Tensor) -> pd.DataFrame:
     cols = ["layer", "sequence", "position", "token", "role", "dim", "value", "magnitude_ratio", "on_sink"]
     if not stats.massive:
         return pd.DataFrame(columns=cols)
     frame = pd.DataFrame(stats.massive, columns=["layer", "sequence", "position", "dim", "value", "magnitude_ratio"])
-    lookup = occ.set_index(["sequence", "position"])[["token", "role"]]
-    known = lookup.reindex(pd.MultiIndex.from_frame(frame[["sequence", "position"]]))
-    frame["token"] = known["token"].to_numpy()
-    frame["role"] = known["role"].to_numpy()
-    frame["on_sink"] = sink_pos[frame["sequence"].tolist(), frame["position"].tolist()].numpy()
+    seq, pos = frame["sequence"].tolist(), frame["position"].tolist()
+    ids = probe.tokens.cpu()[seq, pos].tolist()
+    texts = token_texts(model, probe, sorted(set(ids)))
+    frame["token"] = [texts[i] for i in ids]
+    frame["role"] = [_role(i, texts[i], p, info) for i, p in zip(ids, pos)]
+    frame["on_sink"] = sink_pos[seq, pos].numpy()
     return frame[cols]
 
 

@@ -119,7 +119,9 @@ def test_planted_massive_activation_is_reported_where_it_is(planted_report):
 def test_thresholds_are_options(planted):
     probe = random_tokens(planted, batch=2, seq_len=16, seed=1)
     assert len(sink_scores(planted, probe, abs_threshold=1e6, n_boot=10).massive) == 0
-    assert len(sink_scores(planted, probe, abs_threshold=50, rel_threshold=100, n_boot=10).massive) >= 2
+    low = sink_scores(planted, probe, abs_threshold=50, rel_threshold=100, n_boot=10).massive
+    assert len(low) >= 2 and set(low["layer"]) == {0, 1}  # now the 60 of the position marker counts too
+    assert low["token"].notna().all() and low["role"].eq("first").all()
 
 
 # --------------------------------------------------------------------------------------------
