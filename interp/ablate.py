@@ -67,14 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", choices=ABLATIONS, default="zero", help="what an ablated head outputs")
     p.add_argument("--metric", choices=METRICS, default=None,
                    help="incontext (loss on the second repeat), lm (loss on a text probe), logit-diff (last "
-                        "position: in-context answer vs off-by-one), pooled-cos (encoders); default: incontext "
+                        "position: in-context answer vs off-by-one), pooled-cos (encoders); None: incontext "
                         "for decoders (lm with --probe text), pooled-cos for encoders")
     p.add_argument("--probe", choices=("repeated", "text"), default=None,
-                   help="repeated random tokens, or natural text (default: text for --metric lm)")
+                   help="repeated random tokens, or natural text; None: text for --metric lm, else repeated")
     p.add_argument("--seq-len", type=positive_int, default=50,
                    help="tokens per repeated block, or per text window")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument("--dataset", default=None, help="text probe source (default: the bundled data/text)")
+    p.add_argument("--dataset", default=None, help="text probe source; None: the bundled data/text")
     p.add_argument("--ablated", default=None,
                    help="heads kept ablated throughout, e.g. '1.2,0.3' (the sweep then asks what matters without them)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
@@ -111,7 +111,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     info = describe(model)
     base = None
     if args.ablated is not None:
-        base = head_mask(info, [h for h in args.ablated.split(",") if h.strip()])
+        base = head_mask(info, args.ablated)
     probe, metric_name = make_probe(args, model)
     metric = builtin_metric(metric_name, probe)
     progress = not args.no_progress

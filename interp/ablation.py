@@ -84,12 +84,14 @@ class MetricError(AblationError):
 def head_mask(model: Any, heads: Any, *, allow_empty: bool = False) -> Bool[Tensor, "layer head"]:
     """A ``[n_layers, n_heads]`` boolean mask (True = ablate) from heads named any usual way.
 
-    ``heads`` may be a boolean mask of that shape, or an iterable of ``(layer, head)`` pairs or
-    ``"layer.head"`` strings. Raises :class:`AblationError` for a head out of range or, unless
+    ``heads`` may be a boolean mask of that shape, an iterable of ``(layer, head)`` pairs or
+    ``"layer.head"`` strings, or one comma-separated string (``"1.2,0.3"``). Raises :class:`AblationError` for a head out of range or, unless
     ``allow_empty``, for an empty set.
     """
     info = model if isinstance(model, ModelInfo) else describe(model)
     L, H = info.n_layers, info.n_heads
+    if isinstance(heads, str):
+        heads = [h for h in heads.split(",") if h.strip()]
     if isinstance(heads, (Tensor, np.ndarray)) and str(heads.dtype).endswith("bool"):
         mask = torch.as_tensor(heads.detach().cpu() if isinstance(heads, Tensor) else heads)
         if tuple(mask.shape) != (L, H):

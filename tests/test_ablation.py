@@ -35,6 +35,7 @@ def _close(fast, loop, rtol=1e-4):
 def test_head_mask_reads_pairs_strings_and_masks(gpt2_tiny):
     m = head_mask(gpt2_tiny, [(1, 2), "0.3"])
     assert m.shape == (2, 4) and m.sum() == 2 and m[1, 2] and m[0, 3]
+    assert torch.equal(head_mask(gpt2_tiny, "1.2, 0.3"), m)
     assert torch.equal(head_mask(gpt2_tiny, m), m)
 
 
