@@ -3,7 +3,8 @@
 Analyses reduce activations *inside* the hook (a pattern becomes a few numbers per head as it is
 produced), so nothing of size ``pos x pos`` outlives its layer. When the last hook an analysis needs
 has fired, :func:`run_with_reducers` stops the forward pass by raising from a hook: the layers above
-and the unembedding are never run.
+and the unembedding are never run. On TransformerLens bridges, which keep each layer's pattern on
+its attention module, the kept pattern is dropped as soon as its layer is done.
 """
 
 from __future__ import annotations
@@ -15,6 +16,27 @@ from jaxtyping import Int
 from torch import Tensor
 
 Hook = Callable[[Tensor, Any], Any]
+
+
+def keeps_patterns(model: Any) -> bool:
+    """Does the model hold each layer's pattern after its attention ran (TransformerLens 4 bridges)?"""
+    blocks = getattr(model, "blocks", None)
+    return bool(blocks) and any(hasattr(m, "_pattern") for m in blocks[0].modules())
+
+
+def release_kept_pattern(model: Any, layer: int) -> None:
+    """Drop the pattern a TransformerBridge attention module keeps after its forward.
+
+    TransformerLens 4's ``JointQKVAttentionBridge`` (GPT-2 and kin) stores each layer's
+    ``[batch, head, T, T]`` pattern as ``attn._pattern``: left alone, every layer's pattern stays
+    alive for the rest of the pass (and after it), ``n_layers x`` the memory of one.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or layer >= len(blocks):
+        return
+    for module in blocks[layer].modules():
+        if isinstance(getattr(module, "_pattern", None), torch.Tensor):
+            module._pattern = None
 
 
 class _StopForward(Exception):
@@ -34,6 +56,14 @@ def run_with_reducers(
     Returns the logits when the pass runs to the end, ``None`` when it was stopped early.
     """
     hooks = list(fwd_hooks)
+    n_layers = len(getattr(model, "blocks", []))
+    keeps = keeps_patterns(model)
+    if keeps:  # free each layer's kept pattern as soon as the layer is done
+
+        def release(_: Tensor, hook: Any) -> None:
+            release_kept_pattern(model, int(hook.name.split(".")[1]))
+
+        hooks += [(f"blocks.{layer}.hook_resid_post", release) for layer in range(n_layers)]
     if stop_after is not None:
 
         def stop(_: Tensor, hook: Any) -> None:
@@ -45,3 +75,7 @@ def run_with_reducers(
             return model.run_with_hooks(tokens, fwd_hooks=hooks)
         except _StopForward:
             return None
+        finally:
+            if keeps:
+                for layer in range(n_layers):
+                    release_kept_pattern(model, layer)

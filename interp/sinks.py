@@ -46,7 +46,7 @@ Memory: the hooks reduce each layer's ``[batch, head, T, T]`` pattern to per-key
 maxima as it is produced, value vectors to their norms and residuals to per-position maxima and
 medians (plus the few massive entries): everything kept across layers is linear in ``T``. The
 forward pass stops after the last layer's residual output. (The TransformerBridge itself keeps
-each layer's pattern on its attention module; :func:`release_kept_pattern` drops it once the layer
+each layer's pattern on its attention module; :func:`interp.hooks.run_with_reducers` drops it once the layer
 is done, see ``analyses/bench_sinks.py``.)
 """
 
@@ -166,7 +166,6 @@ def sink_statistics(
 
         def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
             layer = _layer(hook)
-            release_kept_pattern(model, layer)
             x = x.detach().float()
             mag = x.abs()
             med = mag.median(-1).values
@@ -197,22 +196,6 @@ def sink_statistics(
             kept.append(m)
     stats.massive = kept
     return stats
-
-
-def release_kept_pattern(model: Any, layer: int) -> None:
-    """Drop the pattern a TransformerBridge attention module keeps after its forward.
-
-    TransformerLens 4's ``JointQKVAttentionBridge`` (GPT-2 and kin) stores each layer's
-    ``[batch, head, T, T]`` pattern as ``attn._pattern``: without this, every layer's pattern stays
-    alive for the rest of the pass (and after it), ``n_layers x`` the memory of one. Called once the
-    layer's residual output exists, when nothing needs the pattern any more.
-    """
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or layer >= len(blocks):
-        return
-    for module in blocks[layer].modules():
-        if isinstance(getattr(module, "_pattern", None), torch.Tensor):
-            module._pattern = None
 
 
 def _layer(hook: Any) -> int:
