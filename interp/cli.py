@@ -35,10 +35,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Append "(default: X)" unless the help text already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default" in text.lower() else super()._get_help_string(action)
+
+
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the flags every analysis takes: model, device, dtype, seed, batch, out, top."""
     p = argparse.ArgumentParser(prog=prog, description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_Formatter)
     p.add_argument("--model", default="toy",
                    help="Hugging Face name (gpt2, EleutherAI/pythia-70m, ...), a local HF model "
                         "directory, or 'toy' for the bundled toy model")
