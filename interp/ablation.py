@@ -52,11 +52,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.hooks import run_with_reducers
+from interp.hooks import release_kept_pattern, run_with_reducers
 from interp.models import ModelInfo, describe, z_hook
 from interp.probes import TokenProbe
 from interp.scores import HeadScores
-from interp.sinks import release_kept_pattern
 
 ABLATIONS = ("zero", "mean", "resample")
 ENGINES = ("auto", "fast", "loop")
