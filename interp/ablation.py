@@ -434,7 +434,8 @@ class Sweeper:
     ``base`` heads (a mask) stay ablated throughout (used by pruning with re-estimation). With
     ``engine="auto"`` the fast replay engine is used when replaying the model's blocks reproduces
     its output, else the plain loop; ``"fast"`` insists on the former, ``"loop"`` forces the latter.
-    Masks passed to :meth:`evaluate` add to ``base``.
+    Masks passed to :meth:`evaluate` add to ``base``; :attr:`clean` is the metric per sequence with
+    only the ``base`` heads ablated (none by default).
     """
 
     def __init__(self, model: Any, probe: TokenProbe, metric: Metric | Callable, *,

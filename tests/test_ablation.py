@@ -125,6 +125,18 @@ def test_fast_sweep_equals_loop_on_bert_with_pooled_cosine(bert_tiny):
         assert (fast.table["importance"] > 0).all()  # any change moves the pooled output
 
 
+def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny):
+    """BERT's MLM logits pass a head transform the replay does not know: the self-check sees it."""
+    p = repeated_tokens(bert_tiny, batch=2, block_len=6, seed=0)
+    metric = as_metric(lambda logits, tokens: logits[:, 1].logsumexp(-1), name="mlm_logsumexp")
+    with pytest.warns(UserWarning, match="falling back to the run_with_hooks loop: replaying its blocks does not "
+                                         "reproduce its output"):
+        auto = exact_sweep(bert_tiny, p, metric)
+    assert auto.meta["engine"] == "loop"
+    with pytest.raises(AblationError, match="the fast engine cannot run this model"):
+        exact_sweep(bert_tiny, p, metric, engine="fast")
+
+
 def test_minibatches_give_the_same_numbers(gpt2_tiny, probe):
     metric = incontext_loss(probe)
     whole = exact_sweep(gpt2_tiny, probe, metric, ablation="resample")
