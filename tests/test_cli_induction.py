@@ -58,3 +58,18 @@ def test_unloadable_model_exits_1(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not in the local Hugging Face cache" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_default_run_on_the_bundled_toy(tmp_path, capsys):
+    """`python -m interp.induction` with no --model: the trained toy, offline; its heads are known."""
+    out = tmp_path / "toy"
+    assert cli(["--out", str(out), "--no-progress", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    table = pd.read_csv(out / "induction.csv", dtype={"label": str})
+    top_induction = table.sort_values("induction", ascending=False).iloc[0]
+    top_prev = table.sort_values("prev_token", ascending=False).iloc[0]
+    assert top_induction["layer"] == 1 and top_induction["induction"] > 0.8
+    assert top_prev["layer"] == 0
+    assert f"top prev_token head: {top_prev['label']}" in printed
+    # the induction head's interval excludes the uniform baseline by far
+    assert top_induction["induction_lo"] > 0.5
