@@ -102,10 +102,11 @@ def module_input(d_model=32, n=23, seed=0):
 @pytest.mark.parametrize("make", [
     lambda: Attention(32, n_heads=4, n_kv_heads=4),
     lambda: Attention(32, n_heads=4, n_kv_heads=2),
+    lambda: Attention(32, n_heads=4, n_kv_heads=2, flash_impl="sdpa"),
     lambda: Attention(32, n_heads=4, n_kv_heads=1, causal=False),
     lambda: LatentAttention(32, n_heads=4, d_latent=8),
     lambda: LatentAttention(32, n_heads=4, d_latent=8, d_q_latent=12, causal=False),
-], ids=["MHA", "GQA", "MQA-bidirectional", "MLA", "MLA-q-latent"])  # fmt: skip
+], ids=["MHA", "GQA", "GQA-sdpa", "MQA-bidirectional", "MLA", "MLA-q-latent"])  # fmt: skip
 def test_module_paths_agree_and_hooks_switch_path(make):
     torch.manual_seed(0)
     attn = make()

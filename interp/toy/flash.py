@@ -35,6 +35,7 @@ import os
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
@@ -350,7 +351,9 @@ def flash_attention(
     """The flash path as the toy model calls it: (output, log-sum-exp).
 
     impl: "triton", "blockwise", or "auto" = Triton on CUDA tensors when Triton is installed,
-    else the blockwise torch version.
+    else the blockwise torch version. "sdpa" hands the work to torch's fused kernel instead (no
+    pattern stored either; the fastest choice on CPU, used to train the toy) and returns no
+    log-sum-exp (None).
     """
     if impl == "auto":
         impl = "triton" if (HAS_TRITON and q.is_cuda) else "blockwise"
@@ -358,4 +361,7 @@ def flash_attention(
         return triton_attention(q, k, v, causal, scale)
     if impl == "blockwise":
         return blockwise_attention(q, k, v, causal, scale)
-    raise ValueError(f"unknown flash impl {impl!r}: use 'auto', 'triton' or 'blockwise'")
+    if impl == "sdpa":
+        group = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=group), None
+    raise ValueError(f"unknown flash impl {impl!r}: use 'auto', 'triton', 'blockwise' or 'sdpa'")

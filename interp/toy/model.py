@@ -66,7 +66,7 @@ class ToyConfig:
     init_range: float | None = None  # std of the weight init; None: 0.8 / sqrt(d_model), as TransformerLens
     pos_init: str = "sinusoidal"  # start of the learned positions: "sinusoidal" or "normal"
     use_flash: bool = True  # flash path whenever nobody hooks the scores or the pattern
-    flash_impl: str = "auto"  # "auto" (Triton on CUDA, else blockwise), "triton", "blockwise"
+    flash_impl: str = "auto"  # "auto" (Triton on CUDA, else blockwise), "triton", "blockwise", "sdpa"
     bos_token_id: int = 0
     tokenizer_prepends_bos: bool = True
     default_prepend_bos: bool = True
@@ -253,6 +253,13 @@ class ToyTransformer(HookedRootModule):
             return logits, loss
         raise ValueError(f"unknown return_type {return_type!r}")
 
+    def set_flash_impl(self, impl: str) -> "ToyTransformer":
+        """Choose the flash path's implementation ("auto", "triton", "blockwise", "sdpa")."""
+        self.cfg.flash_impl = impl
+        for block in self.blocks:
+            block.attn.flash_impl = impl
+        return self
+
     # -- weights in TransformerLens shapes, stacked over layers ----------------------------------
 
     def _stack(self, name: str) -> Tensor:
@@ -358,6 +365,9 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
