@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -59,3 +60,15 @@ def save_tiny_bert(directory: Path) -> Path:
     bert_model().save_pretrained(directory)
     word_tokenizer(bert=True).save_pretrained(directory)
     return Path(directory)
+
+
+@contextmanager
+def one_thread():
+    """Run torch on one CPU thread inside the block: as fast for tiny models, and many times faster
+    when other jobs share the CPU (idle threads of a parallel op wait on the busiest core)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

@@ -14,6 +14,13 @@ from interp.ablation import (AblationError, HeadAblation, MetricError, Sweeper, 
                              loop_sweep, pooled_cosine, pruning_curve, spearman, train_gates)
 from interp.models import describe, z_hook
 from interp.probes import repeated_tokens
+from tests.helpers import one_thread
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
