@@ -30,7 +30,7 @@ HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
 @pytest.mark.skipif(INTERPRETING, reason="this is the child run")
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (pip install -e '.[gpu]')")
 def test_kernel_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}  # small ops: threads only wait
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     child = subprocess.run(
@@ -39,6 +39,35 @@ def test_kernel_under_the_interpreter():
     )  # fmt: skip
     assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
     assert " passed" in child.stdout and "skipped" not in child.stdout.splitlines()[-1], child.stdout[-2000:]
+
+
+@pytest.mark.skipif(INTERPRETING, reason="this is the child run")
+def test_toy_imports_and_runs_without_triton():
+    """Triton is an optional extra: with it unimportable, interp.toy still loads and runs."""
+    code = """
+import importlib.abc, sys
+class NoTriton(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "triton":
+            raise ImportError("triton is not installed")
+sys.meta_path.insert(0, NoTriton())
+import torch
+from interp.toy import ToyConfig, ToyTransformer, flash
+assert not flash.HAS_TRITON
+model = ToyTransformer(ToyConfig(d_model=32, n_heads=2, n_ctx=16, d_vocab=10))
+assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 10)
+try:
+    flash.triton_attention(*(torch.randn(1, 2, 8, 16) for _ in range(3)))
+except ImportError as error:
+    assert "pip install" in str(error)
+else:
+    raise AssertionError("triton_attention ran without triton")
+"""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    child = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
 
 
 def make(n_heads, n_kv_heads, n, d_head, dtype, device="cpu", batch=1, seed=0):
