@@ -211,3 +211,48 @@ def test_pattern_hook_from_softmax_matches_manual_scores():
     scores = einsum(q, k, "b q h d, b k h d -> b h q k") / math.sqrt(8)
     scores = scores.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), -math.inf)
     torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"], scores.softmax(-1))
+
+
+def test_same_weights_as_a_gpt2_on_the_transformer_lens_bridge():
+    """A tiny random HF GPT-2 (attention biases zeroed: the toy has none), its weights copied into
+    the toy: the bridge and the toy agree on logits and on the hooks analyses read."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformer_lens.model_bridge.sources import build_bridge_from_module
+
+    torch.manual_seed(0)
+    hf_cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=64, attn_implementation="eager")
+    hf = GPT2LMHeadModel(hf_cfg).eval()
+    toy = build(attn_only=False, d_mlp=128, act_fn="gelu_new")
+    with torch.no_grad():
+        gpt = hf.transformer
+        toy.embed.weight.copy_(gpt.wte.weight)
+        toy.pos_embed.weight.copy_(gpt.wpe.weight)
+        for block, h in zip(toy.blocks, gpt.h):
+            h.attn.c_attn.bias.zero_()
+            h.attn.c_proj.bias.zero_()
+            block.attn.W_qkv.weight.copy_(h.attn.c_attn.weight.T)  # HF Conv1D: [in, out]; [q | k | v]
+            block.attn.W_out.weight.copy_(h.attn.c_proj.weight.T)
+            for ours, theirs in ((block.ln1, h.ln_1), (block.ln2, h.ln_2)):
+                ours.w.copy_(theirs.weight)
+                ours.b.copy_(theirs.bias)
+            block.mlp.W_in.copy_(h.mlp.c_fc.weight)
+            block.mlp.b_in.copy_(h.mlp.c_fc.bias)
+            block.mlp.W_out.copy_(h.mlp.c_proj.weight)
+            block.mlp.b_out.copy_(h.mlp.c_proj.bias)
+        toy.ln_final.w.copy_(gpt.ln_f.weight)
+        toy.ln_final.b.copy_(gpt.ln_f.bias)
+        toy.unembed.weight.copy_(gpt.wte.weight)  # GPT-2 ties the unembedding to the embedding
+        toy.unembed.bias.zero_()
+    bridge = build_bridge_from_module(hf, "GPT2LMHeadModel", hf_config=hf.config, tokenizer=None, model_name="tiny-gpt2")
+    bridge.eval()
+
+    toks = tokens(batch=2, n=20)
+    names = ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z", "blocks.1.hook_attn_out", "blocks.1.hook_resid_post"]
+    with torch.no_grad():
+        bridge_logits, bridge_cache = bridge.run_with_cache(toks, names_filter=names)
+        toy_logits, toy_cache = toy.run_with_cache(toks, names_filter=names)
+        flash_logits = toy(toks)  # no hooks: the toy's flash path
+    torch.testing.assert_close(toy_logits, bridge_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(flash_logits, bridge_logits, atol=1e-5, rtol=1e-5)
+    for name in names:
+        torch.testing.assert_close(toy_cache[name], bridge_cache[name], atol=1e-5, rtol=1e-5)

@@ -30,6 +30,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -61,7 +62,7 @@ class ToyConfig:
     causal: bool = True
     normalization_type: str | None = "LN"  # "LN" or None
     positional_embedding_type: str = "standard"  # learned absolute positions
-    act_fn: str = "gelu"
+    act_fn: str = "gelu"  # "gelu", "gelu_new" (GPT-2's tanh approximation) or "relu"
     eps: float = 1e-5
     init_range: float | None = None  # std of the weight init; None: 0.8 / sqrt(d_model), as TransformerLens
     pos_init: str = "sinusoidal"  # start of the learned positions: "sinusoidal" or "normal"
@@ -134,7 +135,7 @@ class MLP(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
-        self.act = {"gelu": F.gelu, "relu": F.relu}[cfg.act_fn]
+        self.act = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"), "relu": F.relu}[cfg.act_fn]
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
