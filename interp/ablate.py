@@ -165,7 +165,7 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     ranked = scores.rank("importance", top=args.top).dropna(subset=["importance"])
     print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more):")
     columns = [c for c in ("importance", "metric_ablated", "delta") if c in scores.table]
-    print(format_table(ranked, columns))
+    print(format_table(ranked, columns, fmt=".4g"))
     stem = _stem(args.method, partial)
     written = scores.save(out, stem)
     title = f"{meta['model']}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"

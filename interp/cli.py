@@ -102,15 +102,16 @@ def run_cli(
     return 0
 
 
-def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = ()) -> str:
-    """A compact fixed-width table; score columns in ``ci`` print as ``v [lo, hi]``."""
+def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = (), fmt: str = ".3f") -> str:
+    """A compact fixed-width table; score columns in ``ci`` print as ``v [lo, hi]``; numbers in ``fmt``
+    (``".3g"`` for scores of any scale)."""
     shown = pd.DataFrame({"head": frame["label"].astype(str)})
     for col in columns:
         if col in ci:
-            shown[col] = [f"{v:.3f} [{a:.3f}, {b:.3f}]" for v, a, b in
+            shown[col] = [f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]" for v, a, b in
                           zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])]
         else:
-            shown[col] = [f"{v:.3f}" for v in frame[col]]
+            shown[col] = [f"{v:{fmt}}" for v in frame[col]]
     return shown.to_string(index=False)
 
 

@@ -74,12 +74,13 @@ def test_exact_sweep_ranks_the_circuit_first(toy, probe, circuit):
 
 def test_mean_ablation_exact_and_gradient_agree(toy, probe, circuit):
     """The gradient is a first-order estimate of moving a head to its ablated value. From the mean
-    that step is small and the estimate holds. (From zero it is not, on this toy: the diffuse layer-0
-    heads carry a large constant output, so their zero-ablation gradient score is large while
-    zeroing them costs little; there the two rankings disagree.)"""
+    that step is small and the estimate holds, with Michel et al.'s per-layer normalisation (on 12
+    probes of this toy Spearman was 0.83-0.93; 0.74-0.95 unnormalised). From zero it does not: the
+    diffuse layer-0 heads carry a large constant output, so their zero-ablation gradient score is
+    large while zeroing them costs little (Spearman 0.1-0.33 on the same probes)."""
     metric = incontext_loss(probe)
     exact = exact_sweep(toy, probe, metric, ablation="mean")
-    grad = gradient_importance(toy, probe, metric, ablation="mean")
+    grad = gradient_importance(toy, probe, metric, ablation="mean", normalize=True)
     assert spearman(exact.grid("importance"), grad.grid("importance")) >= 0.8
     for scores in (exact, grad):
         top = _ranked(scores)[:4]
