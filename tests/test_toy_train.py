@@ -15,6 +15,14 @@ from interp.toy.train import (
     second_repeat_loss,
     train,
 )
+from tests.helpers import one_thread
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors: one thread is as fast, and far faster when other jobs share the CPU."""
+    with one_thread():
+        yield
 
 
 def test_repeated_blocks_repeat_by_content_with_random_periods():

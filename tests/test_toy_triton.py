@@ -18,11 +18,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import one_thread
+
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and Triton")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors: one thread is as fast, and far faster when other jobs share the CPU."""
+    with one_thread():
+        yield
+
 
 HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
 
