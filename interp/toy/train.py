@@ -322,7 +322,8 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
         atomic_write(directory / "training.png", lambda path: fig.write_image(path, format="png", width=900, height=500))
         written.append(directory / "training.png")
     except Exception as error:  # no image exporter (kaleido + a browser) here: HTML only
-        print(f"PNG export skipped: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        print(f"PNG export skipped ({type(error).__name__}: {reason})")
     return written
 
 
