@@ -573,12 +573,17 @@ class Sweeper:
             bar.close()
         return result
 
+    @property
+    def chunk_size(self) -> int:
+        """How many ablations the fast engine batches into one forward."""
+        budget = _TOKEN_BUDGET["cpu" if self.info.device.type == "cpu" else "other"]
+        return self.chunk or max(1, budget // (self.minibatch * self.probe.seq_len))
+
     def _groups(self, todo: list[tuple[int, int]]) -> list[tuple[int, list[int]]]:
         """Masks grouped by the first layer they touch, cut into chunks of one batched forward."""
         if self.engine == "loop":
             return [(start, [i]) for start, i in todo]
-        budget = _TOKEN_BUDGET["cpu" if self.info.device.type == "cpu" else "other"]
-        chunk = self.chunk or max(1, budget // (self.minibatch * self.probe.seq_len))
+        chunk = self.chunk_size
         groups: list[tuple[int, list[int]]] = []
         for start, i in todo:
             if groups and groups[-1][0] == start and len(groups[-1][1]) < chunk:
