@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -37,11 +36,12 @@ import torch
 import torch.nn.functional as F
 from einops import repeat
 from jaxtyping import Float, Int
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from interp._io import atomic_write
 from interp.toy.attention import Attention, LatentAttention
 
 
@@ -320,9 +320,8 @@ class ToyTransformer(HookedRootModule):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        atomic_write(directory / "model.safetensors", lambda path: save_file(state, str(path)))
-        text = json.dumps(self.cfg.to_dict(), indent=2) + "\n"
-        atomic_write(directory / "config.json", lambda path: Path(path).write_text(text))
+        atomic_write(directory / "model.safetensors", save(state))
+        atomic_write(directory / "config.json", json.dumps(self.cfg.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
@@ -358,18 +357,3 @@ def lm_cross_entropy(
     loss = -log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
     return loss if per_token else loss.mean()
 
-
-def atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path) on a temporary file beside `path`, then rename it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -38,7 +38,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from interp.toy import ToyConfig, ToyTransformer, toy_dir
-from interp.toy.model import atomic_write
+from interp._io import atomic_write
 
 
 # Small enough for a CPU, d_head large enough to tell 511 tokens apart, n_ctx fitting 2 x 100 + BOS.
@@ -317,9 +317,9 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
     fig.update_yaxes(title_text="attention score", range=[0, 1], secondary_y=True)
 
     written = [directory / "training.html"]
-    atomic_write(written[0], lambda path: fig.write_html(path, include_plotlyjs="cdn"))
+    atomic_write(written[0], fig.to_html(include_plotlyjs="cdn", full_html=True))
     try:
-        atomic_write(directory / "training.png", lambda path: fig.write_image(path, format="png", width=900, height=500))
+        atomic_write(directory / "training.png", fig.to_image(format="png", width=900, height=500))
         written.append(directory / "training.png")
     except Exception as error:  # no image exporter (kaleido + a browser) here: HTML only
         reason = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds = time.perf_counter() - start
     model.save_pretrained(out)
     card = make_card(model, tc, history, seconds, probe_seed=tc.seed + 1000)
-    atomic_write(out / "card.json", lambda path: Path(path).write_text(json.dumps(card, indent=1) + "\n"))
+    atomic_write(out / "card.json", json.dumps(card, indent=1) + "\n")
     written = plot_history(history, out)
 
     ind, prev, ablation = card["induction_heads"][0], card["previous_token_heads"][0], card["ablation"]
