@@ -84,6 +84,7 @@ def loop_sweep(model, probe, metrics) -> dict[str, torch.Tensor]:
     out = {m.name: torch.zeros(L, H) for m in metrics}
     for layer in range(L):
         for head in range(H):
+
             def zero(z, hook, head=head):
                 z = z.clone()
                 z[:, :, head] = 0
@@ -116,9 +117,11 @@ def main() -> None:
     with torch.no_grad():  # warm-up: lazy initialisation is nobody's cost
         model(probe.tokens)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    print(f"GPT-2 architecture, random weights: {L} layers x {H} heads, d_model {model.cfg.d_model}, "
-          f"vocab {model.cfg.d_vocab}; probe {probe.batch} x {probe.seq_len} tokens; "
-          f"{torch.get_num_threads()} CPU threads; zero ablation")
+    print(
+        f"GPT-2 architecture, random weights: {L} layers x {H} heads, d_model {model.cfg.d_model}, "
+        f"vocab {model.cfg.d_vocab}; probe {probe.batch} x {probe.seq_len} tokens; "
+        f"{torch.get_num_threads()} CPU threads; zero ablation"
+    )
 
     load_before = os.getloadavg()[0]
     chunk = min(H, Sweeper(model, probe, incontext).chunk_size)  # ablations per batched forward
@@ -131,26 +134,46 @@ def main() -> None:
         diffs[label] = float(abs(scores.grid("metric_ablated") - want).max() / abs(want).max())
     _, times["gradient"], cpu["gradient"] = timed(lambda: gradient_importance(model, probe, incontext))
 
-    floors = {"exact[incontext]": macs_floor(model.cfg, probe.seq_len, len(incontext.positions)),
-              "exact[last]": macs_floor(model.cfg, probe.seq_len, 1)}
-    print(f"\n{'method':<18}{'wall (s)':>10}{'x loop':>8}{'cpu (s)':>10}{'x loop':>8}{'target':>10}"
-          f"{'MAC floor':>11}{'max rel diff':>14}")
+    floors = {
+        "exact[incontext]": macs_floor(model.cfg, probe.seq_len, len(incontext.positions)),
+        "exact[last]": macs_floor(model.cfg, probe.seq_len, 1),
+    }
+    print(
+        f"\n{'method':<18}{'wall (s)':>10}{'x loop':>8}{'cpu (s)':>10}{'x loop':>8}{'target':>10}"
+        f"{'MAC floor':>11}{'max rel diff':>14}"
+    )
     rows = []
     for name, sec in times.items():
         ratio, cpu_ratio = sec / times["loop"], cpu[name] / cpu["loop"]
         target = TARGETS.get(name)
         floor = floors.get(name)
-        print(f"{name:<18}{sec:>10.2f}{ratio:>8.3f}{cpu[name]:>10.2f}{cpu_ratio:>8.3f}"
-              f"{'' if target is None else f'<= {target:.3f}':>10}"
-              f"{'' if floor is None else f'{floor:.3f}':>11}"
-              f"{'' if name not in diffs else f'{diffs[name]:.1e}':>14}")
-        rows.append({"method": name, "seconds": sec, "ratio": ratio, "cpu_seconds": cpu[name],
-                     "cpu_ratio": cpu_ratio, "target": target, "floor": floor, "max_rel_diff": diffs.get(name)})
-    print(f"\nplain forward throughput: {throughput[1]:.0f} tokens/s at {probe.batch} sequences (the loop's "
-          f"batch), {throughput[chunk]:.0f} tokens/s at {chunk * probe.batch} (the sweep's batch of {chunk} "
-          f"ablations): batching alone is worth {throughput[chunk] / throughput[1]:.2f}x, on top of the MAC floor")
-    print(f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after "
-          f"(other work on the machine skews wall times; CPU times much less)")
+        print(
+            f"{name:<18}{sec:>10.2f}{ratio:>8.3f}{cpu[name]:>10.2f}{cpu_ratio:>8.3f}"
+            f"{'' if target is None else f'<= {target:.3f}':>10}"
+            f"{'' if floor is None else f'{floor:.3f}':>11}"
+            f"{'' if name not in diffs else f'{diffs[name]:.1e}':>14}"
+        )
+        rows.append(
+            {
+                "method": name,
+                "seconds": sec,
+                "ratio": ratio,
+                "cpu_seconds": cpu[name],
+                "cpu_ratio": cpu_ratio,
+                "target": target,
+                "floor": floor,
+                "max_rel_diff": diffs.get(name),
+            }
+        )
+    print(
+        f"\nplain forward throughput: {throughput[1]:.0f} tokens/s at {probe.batch} sequences (the loop's "
+        f"batch), {throughput[chunk]:.0f} tokens/s at {chunk * probe.batch} (the sweep's batch of {chunk} "
+        f"ablations): batching alone is worth {throughput[chunk] / throughput[1]:.2f}x, on top of the MAC floor"
+    )
+    print(
+        f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after "
+        f"(other work on the machine skews wall times; CPU times much less)"
+    )
     if args.quick:
         print("(--quick: the targets are for the 12-layer model; the loop here has 48 heads, not 144)")
     for key in ("ratio", "cpu_ratio") if not args.quick else ():
@@ -158,9 +181,21 @@ def main() -> None:
         print(f"targets {'met' if met else 'NOT met'} on {'wall' if key == 'ratio' else 'CPU'} time")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"layers": L, "heads": H, "batch": probe.batch, "seq_len": probe.seq_len,
-                       "threads": torch.get_num_threads(), "throughput_tokens_per_s": throughput,
-                       "load_before": load_before, "load_after": os.getloadavg()[0], "rows": rows}, f, indent=2)
+            json.dump(
+                {
+                    "layers": L,
+                    "heads": H,
+                    "batch": probe.batch,
+                    "seq_len": probe.seq_len,
+                    "threads": torch.get_num_threads(),
+                    "throughput_tokens_per_s": throughput,
+                    "load_before": load_before,
+                    "load_after": os.getloadavg()[0],
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

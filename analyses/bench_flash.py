@@ -59,7 +59,7 @@ def cpu_worker(method: str, n: int, repeats: int, threads: int) -> dict:
         for _ in range(repeats):
             del out
             start = time.perf_counter()
-            out = run()
+            out = run()  # noqa: F841 (kept alive until the next del, as a caller would)
             times.append(time.perf_counter() - start)
     return {"method": method, "n": n, "seconds": statistics.median(times), "peak_bytes": peak}
 
@@ -68,11 +68,24 @@ def cpu_sweep(lengths: list[int], repeats: int, threads: int) -> list[dict]:
     rows = []
     for n in lengths:
         for method in ("reference", "blockwise", "sdpa"):
-            cmd = [sys.executable, __file__, "--cpu-worker", method, str(n), "--repeats", str(repeats), "--threads", str(threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--cpu-worker",
+                method,
+                str(n),
+                "--repeats",
+                str(repeats),
+                "--threads",
+                str(threads),
+            ]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
             result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
             rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-            print(f"  n={n:5d} {method:9s} {rows[-1]['seconds'] * 1e3:9.1f} ms  {rows[-1]['peak_bytes'] / 2**20:8.1f} MiB", flush=True)
+            print(
+                f"  n={n:5d} {method:9s} {rows[-1]['seconds'] * 1e3:9.1f} ms  {rows[-1]['peak_bytes'] / 2**20:8.1f} MiB",
+                flush=True,
+            )
     return rows
 
 
@@ -134,9 +147,13 @@ def gpu_sweep(lengths: list[int]) -> None:
                 with torch.no_grad():
                     t_triton = bench(lambda: triton_attention(q, k, v, causal))
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                        t_sdpa = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                        t_sdpa = bench(
+                            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        )
                 tf_triton, tf_sdpa = flops / t_triton / 1e12, flops / t_sdpa / 1e12
-                print(f"{n:6d} | {d_head:6d} | {str(causal):6s} | {tf_triton:14.1f} | {tf_sdpa:18.1f} | {tf_triton / tf_sdpa:11.2f}")
+                print(
+                    f"{n:6d} | {d_head:6d} | {str(causal):6s} | {tf_triton:14.1f} | {tf_sdpa:18.1f} | {tf_triton / tf_sdpa:11.2f}"
+                )
 
 
 def main() -> None:

@@ -51,8 +51,9 @@ def build(quick: bool):
     tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     tmp = tempfile.mkdtemp(prefix="bench-tok-")
-    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                            unk_token="<|endoftext|>").save_pretrained(tmp)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    ).save_pretrained(tmp)
     return from_hf_model(hf, AutoTokenizer.from_pretrained(tmp), name="gpt2-small-random")
 
 
@@ -153,19 +154,25 @@ def main() -> None:
         mem[m] = json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
     cfg = model.cfg
-    print(f"model: GPT-2-small architecture, random weights ({cfg.n_layers} layers x {cfg.n_heads} heads, "
-          f"d_model {cfg.d_model}, vocab {cfg.d_vocab}); probe: 10 x (BOS + 2 x 50) tokens; "
-          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    print(
+        f"model: GPT-2-small architecture, random weights ({cfg.n_layers} layers x {cfg.n_heads} heads, "
+        f"d_model {cfg.d_model}, vocab {cfg.d_vocab}); probe: 10 x (BOS + 2 x 50) tokens; "
+        f"{torch.get_num_threads()} threads, median of {args.repeats}"
+    )
     print(f"{'method':<26}{'time s':>9}{'x forward':>11}{'peak MB':>10}{'x forward':>11}")
     for m in METHODS:
-        print(f"{m:<26}{med[m]:>9.3f}{med[m] / med['forward']:>11.2f}{mem[m]:>10.1f}"
-              f"{mem[m] / max(mem['forward'], 1e-9):>11.2f}")
+        print(
+            f"{m:<26}{med[m]:>9.3f}{med[m] / med['forward']:>11.2f}{mem[m]:>10.1f}"
+            f"{mem[m] / max(mem['forward'], 1e-9):>11.2f}"
+        )
     print()
     print(f"ours / forward time:          {med['ours'] / med['forward']:.2f}x   (target <= 1.00x)")
     print(f"ours / detect_head time:      {med['ours'] / med['detect_head']:.3f}x")
-    print(f"ours / run_with_cache memory: {mem['ours'] / max(mem['run_with_cache'], 1e-9):.2f}x  "
-          f"(target < 1.00x); vs patterns-only cache: "
-          f"{mem['ours'] / max(mem['run_with_cache[patterns]'], 1e-9):.2f}x")
+    print(
+        f"ours / run_with_cache memory: {mem['ours'] / max(mem['run_with_cache'], 1e-9):.2f}x  "
+        f"(target < 1.00x); vs patterns-only cache: "
+        f"{mem['ours'] / max(mem['run_with_cache[patterns]'], 1e-9):.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -134,10 +134,14 @@ def main() -> None:
         describe(m)
     warm = random_tokens(models["full"], batch=args.batch, seq_len=15, seed=1)
     L, H = models["full"].cfg.n_layers, models["full"].cfg.n_heads
-    print(f"GPT-2 small architecture, {L} layers x {H} heads, random weights, batch {args.batch}; peak MB "
-          "above the pre-call resident set, each call in its own forked process\n")
-    print(f"{'T':>5} {'sinks':>8} {'sinks[1L]':>9} {'beyond':>7} {'cache':>8} {'bare':>8} {'cache/sinks':>11} "
-          f"{'1 pattern':>9} {'1 resid':>7}")
+    print(
+        f"GPT-2 small architecture, {L} layers x {H} heads, random weights, batch {args.batch}; peak MB "
+        "above the pre-call resident set, each call in its own forked process\n"
+    )
+    print(
+        f"{'T':>5} {'sinks':>8} {'sinks[1L]':>9} {'beyond':>7} {'cache':>8} {'bare':>8} {'cache/sinks':>11} "
+        f"{'1 pattern':>9} {'1 resid':>7}"
+    )
     rows = []
     for T in lengths:
         probe = random_tokens(models["full"], batch=args.batch, seq_len=T - 1, seed=0)  # BOS + T - 1
@@ -146,21 +150,30 @@ def main() -> None:
         one_pattern = args.batch * H * T * T * 4 / 2**20
         one_resid = args.batch * T * models["full"].cfg.d_model * 4 / 2**20
         rows.append((T, peaks, beyond))
-        print(f"{T:5d} {peaks['sinks']:8.1f} {peaks['sinks[1 layer]']:9.1f} {beyond:7.1f} {peaks['cache']:8.1f} "
-              f"{peaks['bare']:8.1f} {peaks['cache'] / max(peaks['sinks'], 1e-9):10.1f}x {one_pattern:9.1f} "
-              f"{one_resid:7.1f}", flush=True)
-    print("\n(beyond = sinks - sinks[1 layer]: what the sink pass keeps beyond the one layer being processed;"
-          "\n 1 pattern = one layer's [batch, head, T, T] float32 pattern, quadratic in T;"
-          " 1 resid = one [batch, T, d_model] residual, linear in T)")
+        print(
+            f"{T:5d} {peaks['sinks']:8.1f} {peaks['sinks[1 layer]']:9.1f} {beyond:7.1f} {peaks['cache']:8.1f} "
+            f"{peaks['bare']:8.1f} {peaks['cache'] / max(peaks['sinks'], 1e-9):10.1f}x {one_pattern:9.1f} "
+            f"{one_resid:7.1f}",
+            flush=True,
+        )
+    print(
+        "\n(beyond = sinks - sinks[1 layer]: what the sink pass keeps beyond the one layer being processed;"
+        "\n 1 pattern = one layer's [batch, head, T, T] float32 pattern, quadratic in T;"
+        " 1 resid = one [batch, T, d_model] residual, linear in T)"
+    )
     print("growth from one length to the next (k in memory ~ T^k; 1 = linear, 2 = quadratic):")
     for (t0, p0, b0), (t1, p1, b1) in zip(rows, rows[1:]):
         k = lambda a, b: math.log(max(b, 1e-3) / max(a, 1e-3)) / math.log(t1 / t0)  # noqa: E731
-        print(f"  {t0} -> {t1}: beyond {b0:.1f} -> {b1:.1f} MB (linear: x{t1 / t0:.0f}); k: sinks "
-              f"{k(p0['sinks'], p1['sinks']):.2f}, cache {k(p0['cache'], p1['cache']):.2f}, bare "
-              f"{k(p0['bare'], p1['bare']):.2f}")
+        print(
+            f"  {t0} -> {t1}: beyond {b0:.1f} -> {b1:.1f} MB (linear: x{t1 / t0:.0f}); k: sinks "
+            f"{k(p0['sinks'], p1['sinks']):.2f}, cache {k(p0['cache'], p1['cache']):.2f}, bare "
+            f"{k(p0['bare'], p1['bare']):.2f}"
+        )
     t_max, p_max, b_max = rows[-1]
-    print(f"\nat T={t_max}: run_with_cache peaks at {p_max['cache'] / p_max['sinks']:.1f}x the sink pass "
-          f"({p_max['cache']:.0f} vs {p_max['sinks']:.0f} MB); the sink pass keeps {b_max:.1f} MB beyond one layer")
+    print(
+        f"\nat T={t_max}: run_with_cache peaks at {p_max['cache'] / p_max['sinks']:.1f}x the sink pass "
+        f"({p_max['cache']:.0f} vs {p_max['sinks']:.0f} MB); the sink pass keeps {b_max:.1f} MB beyond one layer"
+    )
 
 
 if __name__ == "__main__":

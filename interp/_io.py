@@ -70,6 +70,5 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
     if not existing.is_dir():
         raise OutputError(f"cannot create output folder {out}: {existing} is a file; pass another --out")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write to output folder {out}: {existing} is not writable; "
-                          "pass a writable --out")
+        raise OutputError(f"cannot write to output folder {out}: {existing} is not writable; pass a writable --out")
     return out

@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -148,8 +149,15 @@ class HeadAblation:
     donors: list[int] | None = None
 
     @classmethod
-    def fit(cls, model: Any, kind: str = "zero", probe: TokenProbe | Tensor | None = None, *,
-            seed: int = 0, minibatch: int | None = None) -> "HeadAblation":
+    def fit(
+        cls,
+        model: Any,
+        kind: str = "zero",
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> HeadAblation:
         if kind not in ABLATIONS:
             raise AblationError(f"unknown ablation {kind!r}: choose from {list(ABLATIONS)}")
         if kind == "zero":
@@ -175,8 +183,13 @@ class HeadAblation:
         src = self.source[layer]
         return src if rows is None else src[rows]
 
-    def patch(self, z: Float[Tensor, "batch pos head d_head"], layer: int,
-              ablate: Bool[Tensor, "rep head"], rows: Tensor | slice | None = None) -> Tensor:
+    def patch(
+        self,
+        z: Float[Tensor, "batch pos head d_head"],
+        layer: int,
+        ablate: Bool[Tensor, "rep head"],
+        rows: Tensor | slice | None = None,
+    ) -> Tensor:
         """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``."""
         rep = ablate.shape[0]
         zz = z.reshape(rep, z.shape[0] // rep, *z.shape[1:])
@@ -185,8 +198,9 @@ class HeadAblation:
         where = ablate.to(z.device)[:, None, None, :, None]
         return torch.where(where, r, zz).reshape(z.shape)
 
-    def mix(self, z: Float[Tensor, "batch pos head d_head"], layer: int, gate: Tensor,
-            rows: Tensor | slice | None = None) -> Tensor:
+    def mix(
+        self, z: Float[Tensor, "batch pos head d_head"], layer: int, gate: Tensor, rows: Tensor | slice | None = None
+    ) -> Tensor:
         """``r + gate * (z - r)``: gate 1 keeps the head, 0 ablates it (gates broadcast over ``z``)."""
         r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
         self._check_batch(r, z.shape[0])
@@ -194,13 +208,16 @@ class HeadAblation:
 
     def _check_batch(self, r: Tensor, batch: int) -> None:
         if r.ndim == 4 and r.shape[0] != batch:
-            raise AblationError(f"resample ablation was fitted on {r.shape[0]} sequences but this run has "
-                                f"{batch}: run it on the probe it was fitted on")
+            raise AblationError(
+                f"resample ablation was fitted on {r.shape[0]} sequences but this run has "
+                f"{batch}: run it on the probe it was fitted on"
+            )
 
     def hooks(self, mask: Bool[Tensor, "layer head"], rows: Tensor | slice | None = None) -> list:
         """Forward hooks that ablate the heads in ``mask`` (for ``run_with_hooks`` / ``model.hooks``)."""
-        return [(z_hook(l), self._layer_hook(l, mask[l][None], rows)) for l in range(mask.shape[0])
-                if bool(mask[l].any())]
+        return [
+            (z_hook(l), self._layer_hook(l, mask[l][None], rows)) for l in range(mask.shape[0]) if bool(mask[l].any())
+        ]
 
     def _layer_hook(self, layer: int, ablate: Bool[Tensor, "rep head"], rows: Any) -> Callable:
         def hook(z: Tensor, hook: Any) -> Tensor:
@@ -214,7 +231,7 @@ def _mean_output(z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "he
     return z.double().mean(dim=(0, 1)).to(z.dtype)
 
 
-def derangement(n: int, seed: int = 0) -> Int[Tensor, "n"]:
+def derangement(n: int, seed: int = 0) -> Int[Tensor, " n"]:
     """A seeded permutation of ``range(n)`` without fixed points (one random cycle)."""
     cycle = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     out = torch.empty(n, dtype=torch.long)
@@ -235,14 +252,21 @@ def _clean_z(model: Any, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
 
     step = minibatch or tokens.shape[0]
     for start in range(0, tokens.shape[0], step):
-        run_with_reducers(model, tokens[start:start + step], [(z_hook(l), grab(l)) for l in range(L)],
-                          stop_after=z_hook(L - 1))
+        run_with_reducers(
+            model, tokens[start : start + step], [(z_hook(l), grab(l)) for l in range(L)], stop_after=z_hook(L - 1)
+        )
     return [torch.cat(p) for p in parts]
 
 
 @contextmanager
-def ablated(model: Any, heads: Any, *, ablation: str | HeadAblation = "zero",
-            probe: TokenProbe | Tensor | None = None, seed: int = 0) -> Iterator[HeadAblation]:
+def ablated(
+    model: Any,
+    heads: Any,
+    *,
+    ablation: str | HeadAblation = "zero",
+    probe: TokenProbe | Tensor | None = None,
+    seed: int = 0,
+) -> Iterator[HeadAblation]:
     """Run ``model`` with ``heads`` silenced inside the ``with`` block::
 
         with ablated(model, ["1.2", "0.3"], ablation="mean", probe=probe):
@@ -282,8 +306,9 @@ class Metric:
     def read(self, out: Float[Tensor, "batch pos ..."]) -> Tensor:
         return out if self.positions is None else out[:, list(self.positions)]
 
-    def __call__(self, out: Tensor, tokens: Tensor, clean: Tensor | None = None,
-                 rows: Tensor | None = None) -> Float[Tensor, "batch"]:
+    def __call__(
+        self, out: Tensor, tokens: Tensor, clean: Tensor | None = None, rows: Tensor | None = None
+    ) -> Float[Tensor, " batch"]:
         value = self.fn(out, tokens, clean, rows)
         if not isinstance(value, Tensor):
             value = torch.as_tensor(value)
@@ -294,8 +319,10 @@ class Metric:
             )
         bad = ~torch.isfinite(value)
         if bool(bad.any()):
-            raise MetricError(f"metric {self.name!r} returned non-finite values (nan/inf) for "
-                              f"{int(bad.sum())} of {len(value)} sequences")
+            raise MetricError(
+                f"metric {self.name!r} returned non-finite values (nan/inf) for "
+                f"{int(bad.sum())} of {len(value)} sequences"
+            )
         return value.float()
 
     def badness(self, value: Tensor) -> Tensor:
@@ -314,8 +341,11 @@ def as_metric(fn: Callable | Metric, *, name: str | None = None, higher_is_bette
         return fn
     if not callable(fn):
         raise MetricError(f"a metric must be callable as fn(logits, tokens), got {type(fn).__name__}")
-    return Metric(name or getattr(fn, "__name__", "metric"), lambda out, tokens, clean, rows: fn(out, tokens),
-                  higher_is_better=higher_is_better)
+    return Metric(
+        name or getattr(fn, "__name__", "metric"),
+        lambda out, tokens, clean, rows: fn(out, tokens),
+        higher_is_better=higher_is_better,
+    )
 
 
 def _next_token_metric(name: str, predicted: Sequence[int], probe: TokenProbe) -> Metric:
@@ -354,8 +384,13 @@ def lm_loss(probe: TokenProbe) -> Metric:
     return _next_token_metric("lm_loss", range(max(probe.body_start, 1), probe.body_end), probe)
 
 
-def logit_diff(correct: int | Sequence[int] | Tensor, wrong: int | Sequence[int] | Tensor, *,
-               position: int = -1, name: str = "logit_diff") -> Metric:
+def logit_diff(
+    correct: int | Sequence[int] | Tensor,
+    wrong: int | Sequence[int] | Tensor,
+    *,
+    position: int = -1,
+    name: str = "logit_diff",
+) -> Metric:
     """``logit[correct] - logit[wrong]`` at ``position``; answers are token ids, one or one per sequence."""
     c, w = torch.as_tensor(correct).long(), torch.as_tensor(wrong).long()
 
@@ -407,8 +442,12 @@ METRICS = ("incontext", "lm", "logit-diff", "pooled-cos")
 
 def builtin_metric(name: str, probe: TokenProbe) -> Metric:
     """A built-in metric by its CLI name (``incontext``, ``lm``, ``logit-diff``, ``pooled-cos``)."""
-    makers = {"incontext": incontext_loss, "lm": lm_loss, "logit-diff": incontext_logit_diff,
-              "pooled-cos": pooled_cosine}
+    makers = {
+        "incontext": incontext_loss,
+        "lm": lm_loss,
+        "logit-diff": incontext_logit_diff,
+        "pooled-cos": pooled_cosine,
+    }
     if name not in makers:
         raise AblationError(f"unknown metric {name!r}: choose from {list(METRICS)}")
     return makers[name](probe)
@@ -442,26 +481,46 @@ class Sweeper:
     as make about 2k tokens on a CPU, 16k elsewhere).
     """
 
-    def __init__(self, model: Any, probe: TokenProbe, metric: Metric | Callable, *,
-                 ablation: str | HeadAblation = "zero", base: Any = None, engine: str = "auto",
-                 minibatch: int | None = None, chunk: int | None = None, seed: int = 0,
-                 progress: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        probe: TokenProbe,
+        metric: Metric | Callable,
+        *,
+        ablation: str | HeadAblation = "zero",
+        base: Any = None,
+        engine: str = "auto",
+        minibatch: int | None = None,
+        chunk: int | None = None,
+        seed: int = 0,
+        progress: bool = False,
+    ):
         if engine not in ENGINES:
             raise AblationError(f"unknown engine {engine!r}: choose from {list(ENGINES)}")
         self.model, self.probe, self.metric = model, probe, as_metric(metric)
         self.info = describe(model)
         if probe.seq_len > self.info.n_ctx:
-            raise AblationError(f"probe of {probe.seq_len} tokens is longer than the model's context of {self.info.n_ctx}")
-        self.ablation = ablation if isinstance(ablation, HeadAblation) else HeadAblation.fit(
-            model, ablation, probe, seed=seed, minibatch=minibatch)
-        self.base = torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool) if base is None \
+            raise AblationError(
+                f"probe of {probe.seq_len} tokens is longer than the model's context of {self.info.n_ctx}"
+            )
+        self.ablation = (
+            ablation
+            if isinstance(ablation, HeadAblation)
+            else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+        )
+        self.base = (
+            torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)
+            if base is None
             else head_mask(self.info, base, allow_empty=True)
+        )
         self.minibatch = minibatch or probe.batch
         self.chunk, self.progress = chunk, progress
         self.engine = "loop" if engine == "loop" else "fast"
         self.interrupted = False
-        self._batches = [self._capture(torch.arange(s, min(s + self.minibatch, probe.batch)))
-                         for s in range(0, probe.batch, self.minibatch)]
+        self._batches = [
+            self._capture(torch.arange(s, min(s + self.minibatch, probe.batch)))
+            for s in range(0, probe.batch, self.minibatch)
+        ]
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
         if self.engine == "fast":
             why = self._self_check()
@@ -480,10 +539,13 @@ class Sweeper:
         blocks = getattr(model, "blocks", None)
         handles = []
         if blocks is not None and len(blocks) == L:
+
             def record(layer: int) -> Callable:
                 def pre(module: Any, args: tuple, kwargs: dict) -> None:
                     calls[layer] = _detach_call(args, kwargs)
+
                 return pre
+
             handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
         try:
             out = self._run(tokens, self.base, rows)
@@ -503,8 +565,11 @@ class Sweeper:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
         rep, model, L = masks.shape[0], self.model, self.info.n_layers
         hidden = batch.resid[start].repeat(rep, 1, 1)
-        hooks = [(z_hook(l), self.ablation._layer_hook(l, masks[:, l], batch.rows))
-                 for l in range(start, L) if bool(masks[:, l].any())]
+        hooks = [
+            (z_hook(l), self.ablation._layer_hook(l, masks[:, l], batch.rows))
+            for l in range(start, L)
+            if bool(masks[:, l].any())
+        ]
         b = batch.tokens.shape[0]
         with torch.no_grad(), model.hooks(fwd_hooks=hooks):
             for l in range(start, L):
@@ -548,8 +613,9 @@ class Sweeper:
         """
         masks = torch.as_tensor(masks, dtype=torch.bool)
         if masks.ndim != 3 or tuple(masks.shape[1:]) != (self.info.n_layers, self.info.n_heads):
-            raise AblationError(f"masks must have shape [n, {self.info.n_layers}, {self.info.n_heads}], "
-                                f"got {list(masks.shape)}")
+            raise AblationError(
+                f"masks must have shape [n, {self.info.n_layers}, {self.info.n_heads}], got {list(masks.shape)}"
+            )
         n = masks.shape[0]
         result = torch.full((n, self.probe.batch), float("nan"))
         extra = masks & ~self.base
@@ -605,8 +671,7 @@ class Sweeper:
         return values
 
 
-def _read_out(model: Any, tokens: Tensor, metric: Metric, hooks: list, n_layers: int, *,
-              grad: bool = False) -> Tensor:
+def _read_out(model: Any, tokens: Tensor, metric: Metric, hooks: list, n_layers: int, *, grad: bool = False) -> Tensor:
     """Run ``model`` with ``hooks``; return the metric's read-out (logits or final hidden state)."""
     if metric.reads == "logits":
         logits = run_with_reducers(model, tokens, hooks, grad=grad)
@@ -641,6 +706,7 @@ def _detach_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def _expand_call(call: tuple[tuple, dict], batch: int, rep: int) -> tuple[tuple, dict]:
     """Repeat every per-sequence tensor of a recorded block call ``rep`` times along the batch."""
+
     def grow(x: Any) -> Any:
         if isinstance(x, Tensor) and x.ndim >= 2 and x.shape[0] == batch and batch > 1 and rep > 1:
             return x.repeat(rep, *[1] * (x.ndim - 1))
@@ -662,22 +728,50 @@ def _probe_meta(probe: TokenProbe) -> dict[str, Any]:
 
 def _scores_meta(model: Any, probe: TokenProbe, metric: Metric, ablation: HeadAblation, **extra: Any) -> dict:
     info = describe(model)
-    return {"model": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "causal": info.is_causal,
-            "probe": _probe_meta(probe), "metric": metric.name, "higher_is_better": metric.higher_is_better,
-            "ablation": ablation.kind, **extra}
+    return {
+        "model": info.name,
+        "n_layers": info.n_layers,
+        "n_heads": info.n_heads,
+        "causal": info.is_causal,
+        "probe": _probe_meta(probe),
+        "metric": metric.name,
+        "higher_is_better": metric.higher_is_better,
+        "ablation": ablation.kind,
+        **extra,
+    }
 
 
-def exact_sweep(model: Any, probe: TokenProbe, metric: Metric | Callable, *, ablation: str | HeadAblation = "zero",
-                base: Any = None, engine: str = "auto", minibatch: int | None = None, chunk: int | None = None,
-                seed: int = 0, progress: bool = False) -> HeadScores:
+def exact_sweep(
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric | Callable,
+    *,
+    ablation: str | HeadAblation = "zero",
+    base: Any = None,
+    engine: str = "auto",
+    minibatch: int | None = None,
+    chunk: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> HeadScores:
     """Ablate every head alone (on top of ``base``) and record the metric.
 
     Columns: ``metric_ablated`` (mean over sequences), ``delta`` (ablated - clean) and
     ``importance`` (the delta signed so that larger = the head matters more). Heads in ``base`` get
     NaN. On Ctrl-C the rows computed so far are returned, with ``meta["partial"] = True``.
     """
-    sweeper = Sweeper(model, probe, metric, ablation=ablation, base=base, engine=engine, minibatch=minibatch,
-                      chunk=chunk, seed=seed, progress=progress)
+    sweeper = Sweeper(
+        model,
+        probe,
+        metric,
+        ablation=ablation,
+        base=base,
+        engine=engine,
+        minibatch=minibatch,
+        chunk=chunk,
+        seed=seed,
+        progress=progress,
+    )
     return _single_head_scores(sweeper, "exact sweep")
 
 
@@ -695,8 +789,16 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
     delta = ablated_grid - clean
     scores = HeadScores.from_grids(
         {"importance": metric.badness(delta), "metric_ablated": ablated_grid, "delta": delta},
-        _scores_meta(sweeper.model, sweeper.probe, metric, sweeper.ablation, method="exact", clean_metric=clean,
-                     engine=sweeper.engine, base=_labels(sweeper.base)),
+        _scores_meta(
+            sweeper.model,
+            sweeper.probe,
+            metric,
+            sweeper.ablation,
+            method="exact",
+            clean_metric=clean,
+            engine=sweeper.engine,
+            base=_labels(sweeper.base),
+        ),
     )
     if sweeper.interrupted:
         done = set(_labels(torch.isfinite(ablated_grid)))
@@ -727,8 +829,16 @@ def frozen(model: Any) -> Iterator[Any]:
             p.requires_grad_(True)
 
 
-def _gated_forward(model: Any, tokens: Tensor, metric: Metric, ablation: HeadAblation, gates: list[Tensor],
-                   base: Tensor, rows: Tensor, reference: Tensor | None) -> Tensor:
+def _gated_forward(
+    model: Any,
+    tokens: Tensor,
+    metric: Metric,
+    ablation: HeadAblation,
+    gates: list[Tensor],
+    base: Tensor,
+    rows: Tensor,
+    reference: Tensor | None,
+) -> Tensor:
     """Metric per sequence with every head's output mixed as ``r + g (z - r)`` (base heads at r)."""
     L = len(gates)
 
@@ -738,15 +848,25 @@ def _gated_forward(model: Any, tokens: Tensor, metric: Metric, ablation: HeadAbl
             g = g[..., None] if g.ndim == 3 else g[:, None, :, None]
             g = torch.where(base[layer].to(z.device)[:, None], torch.zeros((), device=z.device, dtype=g.dtype), g)
             return ablation.mix(z, layer, g.to(z.dtype), rows)
+
         return hook
 
     out = _read_out(model, tokens, metric, [(z_hook(l), gate_hook(l)) for l in range(L)], L, grad=True)
     return metric(out, tokens, reference, rows)
 
 
-def gradient_importance(model: Any, probe: TokenProbe, metric: Metric | Callable, *,
-                        ablation: str | HeadAblation = "zero", base: Any = None, normalize: bool = False,
-                        minibatch: int | None = None, seed: int = 0, progress: bool = False) -> HeadScores:
+def gradient_importance(
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric | Callable,
+    *,
+    ablation: str | HeadAblation = "zero",
+    base: Any = None,
+    normalize: bool = False,
+    minibatch: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> HeadScores:
     """Michel et al.'s head importance ``I_h = E_x |A_h(x)^T dL/dA_h(x)|``.
 
     ``A_h(x)`` is head ``h``'s output (``hook_z``) at one token and ``L`` the metric's loss (the
@@ -761,8 +881,11 @@ def gradient_importance(model: Any, probe: TokenProbe, metric: Metric | Callable
     metric = as_metric(metric)
     info = describe(model)
     L, H = info.n_layers, info.n_heads
-    abl = ablation if isinstance(ablation, HeadAblation) else HeadAblation.fit(model, ablation, probe, seed=seed,
-                                                                               minibatch=minibatch)
+    abl = (
+        ablation
+        if isinstance(ablation, HeadAblation)
+        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+    )
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
     step = minibatch or probe.batch
     total = torch.zeros(L, H, dtype=torch.float64)
@@ -791,8 +914,16 @@ def gradient_importance(model: Any, probe: TokenProbe, metric: Metric | Callable
     imp[base_mask] = float("nan")
     return HeadScores.from_grids(
         {"importance": imp},
-        _scores_meta(model, probe, metric, abl, method="gradient", normalized=normalize,
-                     metric_value=float(torch.cat(values).mean()), base=_labels(base_mask)),
+        _scores_meta(
+            model,
+            probe,
+            metric,
+            abl,
+            method="gradient",
+            normalized=normalize,
+            metric_value=float(torch.cat(values).mean()),
+            base=_labels(base_mask),
+        ),
     )
 
 
@@ -808,15 +939,25 @@ def spearman(a: Any, b: Any) -> float:
 
 def _order_from(scores: HeadScores | Tensor | np.ndarray, alive: Tensor) -> list[tuple[int, int]]:
     """Alive heads from least to most important (ties: layer, then head)."""
-    grid = torch.as_tensor(scores.grid("importance") if isinstance(scores, HeadScores) else np.asarray(scores),
-                           dtype=torch.float64)
+    grid = torch.as_tensor(
+        scores.grid("importance") if isinstance(scores, HeadScores) else np.asarray(scores), dtype=torch.float64
+    )
     heads = [(float(grid[l, h]), l, h) for l, h in alive.nonzero().tolist()]
     heads.sort(key=lambda t: (math.inf if math.isnan(t[0]) else t[0], t[1], t[2]))
     return [(l, h) for _, l, h in heads]
 
 
-def _importance(order: str, model: Any, probe: TokenProbe, metric: Metric, abl: HeadAblation, base: Tensor,
-                engine: str, minibatch: int | None, seed: int) -> HeadScores | Tensor:
+def _importance(
+    order: str,
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric,
+    abl: HeadAblation,
+    base: Tensor,
+    engine: str,
+    minibatch: int | None,
+    seed: int,
+) -> HeadScores | Tensor:
     info = describe(model)
     if order == "gradient":
         return gradient_importance(model, probe, metric, ablation=abl, base=base, minibatch=minibatch)
@@ -830,10 +971,21 @@ def _importance(order: str, model: Any, probe: TokenProbe, metric: Metric, abl: 
     raise AblationError(f"unknown order {order!r}: choose from {list(ORDERS)}")
 
 
-def pruning_curve(model: Any, probe: TokenProbe, metric: Metric | Callable, order: str | HeadScores | Tensor = "gradient",
-                  *, ablation: str | HeadAblation = "zero", step: float = 0.1, reestimate: bool = False,
-                  engine: str = "auto", minibatch: int | None = None, seed: int = 0,
-                  label: str | None = None, progress: bool = False) -> pd.DataFrame:
+def pruning_curve(
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric | Callable,
+    order: str | HeadScores | Tensor = "gradient",
+    *,
+    ablation: str | HeadAblation = "zero",
+    step: float = 0.1,
+    reestimate: bool = False,
+    engine: str = "auto",
+    minibatch: int | None = None,
+    seed: int = 0,
+    label: str | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Prune heads in increasing order of importance, ``step`` (a fraction of all heads) at a time.
 
     ``order`` is ``"gradient"``, ``"exact"``, ``"random"`` (seeded by ``seed``) or a table/grid of
@@ -850,20 +1002,27 @@ def pruning_curve(model: Any, probe: TokenProbe, metric: Metric | Callable, orde
     L, H = info.n_layers, info.n_heads
     n_total = L * H
     per_step = max(1, round(step * n_total))
-    abl = ablation if isinstance(ablation, HeadAblation) else HeadAblation.fit(model, ablation, probe, seed=seed,
-                                                                               minibatch=minibatch)
+    abl = (
+        ablation
+        if isinstance(ablation, HeadAblation)
+        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+    )
     name = label or (order if isinstance(order, str) else "given")
     sweeper = Sweeper(model, probe, metric, ablation=abl, engine=engine, minibatch=minibatch)
     clean = float(sweeper.clean.mean())
-    rows: list[dict[str, Any]] = [dict(order=name, seed=seed, step=0, n_pruned=0, frac_pruned=0.0, metric=clean,
-                                       degradation=0.0, removed="")]
+    rows: list[dict[str, Any]] = [
+        dict(order=name, seed=seed, step=0, n_pruned=0, frac_pruned=0.0, metric=clean, degradation=0.0, removed="")
+    ]
     static = not reestimate or not isinstance(order, str) or order == "random"
     pruned = torch.zeros(L, H, dtype=torch.bool)
     partial = False
     try:
         if static:
-            scores = _importance(order, model, probe, metric, abl, pruned, engine, minibatch, seed) \
-                if isinstance(order, str) else order
+            scores = (
+                _importance(order, model, probe, metric, abl, pruned, engine, minibatch, seed)
+                if isinstance(order, str)
+                else order
+            )
             ranked = _order_from(scores, ~pruned)
             masks, removed = [], []
             for k0 in range(0, n_total, per_step):
@@ -880,8 +1039,9 @@ def pruning_curve(model: Any, probe: TokenProbe, metric: Metric | Callable, orde
                     break
                 rows.append(_curve_row(name, seed, i + 1, mask, n_total, v, clean, metric, gone))
         else:
-            for i in tqdm(range(math.ceil(n_total / per_step)), desc=f"pruning ({name}, re-estimated)",
-                          disable=not progress):
+            for i in tqdm(
+                range(math.ceil(n_total / per_step)), desc=f"pruning ({name}, re-estimated)", disable=not progress
+            ):
                 scores = _importance(order, model, probe, metric, abl, pruned, engine, minibatch, seed)
                 gone = _order_from(scores, ~pruned)[:per_step]
                 for l, h in gone:
@@ -893,25 +1053,49 @@ def pruning_curve(model: Any, probe: TokenProbe, metric: Metric | Callable, orde
     except KeyboardInterrupt:
         partial = True
     frame = pd.DataFrame(rows)
-    frame.attrs.update(metric=metric.name, ablation=abl.kind, reestimate=reestimate and not static,
-                       clean_metric=clean, partial=partial)
+    frame.attrs.update(
+        metric=metric.name, ablation=abl.kind, reestimate=reestimate and not static, clean_metric=clean, partial=partial
+    )
     return frame
 
 
-def _curve_row(name: str, seed: int, step: int, mask: Tensor, n_total: int, value: float, clean: float,
-               metric: Metric, gone: Sequence[tuple[int, int]]) -> dict[str, Any]:
+def _curve_row(
+    name: str,
+    seed: int,
+    step: int,
+    mask: Tensor,
+    n_total: int,
+    value: float,
+    clean: float,
+    metric: Metric,
+    gone: Sequence[tuple[int, int]],
+) -> dict[str, Any]:
     n = int(mask.sum())
-    return dict(order=name, seed=seed, step=step, n_pruned=n, frac_pruned=n / n_total, metric=value,
-                degradation=float(metric.degradation(value, clean)), removed=" ".join(f"{l}.{h}" for l, h in gone))
+    return dict(
+        order=name,
+        seed=seed,
+        step=step,
+        n_pruned=n,
+        frac_pruned=n / n_total,
+        metric=value,
+        degradation=float(metric.degradation(value, clean)),
+        removed=" ".join(f"{l}.{h}" for l, h in gone),
+    )
 
 
-def pruning_curves(model: Any, probe: TokenProbe, metric: Metric | Callable, *,
-                   orders: Sequence[str] = ORDERS, random_seeds: Sequence[int] = (0, 1, 2),
-                   **kwargs: Any) -> pd.DataFrame:
+def pruning_curves(
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric | Callable,
+    *,
+    orders: Sequence[str] = ORDERS,
+    random_seeds: Sequence[int] = (0, 1, 2),
+    **kwargs: Any,
+) -> pd.DataFrame:
     """:func:`pruning_curve` for several orders (random once per seed), stacked into one frame."""
     frames = []
     for order in orders:
-        for seed in (random_seeds if order == "random" else [kwargs.get("seed", 0)]):
+        for seed in random_seeds if order == "random" else [kwargs.get("seed", 0)]:
             kw = {**kwargs, "seed": seed}
             frame = pruning_curve(model, probe, metric, order, **kw)
             frame["label"] = f"random (seed {seed})" if order == "random" else order
@@ -936,9 +1120,14 @@ def heads_prunable(curves: pd.DataFrame, tolerance: float = 0.1) -> pd.DataFrame
         over = part["degradation"] > tolerance
         ok = part[~over.cumsum().astype(bool)]
         last = ok.iloc[-1] if len(ok) else part.iloc[0]
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))),
-                     "n_prunable": int(last["n_pruned"]), "frac_prunable": float(last["frac_pruned"]),
-                     "tolerance": tolerance})
+        rows.append(
+            {
+                **dict(zip(keys, key if isinstance(key, tuple) else (key,))),
+                "n_prunable": int(last["n_pruned"]),
+                "frac_prunable": float(last["frac_pruned"]),
+                "tolerance": tolerance,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -988,10 +1177,21 @@ class GateSweep:
         return HeadScores.from_grids(grids, self.meta)
 
 
-def train_gates(model: Any, probe: TokenProbe, metric: Metric | Callable, lambdas: Iterable[float], *,
-                ablation: str | HeadAblation = "zero", steps: int = 200, lr: float = 0.05, init: float = 3.0,
-                minibatch: int | None = None, engine: str = "auto", seed: int = 0,
-                progress: bool = False) -> GateSweep:
+def train_gates(
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric | Callable,
+    lambdas: Iterable[float],
+    *,
+    ablation: str | HeadAblation = "zero",
+    steps: int = 200,
+    lr: float = 0.05,
+    init: float = 3.0,
+    minibatch: int | None = None,
+    engine: str = "auto",
+    seed: int = 0,
+    progress: bool = False,
+) -> GateSweep:
     """Train Voita et al.'s input-independent Hard-Concrete head gates, once per lambda.
 
     Every head's output is mixed as ``r + g (z - r)`` (``r`` the ablated value, 0 for zero
@@ -1013,8 +1213,11 @@ def train_gates(model: Any, probe: TokenProbe, metric: Metric | Callable, lambda
     metric = as_metric(metric)
     info = describe(model)
     L, H = info.n_layers, info.n_heads
-    abl = ablation if isinstance(ablation, HeadAblation) else HeadAblation.fit(model, ablation, probe, seed=seed,
-                                                                               minibatch=minibatch)
+    abl = (
+        ablation
+        if isinstance(ablation, HeadAblation)
+        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+    )
     sweeper = Sweeper(model, probe, metric, ablation=abl, engine=engine, minibatch=minibatch)
     clean = float(sweeper.clean.mean())
     refs = [(b.rows, b.tokens, b.reference) for b in sweeper._batches]
@@ -1043,22 +1246,51 @@ def train_gates(model: Any, probe: TokenProbe, metric: Metric | Callable, lambda
             v = float(sweeper.evaluate(dropped[None]).mean()) if bool(dropped.any()) else clean
             if sweeper.interrupted:
                 raise KeyboardInterrupt
-            summary.append(dict(**{"lambda": lam}, heads_kept=int(kept.sum()), metric=v,
-                                degradation=float(metric.degradation(v, clean)), clean_metric=clean,
-                                l0_penalty=float(p_open.sum())))
+            summary.append(
+                dict(
+                    **{"lambda": lam},
+                    heads_kept=int(kept.sum()),
+                    metric=v,
+                    degradation=float(metric.degradation(v, clean)),
+                    clean_metric=clean,
+                    l0_penalty=float(p_open.sum()),
+                )
+            )
             for l in range(L):
                 for h in range(H):
-                    per_head.append({"lambda": lam, "layer": l, "head": h, "label": f"{l}.{h}",
-                                     "log_alpha": float(la[l, h]), "p_open": float(p_open[l, h]),
-                                     "gate": float(gate[l, h]), "kept": bool(kept[l, h])})
+                    per_head.append(
+                        {
+                            "lambda": lam,
+                            "layer": l,
+                            "head": h,
+                            "label": f"{l}.{h}",
+                            "log_alpha": float(la[l, h]),
+                            "p_open": float(p_open[l, h]),
+                            "gate": float(gate[l, h]),
+                            "kept": bool(kept[l, h]),
+                        }
+                    )
     except KeyboardInterrupt:
         partial = True
-    meta = _scores_meta(model, probe, metric, abl, method="gates", clean_metric=clean, steps=steps, lr=lr,
-                        init=init, temperature=GATE_TEMPERATURE, stretch=list(GATE_STRETCH), partial=partial)
-    return GateSweep(pd.DataFrame(summary, columns=["lambda", "heads_kept", "metric", "degradation", "clean_metric",
-                                                    "l0_penalty"]),
-                     pd.DataFrame(per_head, columns=["lambda", "layer", "head", "label", "log_alpha", "p_open",
-                                                     "gate", "kept"]), meta)
+    meta = _scores_meta(
+        model,
+        probe,
+        metric,
+        abl,
+        method="gates",
+        clean_metric=clean,
+        steps=steps,
+        lr=lr,
+        init=init,
+        temperature=GATE_TEMPERATURE,
+        stretch=list(GATE_STRETCH),
+        partial=partial,
+    )
+    return GateSweep(
+        pd.DataFrame(summary, columns=["lambda", "heads_kept", "metric", "degradation", "clean_metric", "l0_penalty"]),
+        pd.DataFrame(per_head, columns=["lambda", "layer", "head", "label", "log_alpha", "p_open", "gate", "kept"]),
+        meta,
+    )
 
 
 def largest_lambda_within(sweep: GateSweep, tolerance: float = 0.1) -> float | None:

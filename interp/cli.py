@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -45,11 +46,13 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the flags every analysis takes: model, device, dtype, seed, batch, out, top."""
-    p = argparse.ArgumentParser(prog=prog, description=description,
-                                formatter_class=_Formatter)
-    p.add_argument("--model", default="toy",
-                   help="Hugging Face name (gpt2, EleutherAI/pythia-70m, ...), a local HF model "
-                        "directory, or 'toy' for the bundled toy model")
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Formatter)
+    p.add_argument(
+        "--model",
+        default="toy",
+        help="Hugging Face name (gpt2, EleutherAI/pythia-70m, ...), a local HF model "
+        "directory, or 'toy' for the bundled toy model",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
     p.add_argument("--seed", type=int, default=0, help="seed for probes and bootstrap")
@@ -108,15 +111,18 @@ def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] 
     shown = pd.DataFrame({"head": frame["label"].astype(str)})
     for col in columns:
         if col in ci:
-            shown[col] = [f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]" for v, a, b in
-                          zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])]
+            shown[col] = [
+                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]"
+                for v, a, b in zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])
+            ]
         else:
             shown[col] = [f"{v:{fmt}}" for v in frame[col]]
     return shown.to_string(index=False)
 
 
-def float_in(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-             high_open: bool = False) -> Callable[[str], float]:
+def float_in(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], float]:
     """An argparse type: a finite float within ``[low, high]`` (``low_open``/``high_open`` exclude an end).
 
     ``float_in(0)`` is ``>= 0``, ``float_in(0, 1, low_open=True)`` is a fraction in ``(0, 1]``.

@@ -30,7 +30,8 @@ measure; the tests use this to check our numbers against the peer.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import einops
 import torch
@@ -177,8 +178,7 @@ def head_scores(
     if probe is None:
         probe = repeated_tokens(model, seed=seed)
     info = describe(model)
-    num, den = attention_scores(model, probe, scores=scores, queries=queries, minibatch=minibatch,
-                                progress=progress)
+    num, den = attention_scores(model, probe, scores=scores, queries=queries, minibatch=minibatch, progress=progress)
     grids: dict[str, Tensor] = {}
     for name in scores:
         point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=n_boot, level=level, seed=seed)
@@ -207,8 +207,11 @@ def uniform_baseline(probe: TokenProbe) -> float:
     sit near this value, which is the floor any claim of an induction head must clear.
     """
     mask: Bool[Tensor, "b q k"] = probe.induction_mask()
-    n_keys = torch.arange(1, probe.seq_len + 1, device=mask.device).float() if probe.causal else \
-        torch.full((probe.seq_len,), float(probe.seq_len), device=mask.device)
+    n_keys = (
+        torch.arange(1, probe.seq_len + 1, device=mask.device).float()
+        if probe.causal
+        else torch.full((probe.seq_len,), float(probe.seq_len), device=mask.device)
+    )
     per_q = mask.sum(-1).float() / n_keys
     has = mask.any(-1)
     return float(per_q[has].mean())

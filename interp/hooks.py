@@ -9,7 +9,8 @@ its attention module, the kept pattern is dropped as soon as its layer is done.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int

@@ -35,8 +35,12 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-                 "pytorch_model.bin.index.json")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
@@ -55,16 +59,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(
-            f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto"
-        ) from None
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but this machine has no CUDA device: use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist"
-            )
+            raise ValueError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} asked for, but MPS is not available here: use --device cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):

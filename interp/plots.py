@@ -7,8 +7,8 @@ exporter (kaleido with a usable browser) is available; :func:`save_figure` says 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -41,8 +41,12 @@ def heatmap(
 ) -> go.Figure:
     """One layer x head panel per score; hovering a cell shows the head, value and CI."""
     columns = list(columns or scores.score_names)
-    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=[PRETTY.get(c, c) for c in columns],
-                        horizontal_spacing=0.08 if len(columns) > 1 else 0.0)
+    fig = make_subplots(
+        rows=1,
+        cols=len(columns),
+        subplot_titles=[PRETTY.get(c, c) for c in columns],
+        horizontal_spacing=0.08 if len(columns) > 1 else 0.0,
+    )
     heads = np.arange(scores.n_heads)
     layers = np.arange(scores.n_layers)
     for i, col in enumerate(columns, start=1):
@@ -54,15 +58,27 @@ def heatmap(
             text = np.vectorize(lambda v: f"{v:.3f}")(z)
         fig.add_trace(
             go.Heatmap(
-                z=z, x=heads, y=layers, text=text, zmin=zmin, zmax=zmax, colorscale=colorscale,
+                z=z,
+                x=heads,
+                y=layers,
+                text=text,
+                zmin=zmin,
+                zmax=zmax,
+                colorscale=colorscale,
                 showscale=(i == len(columns)),
                 hovertemplate=f"head %{{y}}.%{{x}}<br>{PRETTY.get(col, col)}: %{{text}}<extra></extra>",
             ),
-            row=1, col=i,
+            row=1,
+            col=i,
         )
         fig.update_xaxes(title_text="head", row=1, col=i, dtick=max(1, scores.n_heads // 12))
-        fig.update_yaxes(title_text="layer" if i == 1 else None, row=1, col=i, autorange="reversed",
-                         dtick=max(1, scores.n_layers // 12))
+        fig.update_yaxes(
+            title_text="layer" if i == 1 else None,
+            row=1,
+            col=i,
+            autorange="reversed",
+            dtick=max(1, scores.n_layers // 12),
+        )
     fig.update_layout(title=title, height=320 + 18 * scores.n_layers, width=max(480, 380 * len(columns)))
     return fig
 
@@ -89,10 +105,8 @@ def curves(
     fig = go.Figure()
     groups = [(None, frame)] if group is None else list(frame.groupby(group, sort=False))
     for name, part in groups:
-        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers",
-                                 name=None if name is None else str(name)))
-    fig.update_layout(title=title, xaxis_title=x_title or x, yaxis_title=y_title or y, height=460,
-                      width=720)
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=None if name is None else str(name)))
+    fig.update_layout(title=title, xaxis_title=x_title or x, yaxis_title=y_title or y, height=460, width=720)
     if log_y:
         fig.update_yaxes(type="log")
     return fig

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -56,13 +57,13 @@ class TokenProbe:
     def seq_len(self) -> int:
         return self.tokens.shape[1]
 
-    def to(self, device: torch.device | str) -> "TokenProbe":
+    def to(self, device: torch.device | str) -> TokenProbe:
         self.tokens = self.tokens.to(device)
         return self
 
     # ---- structural masks -------------------------------------------------------------------
 
-    def _body(self) -> Bool[Tensor, "pos"]:
+    def _body(self) -> Bool[Tensor, " pos"]:
         pos = torch.arange(self.seq_len, device=self.tokens.device)
         return (pos >= self.body_start) & (pos < self.body_end)
 
@@ -84,8 +85,11 @@ class TokenProbe:
         same &= ordinary[:, :, None] & ordinary[:, None, :]
         n = self.seq_len
         allowed = torch.ones(n, n, dtype=torch.bool, device=self.tokens.device)
-        allowed = torch.tril(allowed, diagonal=-1) if self.causal else allowed & ~torch.eye(
-            n, dtype=torch.bool, device=self.tokens.device)
+        allowed = (
+            torch.tril(allowed, diagonal=-1)
+            if self.causal
+            else allowed & ~torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        )
         return same & allowed
 
     def induction_mask(self) -> Bool[Tensor, "batch q k"]:
@@ -118,7 +122,7 @@ def _check_positive(**kwargs: int) -> None:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def ordinary_vocab(info: ModelInfo, tokenizer: Any = None) -> Int[Tensor, "n"]:
+def ordinary_vocab(info: ModelInfo, tokenizer: Any = None) -> Int[Tensor, " n"]:
     """Token ids a probe may draw: the model's vocabulary less its special tokens."""
     size = info.d_vocab
     if tokenizer is not None:
@@ -163,15 +167,21 @@ def repeated_tokens(
     if n_repeats < 2:
         raise ValueError(f"n_repeats must be at least 2 (a block must repeat to be copied), got {n_repeats}")
     info = describe(model)
-    _check_fits(info, block_len * n_repeats, f"{n_repeats} x {block_len}",
-                lambda room: f"the longest block for {n_repeats} repeats is {room // n_repeats}; "
-                             "lower --seq-len or --repeats")
+    _check_fits(
+        info,
+        block_len * n_repeats,
+        f"{n_repeats} x {block_len}",
+        lambda room: f"the longest block for {n_repeats} repeats is {room // n_repeats}; lower --seq-len or --repeats",
+    )
     block = _draw_blocks(model, info, batch, block_len, seed)
     body = block.repeat(1, n_repeats)
     return framed_probe(
-        info, body, seed=seed, block_len=block_len, n_repeats=n_repeats,
-        meta={"kind": "repeated_tokens", "batch": batch, "block_len": block_len,
-              "n_repeats": n_repeats, "seed": seed},
+        info,
+        body,
+        seed=seed,
+        block_len=block_len,
+        n_repeats=n_repeats,
+        meta={"kind": "repeated_tokens", "batch": batch, "block_len": block_len, "n_repeats": n_repeats, "seed": seed},
     )
 
 
@@ -185,8 +195,9 @@ def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int =
     info = describe(model)
     _check_fits(info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower --seq-len")
     body = _draw_blocks(model, info, batch, seq_len, seed)
-    return framed_probe(info, body, seed=seed, meta={"kind": "random_tokens", "batch": batch,
-                                                     "seq_len": seq_len, "seed": seed})
+    return framed_probe(
+        info, body, seed=seed, meta={"kind": "random_tokens", "batch": batch, "seq_len": seq_len, "seed": seed}
+    )
 
 
 def _check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int], str]) -> None:
@@ -213,8 +224,7 @@ def _draw_blocks(model: Any, info: ModelInfo, batch: int, n: int, seed: int) -> 
     return vocab[picks]
 
 
-def framed_probe(info: ModelInfo, body: Int[Tensor, "batch n"], *, meta: dict[str, Any],
-                 **fields: Any) -> TokenProbe:
+def framed_probe(info: ModelInfo, body: Int[Tensor, "batch n"], *, meta: dict[str, Any], **fields: Any) -> TokenProbe:
     """Wrap body tokens in the model's framing (:func:`frame_tokens`) as a :class:`TokenProbe`.
 
     ``meta`` gains ``"framing"`` (the framing's names); ``fields`` are further TokenProbe fields.
@@ -222,8 +232,11 @@ def framed_probe(info: ModelInfo, body: Int[Tensor, "batch n"], *, meta: dict[st
     prefix, suffix, framing = frame_tokens(info)
     batch = body.shape[0]
     tokens = torch.cat(
-        [torch.tensor(prefix, dtype=torch.long).expand(batch, -1), body.long().cpu(),
-         torch.tensor(suffix, dtype=torch.long).expand(batch, -1)],
+        [
+            torch.tensor(prefix, dtype=torch.long).expand(batch, -1),
+            body.long().cpu(),
+            torch.tensor(suffix, dtype=torch.long).expand(batch, -1),
+        ],
         dim=1,
     ).to(info.device)
     return TokenProbe(
@@ -294,22 +307,37 @@ def text_probe(
         stream, how = _tokenize_rows(tokenizer, rows, budget), "tokenizer"
         bad = stream[(stream < 0) | (stream >= info.d_vocab)]
         if len(bad):
-            raise ValueError(f"the tokenizer produced id {int(bad[0])}, outside the model's vocabulary "
-                             f"of {info.d_vocab}: model and tokenizer do not match")
+            raise ValueError(
+                f"the tokenizer produced id {int(bad[0])}, outside the model's vocabulary "
+                f"of {info.d_vocab}: model and tokenizer do not match"
+            )
     else:
         vocab = ordinary_vocab(info)
         stream, how = _bytes_to_ids(rows, vocab, budget), f"utf-8 bytes mod {len(vocab)} ordinary ids"
     if len(stream) < seq_len:
-        raise ValueError(f"the text from {source} has only {len(stream)} tokens, fewer than "
-                         f"--seq-len {seq_len}: lower --seq-len or use a larger --dataset")
+        raise ValueError(
+            f"the text from {source} has only {len(stream)} tokens, fewer than "
+            f"--seq-len {seq_len}: lower --seq-len or use a larger --dataset"
+        )
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(len(stream) - seq_len + 1, (batch,), generator=gen)
     body = stream[starts[:, None] + torch.arange(seq_len)]
     return framed_probe(
-        info, body, seed=seed,
-        meta={"kind": "text", "source": source, "split": split, "text_column": text_column,
-              "tokenization": how, "batch": batch, "seq_len": seq_len, "seed": seed,
-              "stream_tokens": len(stream), "starts": starts.tolist()},
+        info,
+        body,
+        seed=seed,
+        meta={
+            "kind": "text",
+            "source": source,
+            "split": split,
+            "text_column": text_column,
+            "tokenization": how,
+            "batch": batch,
+            "seq_len": seq_len,
+            "seed": seed,
+            "stream_tokens": len(stream),
+            "starts": starts.tolist(),
+        },
     )
 
 
@@ -321,8 +349,9 @@ def _text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) 
     if dataset is None:
         path = text_dir() / TEXT_FILE
         if not path.is_file():
-            raise DatasetLoadError(f"the bundled text probe {path} is missing: restore data/text/ "
-                                   "from the repository, or pass --dataset")
+            raise DatasetLoadError(
+                f"the bundled text probe {path} is missing: restore data/text/ from the repository, or pass --dataset"
+            )
         ds = datasets.load_dataset("text", data_files=str(path), split="train")
         return _column(ds, "text", "data/text/" + TEXT_FILE), "data/text/" + TEXT_FILE
     spec = os.fspath(dataset)
@@ -335,8 +364,10 @@ def _text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) 
             elif path.suffix.lower() in kind:
                 ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train")
             else:
-                raise DatasetLoadError(f"--dataset {path}: cannot read a {path.suffix or 'suffix-less'} "
-                                       "file; use .txt, .json, .jsonl or .csv")
+                raise DatasetLoadError(
+                    f"--dataset {path}: cannot read a {path.suffix or 'suffix-less'} "
+                    "file; use .txt, .json, .jsonl or .csv"
+                )
         except DatasetLoadError:
             raise
         except Exception as e:
@@ -366,8 +397,13 @@ def _load_hub_dataset(name: str, config: str | None, split: str) -> Any:
         with contextlib.nullcontext() if reachable else _offline_mode():
             return datasets.load_dataset(name, config, split=split)
     except Exception as e:  # the loader raises ConnectionError, FileNotFoundError, ValueError, ...
-        why = ("HF_HUB_OFFLINE is set" if offline else
-               "the Hugging Face Hub cannot be reached" if not reachable else "loading failed")
+        why = (
+            "HF_HUB_OFFLINE is set"
+            if offline
+            else "the Hugging Face Hub cannot be reached"
+            if not reachable
+            else "loading failed"
+        )
         raise DatasetLoadError(
             f"could not load the data set {name!r}{f' (config {config!r})' if config else ''}, split "
             f"{split!r}: {why}: {type(e).__name__}: {_first_line(e)}. Download it once with network "
@@ -393,8 +429,9 @@ def _offline_mode() -> Iterator[None]:
 
 def _column(ds: Any, column: str, source: str) -> Iterator[str]:
     if column not in ds.column_names:
-        raise DatasetLoadError(f"{source} has no column {column!r}; its columns are {ds.column_names}: "
-                               "pass --text-column")
+        raise DatasetLoadError(
+            f"{source} has no column {column!r}; its columns are {ds.column_names}: pass --text-column"
+        )
     return (row for row in ds[column] if isinstance(row, str) and row.strip())
 
 
@@ -403,7 +440,7 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _tokenize_rows(tokenizer: Any, rows: Iterable[str], budget: int, chunk: int = 256) -> Int[Tensor, "n"]:
+def _tokenize_rows(tokenizer: Any, rows: Iterable[str], budget: int, chunk: int = 256) -> Int[Tensor, " n"]:
     """Token ids of the rows joined by newlines, up to about ``budget`` tokens."""
     ids: list[int] = []
     pending: list[str] = []
@@ -425,7 +462,7 @@ def _tokenize_rows(tokenizer: Any, rows: Iterable[str], budget: int, chunk: int 
     return torch.tensor(ids[:budget], dtype=torch.long)
 
 
-def _bytes_to_ids(rows: Iterable[str], vocab: Int[Tensor, "n"], budget: int) -> Int[Tensor, "n"]:
+def _bytes_to_ids(rows: Iterable[str], vocab: Int[Tensor, " n"], budget: int) -> Int[Tensor, " n"]:
     """UTF-8 bytes of the rows joined by newlines, byte ``b`` -> ``vocab[b % len(vocab)]``."""
     data = bytearray()
     for row in rows:

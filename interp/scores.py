@@ -25,8 +25,8 @@ CI_SUFFIXES = ("_lo", "_hi")
 
 
 def bootstrap_ratio(
-    num: Float[Tensor, "batch *rest"],
-    den: Float[Tensor, "batch *rest"],
+    num: Float[Tensor, " batch *rest"],
+    den: Float[Tensor, " batch *rest"],
     *,
     n_boot: int = 1000,
     level: float = 0.95,
@@ -59,12 +59,12 @@ class HeadScores:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_grids(cls, grids: dict[str, Any], meta: dict[str, Any] | None = None) -> "HeadScores":
+    def from_grids(cls, grids: dict[str, Any], meta: dict[str, Any] | None = None) -> HeadScores:
         """Build from ``{column: [n_layers, n_heads] array}``; all grids must share one shape."""
         shapes = {np.asarray(g).shape for g in grids.values()}
         if len(shapes) != 1:
             raise ValueError(f"all grids must have one shape, got {shapes}")
-        (n_layers, n_heads), = shapes
+        ((n_layers, n_heads),) = shapes
         layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
         data: dict[str, Any] = {"layer": layer.ravel(), "head": head.ravel()}
         data["label"] = [f"{l}.{h}" for l, h in zip(data["layer"], data["head"])]
@@ -103,8 +103,7 @@ class HeadScores:
     def rank(self, score: str, top: int | None = None, ascending: bool = False) -> pd.DataFrame:
         """Rows sorted by one score (largest first), ties broken by layer then head."""
         self._check(score)
-        order = self.table.sort_values([score, "layer", "head"], ascending=[ascending, True, True],
-                                       kind="mergesort")
+        order = self.table.sort_values([score, "layer", "head"], ascending=[ascending, True, True], kind="mergesort")
         return order.head(top) if top is not None else order
 
     def top(self, score: str) -> tuple[int, int]:
@@ -128,7 +127,7 @@ class HeadScores:
         return [csv, js]
 
     @classmethod
-    def load(cls, path: str | Path) -> "HeadScores":
+    def load(cls, path: str | Path) -> HeadScores:
         """Read back a ``.json`` written by :meth:`save` (or a bare ``.csv``, without meta)."""
         path = Path(path)
         if path.suffix == ".csv":

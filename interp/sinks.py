@@ -57,9 +57,10 @@ import json
 import sys
 import time
 import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -135,10 +136,16 @@ def sink_statistics(
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     scored = _scored_queries(T, info.is_causal)
     stats = SinkStatistics(
-        received=torch.zeros(B, L, H, T), confidence=torch.zeros(B, L, H),
-        confidence_no_first=torch.zeros(B, L, H), value_norm=torch.full((B, L, T, H), float("nan")),
-        resid_max=torch.zeros(B, L, T), resid_median=torch.zeros(B, L, T), resid_top=torch.zeros(B, L, 3),
-        resid_seq_median=torch.zeros(B, L), massive=[], max_row_deviation=0.0,
+        received=torch.zeros(B, L, H, T),
+        confidence=torch.zeros(B, L, H),
+        confidence_no_first=torch.zeros(B, L, H),
+        value_norm=torch.full((B, L, T, H), float("nan")),
+        resid_max=torch.zeros(B, L, T),
+        resid_median=torch.zeros(B, L, T),
+        resid_top=torch.zeros(B, L, 3),
+        resid_seq_median=torch.zeros(B, L),
+        massive=[],
+        max_row_deviation=0.0,
     )
     step = minibatch or B
     chunks = range(0, B, step)
@@ -158,7 +165,8 @@ def sink_statistics(
             if not torch.isfinite(rows).all():
                 raise NonFiniteAttentionError(
                     f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-                    f"in {info.name}'s dtype on this input: try --dtype float32")
+                    f"in {info.name}'s dtype on this input: try --dtype float32"
+                )
             stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
             stats.received[sl, layer] = a.sum(-2).cpu()
             stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
@@ -207,12 +215,12 @@ def _scored_queries(T: int, causal: bool) -> slice:
     return slice(1 if causal else 0, T)
 
 
-def queries_per_key(T: int, causal: bool) -> Float[Tensor, "k"]:
+def queries_per_key(T: int, causal: bool) -> Float[Tensor, " k"]:
     """``n_k``: how many queries see key ``k``."""
     return torch.arange(T, 0, -1).float() if causal else torch.full((T,), float(T))
 
 
-def uniform_mass(T: int, causal: bool) -> Float[Tensor, "k"]:
+def uniform_mass(T: int, causal: bool) -> Float[Tensor, " k"]:
     """``alpha_k`` of a head that spreads each query's attention evenly over the keys it sees."""
     if not causal:
         return torch.full((T,), 1.0 / T)
@@ -255,8 +263,11 @@ class SinkReport:
         if t.empty:
             return pd.DataFrame(columns=["role", "occurrences", "attention_ratio", "sink_head_share"])
         w = t["occurrences"]
-        out = t.assign(r=t["attention_ratio"] * w, s=t["sink_head_share"] * w).groupby("role", sort=False).agg(
-            occurrences=("occurrences", "sum"), r=("r", "sum"), s=("s", "sum"))
+        out = (
+            t.assign(r=t["attention_ratio"] * w, s=t["sink_head_share"] * w)
+            .groupby("role", sort=False)
+            .agg(occurrences=("occurrences", "sum"), r=("r", "sum"), s=("s", "sum"))
+        )
         out["attention_ratio"] = out.pop("r") / out["occurrences"]
         out["sink_head_share"] = out.pop("s") / out["occurrences"]
         return out.reset_index().sort_values("attention_ratio", ascending=False, kind="mergesort")
@@ -270,10 +281,18 @@ class SinkReport:
             frame: pd.DataFrame = getattr(self, name)
             written.append(atomic_write(out / f"{stem}_{name}.csv", frame.to_csv(index=False)))
         records = lambda f: json.loads(f.to_json(orient="records"))  # noqa: E731
-        written.append(atomic_write_json(out / f"{stem}_summary.json", {
-            "meta": self.meta, "layers": records(self.layers), "roles": records(self.roles()),
-            "top_tokens": records(self.tokens.head(50)), "top_massive": records(self.massive.head(50)),
-        }))
+        written.append(
+            atomic_write_json(
+                out / f"{stem}_summary.json",
+                {
+                    "meta": self.meta,
+                    "layers": records(self.layers),
+                    "roles": records(self.roles()),
+                    "top_tokens": records(self.tokens.head(50)),
+                    "top_massive": records(self.massive.head(50)),
+                },
+            )
+        )
         return written
 
 
@@ -300,15 +319,21 @@ def sink_scores(
     """
     if not 0 < epsilon < 1:
         raise ValueError(f"epsilon must be between 0 and 1, got {epsilon}")
-    for name, value in (("abs_threshold", abs_threshold), ("rel_threshold", rel_threshold),
-                        ("sink_ratio", sink_ratio)):
+    for name, value in (("abs_threshold", abs_threshold), ("rel_threshold", rel_threshold), ("sink_ratio", sink_ratio)):
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value}")
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
-    stats = sink_statistics(model, probe, abs_threshold=abs_threshold, rel_threshold=rel_threshold,
-                            max_massive=max_massive, minibatch=minibatch, progress=progress)
+    stats = sink_statistics(
+        model,
+        probe,
+        abs_threshold=abs_threshold,
+        rel_threshold=rel_threshold,
+        max_massive=max_massive,
+        minibatch=minibatch,
+        progress=progress,
+    )
     T, causal, L, H = probe.seq_len, info.is_causal, info.n_layers, info.n_heads
     n_k = queries_per_key(T, causal)
     alpha_seq = stats.received / n_k  # [B, L, H, T]
@@ -328,18 +353,29 @@ def sink_scores(
 
     shares = (alpha[:, :, 0] > epsilon).float()
     meta = {
-        "model": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "causal": causal,
-        "first_token": first, "sep_position": sep, "probe": probe.meta, "epsilon": epsilon,
+        "model": info.name,
+        "n_layers": info.n_layers,
+        "n_heads": info.n_heads,
+        "causal": causal,
+        "first_token": first,
+        "sep_position": sep,
+        "probe": probe.meta,
+        "epsilon": epsilon,
         "sink_rate": float(shares.mean()),
         "sep_sink_rate": None if sep is None else float((alpha[:, :, sep] > epsilon).float().mean()),
         "uniform_first_mass": float(uniform_mass(T, causal)[0]),
-        "abs_threshold": abs_threshold, "rel_threshold": rel_threshold, "sink_ratio": sink_ratio,
-        "min_queries": min_queries, "n_massive": len(massive),
-        "max_row_sum_deviation": stats.max_row_deviation, "ci_level": level, "n_boot": n_boot, "seed": seed,
+        "abs_threshold": abs_threshold,
+        "rel_threshold": rel_threshold,
+        "sink_ratio": sink_ratio,
+        "min_queries": min_queries,
+        "n_massive": len(massive),
+        "max_row_sum_deviation": stats.max_row_deviation,
+        "ci_level": level,
+        "n_boot": n_boot,
+        "seed": seed,
     }
     heads.meta.update(meta)
-    return SinkReport(heads=heads, layers=layers, positions=positions, tokens=tokens, massive=massive,
-                      meta=meta)
+    return SinkReport(heads=heads, layers=layers, positions=positions, tokens=tokens, massive=massive, meta=meta)
 
 
 def _first_label(info: ModelInfo, probe: TokenProbe) -> str:
@@ -355,13 +391,21 @@ def _sep_position(info: ModelInfo, probe: TokenProbe) -> int | None:
     return probe.body_end
 
 
-def _head_table(stats: SinkStatistics, alpha: Tensor, sep: int | None, eligible: Tensor, probe: TokenProbe,
-                causal: bool, n_boot: int, level: float, seed: int) -> HeadScores:
+def _head_table(
+    stats: SinkStatistics,
+    alpha: Tensor,
+    sep: int | None,
+    eligible: Tensor,
+    probe: TokenProbe,
+    causal: bool,
+    n_boot: int,
+    level: float,
+    seed: int,
+) -> HeadScores:
     T = probe.seq_len
     n_k = queries_per_key(T, causal)
     num = stats.received[..., 0]
-    point, lo, hi = bootstrap_ratio(num, torch.full_like(num, float(n_k[0])), n_boot=n_boot, level=level,
-                                    seed=seed)
+    point, lo, hi = bootstrap_ratio(num, torch.full_like(num, float(n_k[0])), n_boot=n_boot, level=level, seed=seed)
     grids: dict[str, Tensor] = {"first_mass": point, "first_mass_lo": lo, "first_mass_hi": hi}
     if sep is not None:
         grids["sep_mass"] = alpha[..., sep]
@@ -376,7 +420,7 @@ def _head_table(stats: SinkStatistics, alpha: Tensor, sep: int | None, eligible:
     grids["confidence_no_first"] = stats.confidence_no_first.mean(0) / max(n_scored, 1)
     vn = stats.value_norm  # [B, L, T, H]
     body = torch.zeros(T, dtype=torch.bool)
-    body[max(probe.body_start, 1):probe.body_end] = True
+    body[max(probe.body_start, 1) : probe.body_end] = True
     if sep is not None:
         body[sep] = False
     vn_first = vn[:, :, 0].mean(0)  # [L, H]
@@ -427,8 +471,15 @@ def _role(token: int, text: str, position: int, info: ModelInfo) -> str:
     return "punctuation" if _PUNCT(text.strip()) else "word"
 
 
-def _occurrences(alpha_seq: Tensor, probe: TokenProbe, info: ModelInfo, model: Any, eligible: Tensor,
-                 epsilon: float, sink_ratio: float) -> pd.DataFrame:
+def _occurrences(
+    alpha_seq: Tensor,
+    probe: TokenProbe,
+    info: ModelInfo,
+    model: Any,
+    eligible: Tensor,
+    epsilon: float,
+    sink_ratio: float,
+) -> pd.DataFrame:
     """A row per eligible (sequence, position): its token, role and the attention it draws."""
     uniform = uniform_mass(probe.seq_len, probe.causal)
     ratio = alpha_seq.mean((1, 2)) / uniform  # [B, T]
@@ -440,12 +491,18 @@ def _occurrences(alpha_seq: Tensor, probe: TokenProbe, info: ModelInfo, model: A
     ids = tokens[keep].tolist()
     texts = token_texts(model, probe, sorted(set(ids)))
     pos = k[keep].tolist()
-    return pd.DataFrame({
-        "sequence": b[keep].numpy(), "position": pos, "token_id": ids,
-        "token": [texts[i] for i in ids],
-        "role": [_role(i, texts[i], p, info) for i, p in zip(ids, pos)],
-        "attention_ratio": ratio[keep].numpy(), "mass": mass[keep].numpy(), "sink_head_share": share[keep].numpy(),
-    })
+    return pd.DataFrame(
+        {
+            "sequence": b[keep].numpy(),
+            "position": pos,
+            "token_id": ids,
+            "token": [texts[i] for i in ids],
+            "role": [_role(i, texts[i], p, info) for i, p in zip(ids, pos)],
+            "attention_ratio": ratio[keep].numpy(),
+            "mass": mass[keep].numpy(),
+            "sink_head_share": share[keep].numpy(),
+        }
+    )
 
 
 def _sink_positions(hit: pd.DataFrame, probe: TokenProbe, sep: int | None) -> Tensor:
@@ -454,27 +511,47 @@ def _sink_positions(hit: pd.DataFrame, probe: TokenProbe, sep: int | None) -> Te
     mask[:, 0] = True
     if sep is not None:
         mask[:, sep] = True
-    mask[torch.tensor(hit["sequence"].tolist(), dtype=torch.long),
-         torch.tensor(hit["position"].tolist(), dtype=torch.long)] = True
+    mask[
+        torch.tensor(hit["sequence"].tolist(), dtype=torch.long),
+        torch.tensor(hit["position"].tolist(), dtype=torch.long),
+    ] = True
     return mask
 
 
 def _token_table(occ: pd.DataFrame, is_sink: Callable[[pd.DataFrame], pd.Series]) -> pd.DataFrame:
-    cols = ["token", "token_id", "role", "occurrences", "mean_position", "attention_ratio", "mass",
-            "sink_head_share", "is_sink"]
+    cols = [
+        "token",
+        "token_id",
+        "role",
+        "occurrences",
+        "mean_position",
+        "attention_ratio",
+        "mass",
+        "sink_head_share",
+        "is_sink",
+    ]
     if occ.empty:
         return pd.DataFrame(columns=cols)
-    g = occ.groupby(["token_id", "role"], sort=False).agg(
-        token=("token", "first"), occurrences=("position", "size"), mean_position=("position", "mean"),
-        attention_ratio=("attention_ratio", "mean"), mass=("mass", "mean"),
-        sink_head_share=("sink_head_share", "mean")).reset_index()
+    g = (
+        occ.groupby(["token_id", "role"], sort=False)
+        .agg(
+            token=("token", "first"),
+            occurrences=("position", "size"),
+            mean_position=("position", "mean"),
+            attention_ratio=("attention_ratio", "mean"),
+            mass=("mass", "mean"),
+            sink_head_share=("sink_head_share", "mean"),
+        )
+        .reset_index()
+    )
     g["is_sink"] = is_sink(g)
     g = g.sort_values(["attention_ratio", "occurrences"], ascending=[False, False], kind="mergesort")
     return g[cols].reset_index(drop=True)
 
 
-def _massive_table(stats: SinkStatistics, probe: TokenProbe, model: Any, info: ModelInfo,
-                   sink_pos: Tensor) -> pd.DataFrame:
+def _massive_table(
+    stats: SinkStatistics, probe: TokenProbe, model: Any, info: ModelInfo, sink_pos: Tensor
+) -> pd.DataFrame:
     cols = ["layer", "sequence", "position", "token", "role", "dim", "value", "magnitude_ratio", "on_sink"]
     if not stats.massive:
         return pd.DataFrame(columns=cols)
@@ -488,12 +565,23 @@ def _massive_table(stats: SinkStatistics, probe: TokenProbe, model: Any, info: M
     return frame[cols]
 
 
-def _layer_table(alpha: Tensor, stats: SinkStatistics, sep: int | None, sink_pos: Tensor, massive: pd.DataFrame,
-                 epsilon: float, info: ModelInfo) -> pd.DataFrame:
+def _layer_table(
+    alpha: Tensor,
+    stats: SinkStatistics,
+    sep: int | None,
+    sink_pos: Tensor,
+    massive: pd.DataFrame,
+    epsilon: float,
+    info: ModelInfo,
+) -> pd.DataFrame:
     L, H = alpha.shape[:2]
     first = (alpha[:, :, 0] > epsilon).sum(1)
-    data: dict[str, Any] = {"layer": np.arange(L), "n_heads": H, "sink_heads": first.numpy(),
-                            "sink_share": first.numpy() / H}
+    data: dict[str, Any] = {
+        "layer": np.arange(L),
+        "n_heads": H,
+        "sink_heads": first.numpy(),
+        "sink_share": first.numpy() / H,
+    }
     if sep is not None:
         s = (alpha[:, :, sep] > epsilon).sum(1)
         data.update(sep_sink_heads=s.numpy(), sep_sink_share=s.numpy() / H)
@@ -510,7 +598,7 @@ def _layer_table(alpha: Tensor, stats: SinkStatistics, sep: int | None, sink_pos
     return pd.DataFrame(data)
 
 
-def _masked_mean(x: Float[Tensor, "batch layer pos"], mask: Tensor) -> Float[Tensor, "layer"]:
+def _masked_mean(x: Float[Tensor, "batch layer pos"], mask: Tensor) -> Float[Tensor, " layer"]:
     m = mask.float()
     total = m.sum((0, 2))
     return torch.where(total > 0, (x * m).sum((0, 2)) / total.clamp_min(1), torch.tensor(float("nan")))
@@ -524,13 +612,18 @@ def _position_table(alpha: Tensor, epsilon: float, sep: int | None, n_k: Tensor,
     role[0] = first
     if sep is not None:
         role[sep] = "[SEP]"
-    return pd.DataFrame({
-        "layer": layer.ravel(), "position": pos.ravel(), "role": np.tile(role, L),
-        "n_queries": np.tile(n_k.numpy().astype(int), L),
-        "mean_mass": alpha.mean(1).numpy().ravel(), "max_mass": best.numpy().ravel(),
-        "max_head": best_head.numpy().ravel(),
-        "sink_share": (alpha > epsilon).float().mean(1).numpy().ravel(),
-    })
+    return pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "position": pos.ravel(),
+            "role": np.tile(role, L),
+            "n_queries": np.tile(n_k.numpy().astype(int), L),
+            "mean_mass": alpha.mean(1).numpy().ravel(),
+            "max_mass": best.numpy().ravel(),
+            "max_head": best_head.numpy().ravel(),
+            "sink_share": (alpha > epsilon).float().mean(1).numpy().ravel(),
+        }
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -541,17 +634,26 @@ def first_mass_heatmap(report: SinkReport) -> go.Figure:
     """Layer x head heatmap of first-token mass (and [SEP] mass for encoders), on a 0..1 scale."""
     first = report.meta["first_token"]
     cols = ["first_mass"] + (["sep_mass"] if "sep_mass" in report.heads.table else [])
-    return heatmap(report.heads, cols, zmin=0.0, zmax=1.0,
-                   title=f"{report.meta['model']}: attention mass on the first token ({first})"
-                         + (" and on [SEP]" if len(cols) > 1 else ""))
+    return heatmap(
+        report.heads,
+        cols,
+        zmin=0.0,
+        zmax=1.0,
+        title=f"{report.meta['model']}: attention mass on the first token ({first})"
+        + (" and on [SEP]" if len(cols) > 1 else ""),
+    )
 
 
 def sink_rate_bars(report: SinkReport) -> go.Figure:
     """Sink_k^eps per layer: the share of heads whose mass on the first token (and [SEP]) exceeds eps."""
     eps, first = report.meta["epsilon"], report.meta["first_token"]
-    fig = bars(report.layers, "layer", "sink_share",
-               title=f"{report.meta['model']}: Sink^eps per layer (eps = {eps}; model: {report.sink_rate:.0%})",
-               y_title=f"share of heads with mass > {eps}")
+    fig = bars(
+        report.layers,
+        "layer",
+        "sink_share",
+        title=f"{report.meta['model']}: Sink^eps per layer (eps = {eps}; model: {report.sink_rate:.0%})",
+        y_title=f"share of heads with mass > {eps}",
+    )
     fig.data[0].name = f"first token ({first})"
     if "sep_sink_share" in report.layers:
         fig.add_trace(go.Bar(x=report.layers["layer"], y=report.layers["sep_sink_share"], name="[SEP]"))
@@ -565,9 +667,17 @@ def residual_curves(report: SinkReport) -> go.Figure:
     cols = ["resid_top1", "resid_top2", "resid_top3", "resid_median"]
     long = report.layers.melt(id_vars="layer", value_vars=cols, var_name="magnitude", value_name="value")
     long["magnitude"] = long["magnitude"].map(
-        {"resid_top1": "top 1", "resid_top2": "top 2", "resid_top3": "top 3", "resid_median": "median"})
-    return curves(long, "layer", "value", "magnitude", log_y=True, y_title="|residual| (mean over sequences)",
-                  title=f"{report.meta['model']}: largest residual-stream magnitudes by layer")
+        {"resid_top1": "top 1", "resid_top2": "top 2", "resid_top3": "top 3", "resid_median": "median"}
+    )
+    return curves(
+        long,
+        "layer",
+        "value",
+        "magnitude",
+        log_y=True,
+        y_title="|residual| (mean over sequences)",
+        title=f"{report.meta['model']}: largest residual-stream magnitudes by layer",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -577,26 +687,51 @@ STEM = "sinks"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = base_parser("python -m interp.sinks",
-                    "Find attention-sink heads, the tokens they park attention on, and the massive "
-                    "residual activations behind them.")
+    p = base_parser(
+        "python -m interp.sinks",
+        "Find attention-sink heads, the tokens they park attention on, and the massive "
+        "residual activations behind them.",
+    )
     p.set_defaults(batch=16)
-    p.add_argument("--probe", choices=["random", "text"], default=None,
-                   help="random tokens (Gu et al.) or natural text (default: text with --dataset, else random)")
-    p.add_argument("--dataset", default=None,
-                   help="text probe source: a Hub data set NAME[:CONFIG] or a local .txt/.json/.csv file "
-                        "(default: the bundled English text in data/text)")
+    p.add_argument(
+        "--probe",
+        choices=["random", "text"],
+        default=None,
+        help="random tokens (Gu et al.) or natural text (default: text with --dataset, else random)",
+    )
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="text probe source: a Hub data set NAME[:CONFIG] or a local .txt/.json/.csv file "
+        "(default: the bundled English text in data/text)",
+    )
     p.add_argument("--split", default="train", help="--dataset split")
     p.add_argument("--text-column", default="text", help="--dataset column holding the text")
     p.add_argument("--seq-len", type=positive_int, default=64, help="body tokens per sequence")
-    p.add_argument("--epsilon", type=float_in(0, 1, low_open=True, high_open=True), default=EPSILON,
-                   help="Sink_k^eps threshold on a head's mass")
-    p.add_argument("--sink-ratio", type=float_in(0, low_open=True), default=SINK_RATIO,
-                   help="a token is a sink when it draws this many times a uniform head's attention")
-    p.add_argument("--abs-threshold", type=float_in(0, low_open=True), default=ABS_THRESHOLD,
-                   help="massive activation: |x| above this")
-    p.add_argument("--rel-threshold", type=float_in(0, low_open=True), default=REL_THRESHOLD,
-                   help="massive activation: |x| above this times its hidden state's median |x|")
+    p.add_argument(
+        "--epsilon",
+        type=float_in(0, 1, low_open=True, high_open=True),
+        default=EPSILON,
+        help="Sink_k^eps threshold on a head's mass",
+    )
+    p.add_argument(
+        "--sink-ratio",
+        type=float_in(0, low_open=True),
+        default=SINK_RATIO,
+        help="a token is a sink when it draws this many times a uniform head's attention",
+    )
+    p.add_argument(
+        "--abs-threshold",
+        type=float_in(0, low_open=True),
+        default=ABS_THRESHOLD,
+        help="massive activation: |x| above this",
+    )
+    p.add_argument(
+        "--rel-threshold",
+        type=float_in(0, low_open=True),
+        default=REL_THRESHOLD,
+        help="massive activation: |x| above this times its hidden state's median |x|",
+    )
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
     return p
 
@@ -606,22 +741,40 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     if kind == "random" and args.dataset:
         raise UsageError("--dataset needs --probe text")
     if kind == "text":
-        probe = text_probe(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed, dataset=args.dataset,
-                           split=args.split, text_column=args.text_column)
+        probe = text_probe(
+            model,
+            batch=args.batch,
+            seq_len=args.seq_len,
+            seed=args.seed,
+            dataset=args.dataset,
+            split=args.split,
+            text_column=args.text_column,
+        )
     else:
         probe = random_tokens(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()
-    report = sink_scores(model, probe, epsilon=args.epsilon, abs_threshold=args.abs_threshold,
-                         rel_threshold=args.rel_threshold, sink_ratio=args.sink_ratio, seed=args.seed,
-                         minibatch=args.minibatch, progress=not args.no_progress)
+    report = sink_scores(
+        model,
+        probe,
+        epsilon=args.epsilon,
+        abs_threshold=args.abs_threshold,
+        rel_threshold=args.rel_threshold,
+        sink_ratio=args.sink_ratio,
+        seed=args.seed,
+        minibatch=args.minibatch,
+        progress=not args.no_progress,
+    )
     elapsed = time.perf_counter() - t0
     report.meta["model_spec"] = report.heads.meta["model_spec"] = args.model
     print(_summary(report, info, probe, args.top, elapsed))
 
     written = report.save(out, STEM)
-    for suffix, fig in (("heatmap", first_mass_heatmap(report)), ("layers", sink_rate_bars(report)),
-                        ("residual", residual_curves(report))):
+    for suffix, fig in (
+        ("heatmap", first_mass_heatmap(report)),
+        ("layers", sink_rate_bars(report)),
+        ("residual", residual_curves(report)),
+    ):
         written += save_figure(fig, out, f"{STEM}_{suffix}")
     return written
 
@@ -630,14 +783,18 @@ def _summary(report: SinkReport, info: ModelInfo, probe: TokenProbe, top: int, e
     m = report.meta
     first, eps = m["first_token"], m["epsilon"]
     framing = probe.meta.get("framing", [])
-    shape = "+".join([f for f in framing if f != "[SEP]"] + [str(probe.body_end - probe.body_start)]
-                     + [f for f in framing if f == "[SEP]"])
+    shape = "+".join(
+        [f for f in framing if f != "[SEP]"]
+        + [str(probe.body_end - probe.body_start)]
+        + [f for f in framing if f == "[SEP]"]
+    )
     what = "random tokens" if probe.meta.get("kind") == "random_tokens" else f"text from {probe.meta.get('source')}"
     sep = m["sep_position"] is not None
     lines = [
         f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} "
         f"heads); probe: {probe.batch} x ({shape}) tokens of {what}, seed {m['seed']}; scored in {elapsed:.2f}s",
-        f"first token = {first}" + (f"; [SEP] at position {m['sep_position']}" if sep else "")
+        f"first token = {first}"
+        + (f"; [SEP] at position {m['sep_position']}" if sep else "")
         + f"; a uniform head gives the first token {m['uniform_first_mass']:.3f}",
         "",
         f"Sink_0^eps (eps = {eps}): {m['sink_rate']:.1%} of heads put more than {eps} on the first token"
@@ -645,35 +802,51 @@ def _summary(report: SinkReport, info: ModelInfo, probe: TokenProbe, top: int, e
         "per layer: Sink^eps; largest |residual| and outlier ratio max|x|/median|x| at sink positions vs elsewhere:",
     ]
     lay = report.layers
-    cols = ["layer", "sink_heads", "sink_share"] + (["sep_sink_heads", "sep_sink_share"] if sep else []) + [
-        "resid_top1", "outlier_ratio_sink", "outlier_ratio_other", "n_massive"]
+    cols = (
+        ["layer", "sink_heads", "sink_share"]
+        + (["sep_sink_heads", "sep_sink_share"] if sep else [])
+        + ["resid_top1", "outlier_ratio_sink", "outlier_ratio_other", "n_massive"]
+    )
     lines += [lay[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"), ""]
 
     ranked = report.heads.rank("first_mass", top=top)
-    score_cols = ["first_mass"] + (["sep_mass"] if sep else []) + [
-        "confidence", "confidence_no_first", "value_norm_ratio", "first_mass_by_norm"]
-    lines += [f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
-              format_table(ranked, score_cols, ci=["first_mass"]), ""]
+    score_cols = (
+        ["first_mass"]
+        + (["sep_mass"] if sep else [])
+        + ["confidence", "confidence_no_first", "value_norm_ratio", "first_mass_by_norm"]
+    )
+    lines += [
+        f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
+        format_table(ranked, score_cols, ci=["first_mass"]),
+        "",
+    ]
 
     roles = report.roles()
     if len(roles):
-        lines += ["attention drawn by role (x uniform): " + ", ".join(
-            f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"]))]
+        lines += [
+            "attention drawn by role (x uniform): "
+            + ", ".join(f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"]))
+        ]
     toks = report.tokens.head(top)
     if len(toks):
-        lines += [f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
-                  f"or a head dumps > {eps} on it):",
-                  toks.assign(token=toks["token"].map(repr))[
-                      ["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share", "is_sink"]
-                  ].to_string(index=False, float_format=lambda v: f"{v:.2f}"), ""]
+        lines += [
+            f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
+            f"or a head dumps > {eps} on it):",
+            toks.assign(token=toks["token"].map(repr))[
+                ["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share", "is_sink"]
+            ].to_string(index=False, float_format=lambda v: f"{v:.2f}"),
+            "",
+        ]
 
     mas = report.massive.head(top)
     limits = f"|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the median of its hidden state"
     if len(mas):
-        lines += [f"largest {len(mas)} of {m['n_massive']} massive activations ({limits}):",
-                  mas.assign(token=mas["token"].map(repr))[
-                      ["layer", "sequence", "position", "token", "dim", "value", "magnitude_ratio", "on_sink"]
-                  ].to_string(index=False, float_format=lambda v: f"{v:.1f}")]
+        lines += [
+            f"largest {len(mas)} of {m['n_massive']} massive activations ({limits}):",
+            mas.assign(token=mas["token"].map(repr))[
+                ["layer", "sequence", "position", "token", "dim", "value", "magnitude_ratio", "on_sink"]
+            ].to_string(index=False, float_format=lambda v: f"{v:.1f}"),
+        ]
     else:
         i = int(lay["resid_top1"].to_numpy().argmax())
         lines.append(f"no massive activations ({limits}); largest |x| {lay['resid_top1'].iloc[i]:.3g} at layer {i}")

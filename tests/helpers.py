@@ -21,22 +21,37 @@ def word_tokenizer(vocab: int = VOCAB, *, bert: bool = False):
         words.update({f"w{i}": i for i in range(len(specials), vocab)})
         tk = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
         tk.pre_tokenizer = pre_tokenizers.Whitespace()
-        return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]",
-                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tk,
+            pad_token="[PAD]",
+            unk_token="[UNK]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+        )
     words = {"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, vocab)}}
     tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
 
 
-def gpt2_model(n_layer: int = 2, n_head: int = 4, n_embd: int = 64, n_positions: int = 256,
-               vocab: int = VOCAB, seed: int = 0):
+def gpt2_model(
+    n_layer: int = 2, n_head: int = 4, n_embd: int = 64, n_positions: int = 256, vocab: int = VOCAB, seed: int = 0
+):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
-                     vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_positions=n_positions,
+        vocab_size=vocab,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -44,8 +59,14 @@ def bert_model(vocab: int = VOCAB, seed: int = 0):
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
-    cfg = BertConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128,
-                     max_position_embeddings=256, vocab_size=vocab)
+    cfg = BertConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_size=64,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        vocab_size=vocab,
+    )
     return BertForMaskedLM(cfg).eval()
 
 

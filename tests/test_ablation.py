@@ -8,10 +8,29 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.ablation import (AblationError, HeadAblation, MetricError, Sweeper, ablated, as_metric, derangement,
-                             exact_sweep, gate_open_probability, gate_sample, gate_value, gradient_importance,
-                             head_mask, heads_prunable, incontext_logit_diff, incontext_loss, lm_loss, logit_diff,
-                             loop_sweep, pooled_cosine, pruning_curve, spearman, train_gates)
+from interp.ablation import (
+    AblationError,
+    MetricError,
+    Sweeper,
+    ablated,
+    as_metric,
+    derangement,
+    exact_sweep,
+    gate_open_probability,
+    gate_sample,
+    gate_value,
+    gradient_importance,
+    head_mask,
+    heads_prunable,
+    incontext_logit_diff,
+    incontext_loss,
+    logit_diff,
+    loop_sweep,
+    pooled_cosine,
+    pruning_curve,
+    spearman,
+    train_gates,
+)
 from interp.models import describe, z_hook
 from interp.probes import repeated_tokens
 from tests.helpers import one_thread
@@ -46,14 +65,17 @@ def test_head_mask_reads_pairs_strings_and_masks(gpt2_tiny):
     assert torch.equal(head_mask(gpt2_tiny, m), m)
 
 
-@pytest.mark.parametrize("heads, message", [
-    ([(2, 0)], "head 2.0 is out of range: the model has 2 layers x 4 heads"),
-    (["0.4"], "head 0.4 is out of range"),
-    ([(-1, 0)], "head -1.0 is out of range"),
-    ([], "the head set is empty"),
-    (["one.two"], "cannot read head 'one.two'"),
-    (torch.zeros(3, 4, dtype=torch.bool), "must have shape [2, 4]"),
-])
+@pytest.mark.parametrize(
+    "heads, message",
+    [
+        ([(2, 0)], "head 2.0 is out of range: the model has 2 layers x 4 heads"),
+        (["0.4"], "head 0.4 is out of range"),
+        ([(-1, 0)], "head -1.0 is out of range"),
+        ([], "the head set is empty"),
+        (["one.two"], "cannot read head 'one.two'"),
+        (torch.zeros(3, 4, dtype=torch.bool), "must have shape [2, 4]"),
+    ],
+)
 def test_bad_heads_are_clear_errors(gpt2_tiny, heads, message):
     with pytest.raises(AblationError, match=None) as e:
         head_mask(gpt2_tiny, heads)
@@ -110,8 +132,7 @@ def test_logit_diff_answers_are_the_incontext_continuation(probe):
 # ---- the engine: fast replay equals the plain loop --------------------------------------------
 
 
-@pytest.mark.parametrize("which, ablation", [("incontext", "zero"), ("incontext", "mean"),
-                                             ("logit-diff", "resample")])
+@pytest.mark.parametrize("which, ablation", [("incontext", "zero"), ("incontext", "mean"), ("logit-diff", "resample")])
 def test_fast_sweep_equals_loop_on_gpt2(gpt2_tiny, probe, which, ablation):
     metric = incontext_loss(probe) if which == "incontext" else incontext_logit_diff(probe)
     fast = exact_sweep(gpt2_tiny, probe, metric, ablation=ablation, engine="fast", chunk=3)
@@ -136,8 +157,9 @@ def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny):
     """BERT's MLM logits pass a head transform the replay does not know: the self-check sees it."""
     p = repeated_tokens(bert_tiny, batch=2, block_len=6, seed=0)
     metric = as_metric(lambda logits, tokens: logits[:, 1].logsumexp(-1), name="mlm_logsumexp")
-    with pytest.warns(UserWarning, match="falling back to the run_with_hooks loop: replaying its blocks does not "
-                                         "reproduce its output"):
+    with pytest.warns(
+        UserWarning, match="falling back to the run_with_hooks loop: replaying its blocks does not reproduce its output"
+    ):
         auto = exact_sweep(bert_tiny, p, metric)
     assert auto.meta["engine"] == "loop"
     with pytest.raises(AblationError, match="the fast engine cannot run this model"):
@@ -266,8 +288,15 @@ def test_pruning_curve_steps_and_orders(gpt2_tiny, probe):
 
 
 def test_heads_prunable_reads_the_last_step_within_tolerance():
-    curve = pd.DataFrame({"label": "x", "step": range(5), "n_pruned": [0, 2, 4, 6, 8],
-                          "frac_pruned": [0, .25, .5, .75, 1], "degradation": [0, .02, .15, .05, .9]})
+    curve = pd.DataFrame(
+        {
+            "label": "x",
+            "step": range(5),
+            "n_pruned": [0, 2, 4, 6, 8],
+            "frac_pruned": [0, 0.25, 0.5, 0.75, 1],
+            "degradation": [0, 0.02, 0.15, 0.05, 0.9],
+        }
+    )
     out = heads_prunable(curve, tolerance=0.1)
     assert out["n_prunable"].tolist() == [2]  # the dip back under 10% after 4 heads does not count
     assert heads_prunable(curve, tolerance=0.2)["n_prunable"].tolist() == [6]
@@ -312,9 +341,17 @@ def test_fast_sweep_equals_loop_on_a_rotary_gqa_model():
     from interp.models import from_hf_model
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, vocab_size=300, max_position_embeddings=128, bos_token_id=0,
-                      eos_token_id=0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=300,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = from_hf_model(LlamaForCausalLM(cfg).eval(), name="tiny-llama")
     p = repeated_tokens(model, batch=3, block_len=8, seed=2)
     metric = incontext_loss(p)

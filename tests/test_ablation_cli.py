@@ -51,8 +51,26 @@ def test_gradient_and_lm_metric_on_text(loaded, tmp_path, capsys):
 
 def test_prune_writes_curves_and_prunable_counts(loaded, tmp_path, capsys):
     out = tmp_path / "p"
-    assert cli(["--out", str(out), *SMALL, "--method", "prune", "--orders", "gradient,random",
-                "--random-seeds", "2", "--step", "0.5", "--metric", "logit-diff"]) == 0
+    assert (
+        cli(
+            [
+                "--out",
+                str(out),
+                *SMALL,
+                "--method",
+                "prune",
+                "--orders",
+                "gradient,random",
+                "--random-seeds",
+                "2",
+                "--step",
+                "0.5",
+                "--metric",
+                "logit-diff",
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(out / "ablate_prune.csv")
     assert set(frame["label"]) == {"gradient", "random (seed 0)", "random (seed 1)"}
     assert frame.groupby("label")["n_pruned"].apply(list).map(tuple).unique().tolist() == [(0, 4, 8)]
@@ -64,8 +82,24 @@ def test_prune_writes_curves_and_prunable_counts(loaded, tmp_path, capsys):
 
 def test_gates_write_summary_heads_and_figures(loaded, tmp_path, capsys):
     out = tmp_path / "gates"
-    assert cli(["--out", str(out), *SMALL, "--method", "gates", "--lambdas", "0,100", "--gate-steps", "3",
-                "--gate-lr", "1"]) == 0
+    assert (
+        cli(
+            [
+                "--out",
+                str(out),
+                *SMALL,
+                "--method",
+                "gates",
+                "--lambdas",
+                "0,100",
+                "--gate-steps",
+                "3",
+                "--gate-lr",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = pd.read_csv(out / "ablate_gates.csv")
     heads = pd.read_csv(out / "ablate_gates_heads.csv")
     assert summary["lambda"].tolist() == [0, 100] and len(heads) == 16
@@ -73,12 +107,15 @@ def test_gates_write_summary_heads_and_figures(loaded, tmp_path, capsys):
         assert (out / name).exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--lambdas", "0.1,-0.5"], "lambda must be >= 0, got -0.5"),
-    (["--step", "0"], "argument --step: must be in (0, 1], got 0"),
-    (["--tolerance", "nan"], "argument --tolerance: must be >= 0, got nan"),
-    (["--orders", "gradient,alphabetical"], "orders are a comma-separated subset"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lambdas", "0.1,-0.5"], "lambda must be >= 0, got -0.5"),
+        (["--step", "0"], "argument --step: must be in (0, 1], got 0"),
+        (["--tolerance", "nan"], "argument --tolerance: must be >= 0, got nan"),
+        (["--orders", "gradient,alphabetical"], "orders are a comma-separated subset"),
+    ],
+)
 def test_bad_flags_exit_2_before_loading(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli(["--out", str(tmp_path / "o"), *argv])
@@ -86,11 +123,14 @@ def test_bad_flags_exit_2_before_loading(argv, message, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--ablated", "0.9"], "head 0.9 is out of range: the model has 2 layers x 4 heads"),
-    (["--ablated", ","], "the head set is empty"),
-    (["--ablated", "1.1", "--method", "prune"], "--ablated applies to --method exact or gradient"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ablated", "0.9"], "head 0.9 is out of range: the model has 2 layers x 4 heads"),
+        (["--ablated", ","], "the head set is empty"),
+        (["--ablated", "1.1", "--method", "prune"], "--ablated applies to --method exact or gradient"),
+    ],
+)
 def test_bad_input_exits_2_with_nothing_written(loaded, argv, message, tmp_path, capsys):
     out = tmp_path / "o"
     with pytest.raises(SystemExit) as e:

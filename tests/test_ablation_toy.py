@@ -9,8 +9,17 @@ heads first, agree with the others, and keep them when pruning.
 import pytest
 import torch
 
-from interp.ablation import (exact_sweep, gradient_importance, incontext_logit_diff, incontext_loss,
-                             largest_lambda_within, loop_sweep, pruning_curve, spearman, train_gates)
+from interp.ablation import (
+    exact_sweep,
+    gradient_importance,
+    incontext_logit_diff,
+    incontext_loss,
+    largest_lambda_within,
+    loop_sweep,
+    pruning_curve,
+    spearman,
+    train_gates,
+)
 from interp.heads import head_scores
 from interp.hooks import run_with_reducers
 from interp.models import ModelLoadError, load_model, pattern_hook
@@ -44,7 +53,7 @@ def _self_attention(model, probe):
     seen = {}
 
     def grab(pattern, hook):
-        seen["diag"] = pattern.diagonal(dim1=-2, dim2=-1)[..., probe.body_start:].mean((0, 2))
+        seen["diag"] = pattern.diagonal(dim1=-2, dim2=-1)[..., probe.body_start :].mean((0, 2))
 
     run_with_reducers(model, probe.tokens, [(pattern_hook(0), grab)], stop_after=pattern_hook(0))
     return seen["diag"]
@@ -58,8 +67,12 @@ def circuit(toy, probe):
     prev = layer0.sort_values("prev_token", ascending=False).iloc[0]
     current = int(_self_attention(toy, probe).argmax())
     assert induction and prev["prev_token"] > 0.5 and _self_attention(toy, probe)[current] > 0.5, s.table
-    return {"induction": induction, "prev": (0, int(prev["head"])), "current": (0, current),
-            "all": induction | {(0, int(prev["head"])), (0, current)}}
+    return {
+        "induction": induction,
+        "prev": (0, int(prev["head"])),
+        "current": (0, current),
+        "all": induction | {(0, int(prev["head"])), (0, current)},
+    }
 
 
 def _ranked(scores):
@@ -68,7 +81,7 @@ def _ranked(scores):
 
 def test_exact_sweep_ranks_the_circuit_first(toy, probe, circuit):
     ranked = _ranked(exact_sweep(toy, probe, incontext_loss(probe)))
-    assert set(ranked[:len(circuit["all"])]) == circuit["all"], ranked
+    assert set(ranked[: len(circuit["all"])]) == circuit["all"], ranked
     assert circuit["prev"] in ranked[:2] and circuit["current"] in ranked[:2]
 
 
@@ -104,8 +117,9 @@ def test_fast_sweep_equals_loop_on_the_toy(toy, probe, ablation):
 def test_fast_sweep_equals_loop_on_an_untrained_toy_with_mlps():
     """The toy's own block and hook layout (no bridge), untrained, with MLPs and grouped K/V heads."""
     torch.manual_seed(0)
-    model = ToyTransformer(ToyConfig(n_layers=3, d_model=64, n_heads=4, n_key_value_heads=2, d_vocab=64,
-                                     n_ctx=64, attn_only=False)).eval()
+    model = ToyTransformer(
+        ToyConfig(n_layers=3, d_model=64, n_heads=4, n_key_value_heads=2, d_vocab=64, n_ctx=64, attn_only=False)
+    ).eval()
     p = repeated_tokens(model, batch=3, block_len=10, seed=0)
     for ablation in ("zero", "resample"):
         _fast_equals_loop(model, p, ablation)
@@ -116,7 +130,7 @@ def test_pruning_curve_jumps_when_the_circuit_breaks(toy, probe, circuit):
     the step that removes the last induction head (or a layer-0 circuit head), then explodes."""
     curve = pruning_curve(toy, probe, incontext_loss(probe), "exact", step=0.125)
     gone: set = set()
-    for i, removed in enumerate(curve["removed"].tolist()[1:], start=1):
+    for i, removed in enumerate(curve["removed"].tolist()[1:], start=1):  # noqa: B007 (i is read after the loop)
         gone |= {tuple(map(int, h.split("."))) for h in removed.split()}
         if circuit["induction"] <= gone or {circuit["prev"], circuit["current"]} & gone:
             break

@@ -9,8 +9,24 @@ from interp.induction import cli
 
 def test_local_gpt2_end_to_end(gpt2_dir, tmp_path, capsys):
     out = tmp_path / "res"
-    assert cli(["--model", str(gpt2_dir), "--out", str(out), "--batch", "4", "--seq-len", "12",
-                "--device", "cpu", "--no-progress"]) == 0
+    assert (
+        cli(
+            [
+                "--model",
+                str(gpt2_dir),
+                "--out",
+                str(out),
+                "--batch",
+                "4",
+                "--seq-len",
+                "12",
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "top 8 heads by induction score" in printed and "wrote:" in printed
     table = pd.read_csv(out / "induction.csv", dtype={"label": str})
@@ -31,16 +47,23 @@ def _fails_with(argv, capsys, code, message):
 
 def test_probe_longer_than_context_writes_nothing(gpt2_dir, tmp_path, capsys):
     out = tmp_path / "never"
-    _fails_with(["--model", str(gpt2_dir), "--out", str(out), "--seq-len", "200", "--device", "cpu"],
-                capsys, 2, "is longer than the model's context of 256 tokens: the longest block for 2 repeats is 127")
+    _fails_with(
+        ["--model", str(gpt2_dir), "--out", str(out), "--seq-len", "200", "--device", "cpu"],
+        capsys,
+        2,
+        "is longer than the model's context of 256 tokens: the longest block for 2 repeats is 127",
+    )
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--batch", "0", "argument --batch: must be >= 1, got 0"),
-    ("--seq-len", "-3", "argument --seq-len: must be >= 1, got -3"),
-    ("--device", "tpu9", "unknown device 'tpu9'"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--batch", "0", "argument --batch: must be >= 1, got 0"),
+        ("--seq-len", "-3", "argument --seq-len: must be >= 1, got -3"),
+        ("--device", "tpu9", "unknown device 'tpu9'"),
+    ],
+)
 def test_bad_usage_exits_2(flag, value, message, tmp_path, capsys):
     _fails_with([flag, value, "--out", str(tmp_path / "o")], capsys, 2, message)
     assert not (tmp_path / "o").exists()
@@ -49,8 +72,9 @@ def test_bad_usage_exits_2(flag, value, message, tmp_path, capsys):
 def test_unwritable_out_is_checked_before_loading(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    _fails_with(["--model", "no-such-model-xyz", "--out", str(blocker / "sub")], capsys, 2,
-                "is a file; pass another --out")
+    _fails_with(
+        ["--model", "no-such-model-xyz", "--out", str(blocker / "sub")], capsys, 2, "is a file; pass another --out"
+    )
 
 
 def test_unloadable_model_exits_1(tmp_path, capsys):

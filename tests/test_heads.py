@@ -11,8 +11,7 @@ from interp.scores import bootstrap_ratio
 
 @pytest.mark.parametrize(
     "ours, theirs",
-    [("prev_token", "previous_token_head"), ("duplicate", "duplicate_token_head"),
-     ("induction", "induction_head")],
+    [("prev_token", "previous_token_head"), ("duplicate", "duplicate_token_head"), ("induction", "induction_head")],
 )
 def test_all_queries_variant_equals_transformerlens_detect_head(gpt2_tiny, ours, theirs):
     """With queries='all' our reduction is TransformerLens's 'mul' measure: same numbers."""

@@ -9,7 +9,6 @@ weights: uniform attention, nothing written.
 
 import pytest
 import torch
-from einops import rearrange
 
 from interp.heads import head_scores, uniform_baseline
 from interp.probes import repeated_tokens
@@ -24,14 +23,23 @@ def _set_head(attn, head, W_Q=None, W_K=None, W_V=None, W_O=None):
     q, k, v = attn.W_qkv.weight.data.split([H * d_head, H * d_head, H * d_head], dim=0)
     for fused, w in ((q, W_Q), (k, W_K), (v, W_V)):
         if w is not None:
-            fused[head * d_head:(head + 1) * d_head] = w.T
+            fused[head * d_head : (head + 1) * d_head] = w.T
     if W_O is not None:
-        attn.W_out.weight.data[:, head * d_head:(head + 1) * d_head] = W_O.T
+        attn.W_out.weight.data[:, head * d_head : (head + 1) * d_head] = W_O.T
 
 
 def planted_model() -> ToyTransformer:
-    cfg = ToyConfig(n_layers=2, d_model=2 * V + N, n_heads=2, d_head=N, n_ctx=N, d_vocab=V,
-                    attn_only=True, normalization_type=None, use_flash=False)
+    cfg = ToyConfig(
+        n_layers=2,
+        d_model=2 * V + N,
+        n_heads=2,
+        d_head=N,
+        n_ctx=N,
+        d_vocab=V,
+        attn_only=True,
+        normalization_type=None,
+        use_flash=False,
+    )
     model = ToyTransformer(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -41,15 +49,21 @@ def planted_model() -> ToyTransformer:
         model.pos_embed.weight[:, pos] = torch.eye(N)
         eye = torch.eye(N)
         # layer 0 head 0: query "I am at i", key "I am at j + 1"; value: my token -> previous slot
-        W_Q = torch.zeros(cfg.d_model, N); W_Q[pos] = SHARP * eye
-        W_K = torch.zeros(cfg.d_model, N); W_K[pos] = torch.roll(eye, shifts=1, dims=1)
+        W_Q = torch.zeros(cfg.d_model, N)
+        W_Q[pos] = SHARP * eye
+        W_K = torch.zeros(cfg.d_model, N)
+        W_K[pos] = torch.roll(eye, shifts=1, dims=1)
         W_K[V + N - 1] = 0  # the last position has no successor (undo the roll's wrap-around)
-        W_V = torch.zeros(cfg.d_model, N); W_V[tok, :V] = torch.eye(V)
-        W_O = torch.zeros(N, cfg.d_model); W_O[:V, prev] = torch.eye(V)
+        W_V = torch.zeros(cfg.d_model, N)
+        W_V[tok, :V] = torch.eye(V)
+        W_O = torch.zeros(N, cfg.d_model)
+        W_O[:V, prev] = torch.eye(V)
         _set_head(model.blocks[0].attn, 0, W_Q, W_K, W_V, W_O)
         # layer 1 head 0: query "my token is t", key "my previous token is t"
-        W_Q = torch.zeros(cfg.d_model, N); W_Q[tok, :V] = SHARP * torch.eye(V)
-        W_K = torch.zeros(cfg.d_model, N); W_K[prev, :V] = torch.eye(V)
+        W_Q = torch.zeros(cfg.d_model, N)
+        W_Q[tok, :V] = SHARP * torch.eye(V)
+        W_K = torch.zeros(cfg.d_model, N)
+        W_K[prev, :V] = torch.eye(V)
         _set_head(model.blocks[1].attn, 0, W_Q, W_K)
     return model.eval()
 

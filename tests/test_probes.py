@@ -52,9 +52,11 @@ def test_encoder_probe_is_framed_cls_sep_and_bidirectional(bert_tiny):
         (dict(batch=0), "batch must be an integer >= 1, got 0"),
         (dict(block_len=0), "block_len must be an integer >= 1, got 0"),
         (dict(n_repeats=1), "n_repeats must be at least 2"),
-        (dict(block_len=200, n_repeats=2),
-         "probe of 401 tokens (BOS + 2 x 200) is longer than the model's context of 256 tokens: "
-         "the longest block for 2 repeats is 127; lower --seq-len or --repeats"),
+        (
+            dict(block_len=200, n_repeats=2),
+            "probe of 401 tokens (BOS + 2 x 200) is longer than the model's context of 256 tokens: "
+            "the longest block for 2 repeats is 127; lower --seq-len or --repeats",
+        ),
     ],
 )
 def test_bad_probe_arguments(gpt2_tiny, kwargs, message):

@@ -52,7 +52,7 @@ def planted(tmp_path_factory):
         _qk_reads(attn, SINK[1], MARK_FIRST)
         _qk_reads(attn, DELIM[1], MARK_TOKEN)
         _qk_reads(attn, UNIFORM[1], None)
-        attn.c_attn.weight[MARK_FIRST, 2 * D + SINK[1] * DH: 2 * D + (SINK[1] + 1) * DH] = 0  # v ignores marker
+        attn.c_attn.weight[MARK_FIRST, 2 * D + SINK[1] * DH : 2 * D + (SINK[1] + 1) * DH] = 0  # v ignores marker
         mlp = t.h[1].mlp
         mlp.c_fc.weight[:, 0] = 0
         mlp.c_fc.weight[MARK_FIRST, 0] = 2.0
@@ -143,7 +143,7 @@ def _check_invariants(model, probe):
     assert torch.allclose(rows, torch.ones_like(rows), atol=1e-4)  # each query's row sums to 1
     alpha0 = (A[..., 0].sum(-1) / T).mean(0)  # [layer, head]: every query sees position 0
     # an epsilon between the heads' masses, so that the count is not trivially zero
-    eps = float(alpha0.flatten().sort().values[alpha0.numel() // 2 - 1:alpha0.numel() // 2 + 1].mean())
+    eps = float(alpha0.flatten().sort().values[alpha0.numel() // 2 - 1 : alpha0.numel() // 2 + 1].mean())
     r = sink_scores(model, probe, epsilon=eps, n_boot=50)
     t = r.heads.table
     for col in ("first_mass", "confidence", "confidence_no_first", "top_other_mass"):
@@ -160,8 +160,7 @@ def _check_invariants(model, probe):
     pos = r.positions
     assert torch.allclose(torch.tensor(pos["mean_mass"].to_numpy()).float(), alpha.mean(1).flatten(), atol=1e-5)
     scored = A[..., 1:, :] if info.is_causal else A
-    assert torch.allclose(torch.tensor(r.heads.grid("confidence")).float(),
-                          scored.amax(-1).mean((0, -1)), atol=1e-5)
+    assert torch.allclose(torch.tensor(r.heads.grid("confidence")).float(), scored.amax(-1).mean((0, -1)), atol=1e-5)
     # a uniform head's alpha_k, by its definition
     u = uniform_mass(T, info.is_causal)
     if info.is_causal:
@@ -190,8 +189,9 @@ def test_invariants_on_encoder(bert_tiny):
 def toy_model(request):
     toy = pytest.importorskip("interp.toy")
     torch.manual_seed(0)
-    cfg = toy.ToyConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=300, n_ctx=128, attn_only=False,
-                        causal=request.param == "causal")
+    cfg = toy.ToyConfig(
+        n_layers=2, d_model=32, n_heads=4, d_vocab=300, n_ctx=128, attn_only=False, causal=request.param == "causal"
+    )
     return toy.ToyTransformer(cfg).eval()
 
 

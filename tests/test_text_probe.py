@@ -18,11 +18,16 @@ def byte_bpe(vocab: int = 300):
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tk.train([str(text_dir() / "sentences.txt")], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +83,7 @@ def test_tokenizer_less_model_maps_bytes_onto_ordinary_ids():
     lines = [line for line in text.splitlines() if line.strip()]
     data = "".join(line + "\n" for line in lines).encode("utf-8")
     start = p.meta["starts"][0]
-    want = [1 + byte % 99 for byte in data[start:start + 20]]
+    want = [1 + byte % 99 for byte in data[start : start + 20]]
     assert p.tokens[0, 1:].tolist() == want
 
 
@@ -88,8 +93,9 @@ def test_local_files_as_dataset(gpt2_text, tmp_path):
     p = text_probe(gpt2_text, batch=2, seq_len=8, dataset=txt)
     assert p.meta["source"] == str(txt) and p.tokens.shape == (2, 9)
     jsonl = tmp_path / "mine.jsonl"
-    jsonl.write_text("\n".join(json.dumps({"body": "plain words here. " * 10, "id": i}) for i in range(5)),
-                     encoding="utf-8")
+    jsonl.write_text(
+        "\n".join(json.dumps({"body": "plain words here. " * 10, "id": i}) for i in range(5)), encoding="utf-8"
+    )
     p = text_probe(gpt2_text, batch=2, seq_len=8, dataset=jsonl, text_column="body")
     assert p.tokens.shape == (2, 9)
     with pytest.raises(DatasetLoadError, match=r"has no column 'text'; its columns are \['body', 'id'\]"):
@@ -101,8 +107,11 @@ def test_local_files_as_dataset(gpt2_text, tmp_path):
 
 
 def test_hub_dataset_offline_fails_fast_and_clearly(gpt2_text, monkeypatch):
-    with pytest.raises(ValueError, match=r"could not load the data set 'wikitext' \(config 'wikitext-2-raw-v1'\)"
-                                         r", split 'train': HF_HUB_OFFLINE is set"):
+    with pytest.raises(
+        ValueError,
+        match=r"could not load the data set 'wikitext' \(config 'wikitext-2-raw-v1'\)"
+        r", split 'train': HF_HUB_OFFLINE is set",
+    ):
         text_probe(gpt2_text, dataset="wikitext:wikitext-2-raw-v1")
     # not offline, but the Hub is unreachable: loads in offline mode (cache only), same clear error
     import interp.models
@@ -118,8 +127,11 @@ def test_hub_dataset_offline_fails_fast_and_clearly(gpt2_text, monkeypatch):
     [
         (dict(batch=0), "batch must be an integer >= 1, got 0"),
         (dict(seq_len=0), "seq_len must be an integer >= 1, got 0"),
-        (dict(seq_len=300), "probe of 301 tokens (BOS + 300) is longer than the model's context of 256 "
-                            "tokens: the longest window is 255; lower --seq-len"),
+        (
+            dict(seq_len=300),
+            "probe of 301 tokens (BOS + 300) is longer than the model's context of 256 "
+            "tokens: the longest window is 255; lower --seq-len",
+        ),
     ],
 )
 def test_bad_arguments(gpt2_text, kwargs, message):

@@ -20,6 +20,7 @@ def _one_torch_thread():
     with one_thread():
         yield
 
+
 HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=3e-3, rtol=3e-3)}
 GRAD_TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=1e-2, rtol=1e-2)}

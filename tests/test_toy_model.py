@@ -20,6 +20,7 @@ def _one_torch_thread():
     with one_thread():
         yield
 
+
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, n_ctx=64, d_vocab=50)
 
 
@@ -62,9 +63,7 @@ def test_run_with_cache_shapes_and_residual_bookkeeping():
     assert cache["blocks.0.attn.hook_k"].shape == (3, 40, 2, 8)  # GQA: key/value heads
     assert cache["blocks.0.attn.hook_z"].shape == (3, 40, 4, 8)
     assert cache["blocks.0.attn.hook_result"].shape == (3, 40, 4, 32)
-    torch.testing.assert_close(
-        cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"]
-    )
+    torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
     torch.testing.assert_close(
         cache["blocks.1.hook_resid_post"], cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"]
     )
@@ -90,11 +89,16 @@ def test_zeroing_hook_z_silences_a_head():
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", zero_head_1)]):
         _, ablated = model.run_with_cache(toks, names_filter=["blocks.0.attn.hook_result", "blocks.0.hook_attn_out"])
     assert ablated["blocks.0.attn.hook_result"][:, :, 1].abs().max() == 0
-    torch.testing.assert_close(ablated["blocks.0.attn.hook_result"][:, :, 0], clean["blocks.0.attn.hook_result"][:, :, 0])
     torch.testing.assert_close(
-        ablated["blocks.0.hook_attn_out"], clean["blocks.0.attn.hook_result"].sum(2) - clean["blocks.0.attn.hook_result"][:, :, 1]
+        ablated["blocks.0.attn.hook_result"][:, :, 0], clean["blocks.0.attn.hook_result"][:, :, 0]
     )
-    assert not torch.allclose(model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_z", zero_head_1)]), model(toks))
+    torch.testing.assert_close(
+        ablated["blocks.0.hook_attn_out"],
+        clean["blocks.0.attn.hook_result"].sum(2) - clean["blocks.0.attn.hook_result"][:, :, 1],
+    )
+    assert not torch.allclose(
+        model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_z", zero_head_1)]), model(toks)
+    )
     assert all(not hp.has_hooks() for hp in model.hook_dict.values())  # temporary hooks are gone
 
 
@@ -116,7 +120,9 @@ def test_editing_the_pattern_changes_the_output():
     torch.testing.assert_close(z, cache["blocks.0.attn.hook_v"][:, :1].expand_as(z))  # every query reads BOS's value
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(n_key_value_heads=2), dict(n_key_value_heads=1)], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize(
+    "overrides", [dict(), dict(n_key_value_heads=2), dict(n_key_value_heads=1)], ids=["MHA", "GQA", "MQA"]
+)
 def test_attention_output_equals_sdpa_on_the_same_weights(overrides):
     """From the cached LayerNorm output and the TL-shaped weights alone: SDPA reproduces hook_attn_out."""
     model = build(**overrides)
@@ -208,7 +214,9 @@ def test_bidirectional_and_latent_variants_run():
     _, cache = mla.run_with_cache(toks, names_filter=lambda n: "kv_latent" in n or n.endswith("hook_pattern"))
     assert cache["blocks.0.attn.hook_kv_latent"].shape == (3, 40, 8)
     flash = mla(toks)
-    torch.testing.assert_close(flash, mla.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: p)]))
+    torch.testing.assert_close(
+        flash, mla.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: p)])
+    )
 
 
 def test_pattern_hook_from_softmax_matches_manual_scores():
@@ -224,8 +232,8 @@ def test_pattern_hook_from_softmax_matches_manual_scores():
 def test_same_weights_as_a_gpt2_on_the_transformer_lens_bridge():
     """A tiny random HF GPT-2 (attention biases zeroed: the toy has none), its weights copied into
     the toy: the bridge and the toy agree on logits and on the hooks analyses read."""
-    from transformers import GPT2Config, GPT2LMHeadModel
     from transformer_lens.model_bridge.sources import build_bridge_from_module
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     hf_cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=64, attn_implementation="eager")
@@ -251,7 +259,9 @@ def test_same_weights_as_a_gpt2_on_the_transformer_lens_bridge():
         toy.ln_final.b.copy_(gpt.ln_f.bias)
         toy.unembed.weight.copy_(gpt.wte.weight)  # GPT-2 ties the unembedding to the embedding
         toy.unembed.bias.zero_()
-    bridge = build_bridge_from_module(hf, "GPT2LMHeadModel", hf_config=hf.config, tokenizer=None, model_name="tiny-gpt2")
+    bridge = build_bridge_from_module(
+        hf, "GPT2LMHeadModel", hf_config=hf.config, tokenizer=None, model_name="tiny-gpt2"
+    )
     bridge.eval()
 
     toks = tokens(batch=2, n=20)

@@ -75,7 +75,9 @@ def test_head_scores_read_the_pattern():
 
 def test_training_is_deterministic_for_a_seed():
     cfg = ToyConfig(n_layers=2, d_model=16, n_heads=2, n_ctx=32, d_vocab=20)
-    tc = TrainConfig(seed=3, steps=3, batch_size=4, eval_every=3, probe_half=8, probe_batch=4, min_period=3, max_period=10)
+    tc = TrainConfig(
+        seed=3, steps=3, batch_size=4, eval_every=3, probe_half=8, probe_batch=4, min_period=3, max_period=10
+    )
     (a, history_a), (b, history_b) = train(cfg, tc, progress=False), train(cfg, tc, progress=False)
     assert history_a == history_b and [r["step"] for r in history_a] == [0, 3]
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):

@@ -191,7 +191,9 @@ def test_gpu_matches_sdpa(causal, heads, d_head, dtype):
     q, k, v = make(*HEADS[heads], n=1000, d_head=d_head, dtype=dtype, device="cuda", batch=2)
     out, lse = triton_attention(q, k, v, causal)
     tol = FP32 if dtype == torch.float32 else FP16
-    check_against_sdpa(q, k, v, causal, out, lse, tol, dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else FP16_GRAD)
+    check_against_sdpa(
+        q, k, v, causal, out, lse, tol, dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else FP16_GRAD
+    )
 
 
 @gpu

@@ -103,7 +103,7 @@ class ToyConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ToyConfig":
+    def from_dict(cls, d: dict) -> ToyConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -254,7 +254,7 @@ class ToyTransformer(HookedRootModule):
             return logits, loss
         raise ValueError(f"unknown return_type {return_type!r}")
 
-    def set_flash_impl(self, impl: str) -> "ToyTransformer":
+    def set_flash_impl(self, impl: str) -> ToyTransformer:
         """Choose the flash path's implementation ("auto", "triton", "blockwise", "sdpa")."""
         self.cfg.flash_impl = impl
         for block in self.blocks:
@@ -310,7 +310,7 @@ class ToyTransformer(HookedRootModule):
         return self.unembed.weight.T
 
     @property
-    def b_U(self) -> Float[Tensor, "d_vocab"]:
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
         return self.unembed.bias
 
     # -- saving and loading ------------------------------------------------------------------------
@@ -326,7 +326,7 @@ class ToyTransformer(HookedRootModule):
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike, device: str | None = None, dtype: torch.dtype | None = None
-    ) -> "ToyTransformer":
+    ) -> ToyTransformer:
         """Load what `save_pretrained` wrote, in eval mode."""
         directory = Path(directory)
         cfg = ToyConfig.from_dict(json.loads((directory / "config.json").read_text()))
@@ -356,4 +356,3 @@ def lm_cross_entropy(
     log_probs = logits[:, :-1].float().log_softmax(dim=-1)
     loss = -log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
     return loss if per_token else loss.mean()
-

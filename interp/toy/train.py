@@ -37,9 +37,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm import tqdm
 
-from interp.toy import ToyConfig, ToyTransformer, toy_dir
 from interp._io import atomic_write
-
+from interp.toy import ToyConfig, ToyTransformer, toy_dir
 
 # Small enough for a CPU, d_head large enough to tell 511 tokens apart, n_ctx fitting 2 x 100 + BOS.
 TOY = ToyConfig(n_layers=2, d_model=64, n_heads=4, d_head=32, n_ctx=256, d_vocab=512, attn_only=True)
@@ -79,7 +78,7 @@ def repeated_blocks(
     max_period: int,
     generator: torch.Generator,
     bos: int = 0,
-) -> tuple[Int[Tensor, "batch n_ctx"], Int[Tensor, "batch"]]:
+) -> tuple[Int[Tensor, "batch n_ctx"], Int[Tensor, " batch"]]:
     """BOS, then a block of `period` random tokens (1..d_vocab-1) tiled to length n_ctx.
 
     Returns (tokens, period per sequence); period ~ uniform on [min_period, max_period].
@@ -91,7 +90,7 @@ def repeated_blocks(
     return tokens, periods
 
 
-def induction_targets(periods: Int[Tensor, "batch"], n_ctx: int) -> Bool[Tensor, "batch n_ctx_minus_1"]:
+def induction_targets(periods: Int[Tensor, " batch"], n_ctx: int) -> Bool[Tensor, "batch n_ctx_minus_1"]:
     """Which next-token predictions (index i predicts token i + 1) induction can make.
 
     Token t (t >= 1) repeats token t - period once t > period; induction predicts it from the token
@@ -256,16 +255,17 @@ def second_repeat_loss(
     return loss[:, half + 1 :].mean().item()  # index i predicts token i + 1
 
 
-def make_card(
-    model: ToyTransformer, tc: TrainConfig, history: list[dict], seconds: float, probe_seed: int
-) -> dict:
+def make_card(model: ToyTransformer, tc: TrainConfig, history: list[dict], seconds: float, probe_seed: int) -> dict:
     cfg = model.cfg
     probe = induction_probe(tc.probe_batch, tc.probe_half, cfg.d_vocab, torch.Generator().manual_seed(probe_seed))
     scores = head_scores(model, probe, tc.probe_half)
     phase_change = next((r["step"] for r in history if r["best_induction_score"] > tc.induction_threshold), None)
     induction_heads = head_table(scores["induction"], tc.induction_threshold)
     top = (induction_heads[0]["layer"], induction_heads[0]["head"])
-    clean, ablated = second_repeat_loss(model, probe, tc.probe_half), second_repeat_loss(model, probe, tc.probe_half, top)
+    clean, ablated = (
+        second_repeat_loss(model, probe, tc.probe_half),
+        second_repeat_loss(model, probe, tc.probe_half, top),
+    )
     return {
         "model": "interp toy: attention-only induction model",
         "config": cfg.to_dict(),
@@ -328,7 +328,9 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
@@ -361,7 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"top induction head L{ind['layer']}H{ind['head']} {ind['score']:.3f}; "
           f"top previous-token head L{prev['layer']}H{prev['head']} {prev['score']:.3f}; "
           f"zeroing the induction head multiplies the second-repeat loss by {ablation['ratio']:.1f}")  # fmt: skip
-    print("wrote", ", ".join(str(p) for p in [out / "model.safetensors", out / "config.json", out / "card.json", *written]))
+    print(
+        "wrote",
+        ", ".join(str(p) for p in [out / "model.safetensors", out / "config.json", out / "card.json", *written]),
+    )
 
 
 if __name__ == "__main__":
