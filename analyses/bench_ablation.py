@@ -78,7 +78,7 @@ def forward_throughput(model, tokens: torch.Tensor, repeats: int = 3) -> float:
 
 def loop_sweep(model, probe, metrics) -> dict[str, torch.Tensor]:
     """The plain baseline: a ``run_with_hooks`` per head, zeroing that head's ``hook_z``."""
-    from interp.models import z_hook
+    from interp.hooks import z_hook
 
     L, H = model.cfg.n_layers, model.cfg.n_heads
     out = {m.name: torch.zeros(L, H) for m in metrics}

@@ -61,7 +61,7 @@ def runners(model):
     from transformer_lens.head_detector import detect_head
 
     from interp.heads import head_scores
-    from interp.models import pattern_hook
+    from interp.hooks import pattern_hook
     from interp.probes import repeated_tokens
 
     probe = repeated_tokens(model, batch=10, block_len=50, n_repeats=2, seed=0)

@@ -58,8 +58,8 @@ def build(n_layer: int | None):
 
 
 def run_method(method: str, model, probe) -> object:
-    from interp.hooks import run_with_reducers
-    from interp.sinks import resid_post_hook, sink_scores
+    from interp.hooks import resid_post_hook, run_with_reducers
+    from interp.sinks import sink_scores
 
     L = model.cfg.n_layers
     if method == "bare":

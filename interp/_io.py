@@ -13,9 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
-class OutputError(ValueError):
-    """The output location cannot be used."""
+from interp.errors import OutputError
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
@@ -54,21 +52,35 @@ def _json_default(o: Any) -> Any:
 
 
 def ensure_writable_dir(out: str | os.PathLike) -> Path:
-    """Prove that ``out`` can be made and written to, without creating anything.
+    """Prove that a file can be written under ``out``, and leave nothing behind.
 
-    Called by every CLI *before* any model is loaded, so that a bad ``--out`` costs nothing and
-    leaves nothing behind; the folder itself is created by the first :func:`atomic_write`.
+    Called by every CLI *before* any model is loaded, so that a bad ``--out`` costs nothing. Permission
+    bits are not enough (root passes every ``access`` check, and ``/proc`` refuses writes that its
+    bits allow): the folders are made and a probe file is written, then both are removed again. The
+    output folder itself is created by the first :func:`atomic_write`.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a directory: pass a folder path")
-    existing = out
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutputError(f"cannot create output folder {out}: {existing} is a file; pass another --out")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write to output folder {out}: {existing} is not writable; pass a writable --out")
+    made: list[Path] = []
+    try:
+        for parent in reversed([out, *out.parents]):
+            if parent.exists():
+                if not parent.is_dir():
+                    raise OutputError(f"cannot create output folder {out}: {parent} is a file; pass another --out")
+                continue
+            parent.mkdir()
+            made.append(parent)
+        fd, probe = tempfile.mkstemp(prefix=".interp-probe.", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise OutputError(f"cannot write to output folder {out}: {why}; pass a writable --out") from None
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
     return out

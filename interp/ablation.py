@@ -53,8 +53,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.hooks import release_kept_pattern, run_with_reducers
-from interp.models import ModelInfo, describe, z_hook
+from interp.errors import AblationError, MetricError
+from interp.hooks import release_kept_pattern, resid_post_hook, run_with_reducers, z_hook
+from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
 from interp.scores import HeadScores
 
@@ -69,14 +70,6 @@ GATE_STRETCH = (-0.1, 1.1)
 # Tokens per batched forward of the fast engine, unless told otherwise. On a CPU, batches past a
 # couple of thousand tokens run slower per token (elementwise ops leave the caches); GPUs want more.
 _TOKEN_BUDGET = {"cpu": 2048, "other": 16384}
-
-
-class AblationError(ValueError):
-    """Bad input to an ablation (a head out of range, an empty head set, a negative lambda, ...)."""
-
-
-class MetricError(AblationError):
-    """A metric returned something other than one finite number per sequence."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -677,7 +670,7 @@ def _read_out(model: Any, tokens: Tensor, metric: Metric, hooks: list, n_layers:
         logits = run_with_reducers(model, tokens, hooks, grad=grad)
         return metric.read(logits)
     seen: dict[str, Tensor] = {}
-    last = f"blocks.{n_layers - 1}.hook_resid_post"
+    last = resid_post_hook(n_layers - 1)
 
     def grab(x: Tensor, hook: Any) -> None:
         seen["hidden"] = x

@@ -39,16 +39,13 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.hooks import run_with_reducers
-from interp.models import describe, pattern_hook
+from interp.errors import NonFiniteAttentionError, UsageError
+from interp.hooks import layer_of, pattern_hook, run_with_reducers
+from interp.models import describe
 from interp.probes import TokenProbe, repeated_tokens
 from interp.scores import HeadScores, bootstrap_ratio
 
 ATTENTION_SCORES = ("prev_token", "duplicate", "induction")
-
-
-class NonFiniteAttentionError(ValueError):
-    """An attention pattern held NaN or inf."""
 
 
 def _targets(probe: TokenProbe, queries: str) -> dict[str, Float[Tensor, "batch q k"]]:
@@ -84,18 +81,18 @@ def attention_scores(
     """
     unknown = set(scores) - set(ATTENTION_SCORES)
     if unknown:
-        raise ValueError(f"unknown score(s) {sorted(unknown)}: choose from {list(ATTENTION_SCORES)}")
+        raise UsageError(f"unknown score(s) {sorted(unknown)}: choose from {list(ATTENTION_SCORES)}")
     if queries not in ("targets", "all"):
-        raise ValueError(f"queries must be 'targets' or 'all', got {queries!r}")
+        raise UsageError(f"queries must be 'targets' or 'all', got {queries!r}")
     info = describe(model)
     if probe.seq_len > info.n_ctx:
-        raise ValueError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+        raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     targets = {k: v for k, v in _targets(probe, queries).items() if k in scores}
     counts = _query_counts(targets, queries, probe.seq_len)
     if queries == "targets":
         for name, c in counts.items():
             if float(c.sum()) == 0:
-                raise ValueError(f"the probe has no query with a {name} target: use at least 2 repeats")
+                raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
     L, H, B = info.n_layers, info.n_heads, probe.batch
     num = {k: torch.zeros(B, L, H) for k in targets}
     den = {k: torch.zeros(B, L, H) for k in targets}
@@ -106,7 +103,7 @@ def attention_scores(
         chunk_targets = {k: v[sl] for k, v in targets.items()}
 
         def reduce(pattern: Float[Tensor, "batch head q k"], hook: Any) -> None:
-            layer = int(hook.name.split(".")[1])
+            layer = layer_of(hook)
             pattern = pattern.detach().float()
             if not torch.isfinite(pattern).all():
                 raise NonFiniteAttentionError(

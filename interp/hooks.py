@@ -19,6 +19,44 @@ from torch import Tensor
 Hook = Callable[[Tensor, Any], Any]
 
 
+# --------------------------------------------------------------------------------------------
+# hook names: TransformerLens's, on the bridge and on the toy alike
+
+
+def pattern_hook(layer: int) -> str:
+    """``[batch, head, q_pos, k_pos]`` attention weights."""
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def z_hook(layer: int) -> str:
+    """``[batch, pos, head, d_head]`` each head's output before W_O."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def v_hook(layer: int) -> str:
+    """``[batch, pos, head, d_head]`` value vectors (K/V heads on grouped-query models)."""
+    return f"blocks.{layer}.attn.hook_v"
+
+
+def q_hook(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_q"
+
+
+def k_hook(layer: int) -> str:
+    return f"blocks.{layer}.attn.hook_k"
+
+
+def resid_post_hook(layer: int) -> str:
+    """``[batch, pos, d_model]`` the residual stream after block ``layer``."""
+    return f"blocks.{layer}.hook_resid_post"
+
+
+def layer_of(hook: Any) -> int:
+    """The block index of a hook point or hook name (``blocks.3.attn.hook_z`` -> 3)."""
+    name = hook if isinstance(hook, str) else hook.name
+    return int(name.split(".")[1])
+
+
 def keeps_patterns(model: Any) -> bool:
     """Does the model hold each layer's pattern after its attention ran (TransformerLens 4 bridges)?"""
     blocks = getattr(model, "blocks", None)
@@ -62,9 +100,9 @@ def run_with_reducers(
     if keeps:  # free each layer's kept pattern as soon as the layer is done
 
         def release(_: Tensor, hook: Any) -> None:
-            release_kept_pattern(model, int(hook.name.split(".")[1]))
+            release_kept_pattern(model, layer_of(hook))
 
-        hooks += [(f"blocks.{layer}.hook_resid_post", release) for layer in range(n_layers)]
+        hooks += [(resid_post_hook(layer), release) for layer in range(n_layers)]
     if stop_after is not None:
 
         def stop(_: Tensor, hook: Any) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from interp.hooks import run_with_reducers
+from interp.errors import ModelLoadError, UsageError
+from interp.hooks import pattern_hook, run_with_reducers
 
 TOY = "toy"
 _DTYPES = {
@@ -44,10 +45,6 @@ _WEIGHT_FILES = (
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
-class ModelLoadError(RuntimeError):
-    """The model could not be had; the message says why and what to do."""
-
-
 # --------------------------------------------------------------------------------------------
 # devices and dtypes
 
@@ -59,16 +56,16 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto") from None
+        raise UsageError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but this machine has no CUDA device: use --device cpu")
+            raise UsageError(f"device {device!r} asked for, but this machine has no CUDA device: use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise UsageError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} asked for, but MPS is not available here: use --device cpu")
+        raise UsageError(f"device {device!r} asked for, but MPS is not available here: use --device cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto")
+        raise UsageError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto")
     return dev
 
 
@@ -80,7 +77,7 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     try:
         return _DTYPES[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of float32, float16, bfloat16") from None
+        raise UsageError(f"unknown dtype {dtype!r}: use one of float32, float16, bfloat16") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,14 +256,6 @@ class ModelInfo:
 
     def head_labels(self) -> list[str]:
         return [f"{l}.{h}" for l in range(self.n_layers) for h in range(self.n_heads)]
-
-
-def pattern_hook(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-def z_hook(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_z"
 
 
 def describe(model: Any) -> ModelInfo:

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from interp.errors import DatasetLoadError, UsageError
 from interp.models import ModelInfo, describe
 
 
@@ -111,7 +112,7 @@ class TokenProbe:
     def _repeat_index(self) -> Int[Tensor, "batch pos"]:
         pos = torch.arange(self.seq_len, device=self.tokens.device)
         if self.block_len is None:
-            raise ValueError("this probe has no repeat structure")
+            raise UsageError("this probe has no repeat structure")
         idx = torch.where(self._body(), (pos - self.body_start) // self.block_len, -1)
         return idx.expand(self.batch, -1)
 
@@ -119,7 +120,7 @@ class TokenProbe:
 def _check_positive(**kwargs: int) -> None:
     for name, value in kwargs.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def ordinary_vocab(info: ModelInfo, tokenizer: Any = None) -> Int[Tensor, " n"]:
@@ -165,7 +166,7 @@ def repeated_tokens(
     """
     _check_positive(batch=batch, block_len=block_len, n_repeats=n_repeats)
     if n_repeats < 2:
-        raise ValueError(f"n_repeats must be at least 2 (a block must repeat to be copied), got {n_repeats}")
+        raise UsageError(f"n_repeats must be at least 2 (a block must repeat to be copied), got {n_repeats}")
     info = describe(model)
     _check_fits(
         info,
@@ -205,7 +206,7 @@ def _check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int]
     prefix, suffix, framing = frame_tokens(info)
     total = len(prefix) + n_body + len(suffix)
     if total > info.n_ctx:
-        raise ValueError(
+        raise UsageError(
             f"probe of {total} tokens ({' + '.join(framing + [body])}) is longer than the model's "
             f"context of {info.n_ctx} tokens: {longest(info.n_ctx - len(prefix) - len(suffix))}"
         )
@@ -215,7 +216,7 @@ def _draw_blocks(model: Any, info: ModelInfo, batch: int, n: int, seed: int) -> 
     """``batch`` seeded rows of ``n`` ordinary tokens, distinct within a row when the vocabulary allows."""
     vocab = ordinary_vocab(info, getattr(model, "tokenizer", None))
     if len(vocab) < 2:
-        raise ValueError("the model's vocabulary has fewer than 2 ordinary tokens to draw from")
+        raise UsageError("the model's vocabulary has fewer than 2 ordinary tokens to draw from")
     gen = torch.Generator().manual_seed(seed)
     if len(vocab) >= n:
         picks = torch.stack([torch.randperm(len(vocab), generator=gen)[:n] for _ in range(batch)])
@@ -255,10 +256,6 @@ def framed_probe(info: ModelInfo, body: Int[Tensor, "batch n"], *, meta: dict[st
 
 TEXT_FILE = "sentences.txt"
 _MIN_TEXT_TOKENS = 50_000  # a Hub data set is tokenized up to max(this, 8 x batch x seq_len) tokens
-
-
-class DatasetLoadError(ValueError):
-    """A text data set could not be had; the message says why and what to do."""
 
 
 def text_dir() -> Path:
@@ -307,7 +304,7 @@ def text_probe(
         stream, how = _tokenize_rows(tokenizer, rows, budget), "tokenizer"
         bad = stream[(stream < 0) | (stream >= info.d_vocab)]
         if len(bad):
-            raise ValueError(
+            raise UsageError(
                 f"the tokenizer produced id {int(bad[0])}, outside the model's vocabulary "
                 f"of {info.d_vocab}: model and tokenizer do not match"
             )
@@ -315,7 +312,7 @@ def text_probe(
         vocab = ordinary_vocab(info)
         stream, how = _bytes_to_ids(rows, vocab, budget), f"utf-8 bytes mod {len(vocab)} ordinary ids"
     if len(stream) < seq_len:
-        raise ValueError(
+        raise UsageError(
             f"the text from {source} has only {len(stream)} tokens, fewer than "
             f"--seq-len {seq_len}: lower --seq-len or use a larger --dataset"
         )

@@ -20,6 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp._io import atomic_write, atomic_write_json
+from interp.errors import UsageError
 
 CI_SUFFIXES = ("_lo", "_hi")
 
@@ -63,7 +64,7 @@ class HeadScores:
         """Build from ``{column: [n_layers, n_heads] array}``; all grids must share one shape."""
         shapes = {np.asarray(g).shape for g in grids.values()}
         if len(shapes) != 1:
-            raise ValueError(f"all grids must have one shape, got {shapes}")
+            raise UsageError(f"all grids must have one shape, got {shapes}")
         ((n_layers, n_heads),) = shapes
         layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
         data: dict[str, Any] = {"layer": layer.ravel(), "head": head.ravel()}

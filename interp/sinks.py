@@ -71,10 +71,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp._io import atomic_write, atomic_write_json
-from interp.cli import UsageError, base_parser, float_in, format_table, positive_int, run_cli
-from interp.heads import NonFiniteAttentionError
-from interp.hooks import run_with_reducers
-from interp.models import ModelInfo, describe, pattern_hook
+from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.errors import NonFiniteAttentionError, UsageError
+from interp.hooks import layer_of, pattern_hook, resid_post_hook, run_with_reducers, v_hook
+from interp.models import ModelInfo, describe
 from interp.plots import bars, curves, heatmap, save_figure
 from interp.probes import TokenProbe, ordinary_vocab, random_tokens, text_probe
 from interp.scores import HeadScores, bootstrap_ratio
@@ -85,14 +85,6 @@ REL_THRESHOLD = 1000.0
 SINK_RATIO = 3.0
 MIN_QUERIES = 8
 MAX_MASSIVE_PER_LAYER = 1000
-
-
-def v_hook(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_v"
-
-
-def resid_post_hook(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,7 +124,7 @@ def sink_statistics(
     """
     info = describe(model)
     if probe.seq_len > info.n_ctx:
-        raise ValueError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+        raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     scored = _scored_queries(T, info.is_causal)
     stats = SinkStatistics(
@@ -156,10 +148,10 @@ def sink_statistics(
             norm = v.detach().float().norm(dim=-1)
             if norm.shape[-1] != H:  # grouped K/V: one value head serves H / n_kv query heads
                 norm = norm.repeat_interleave(H // norm.shape[-1], dim=-1)
-            stats.value_norm[sl, _layer(hook)] = norm.cpu()
+            stats.value_norm[sl, layer_of(hook)] = norm.cpu()
 
         def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
-            layer = _layer(hook)
+            layer = layer_of(hook)
             a = a.detach().float()
             rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
             if not torch.isfinite(rows).all():
@@ -173,7 +165,7 @@ def sink_statistics(
             stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
 
         def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
-            layer = _layer(hook)
+            layer = layer_of(hook)
             x = x.detach().float()
             mag = x.abs()
             med = mag.median(-1).values
@@ -204,10 +196,6 @@ def sink_statistics(
             kept.append(m)
     stats.massive = kept
     return stats
-
-
-def _layer(hook: Any) -> int:
-    return int(hook.name.split(".")[1])
 
 
 def _scored_queries(T: int, causal: bool) -> slice:
@@ -318,10 +306,10 @@ def sink_scores(
     ``first_mass`` carries a bootstrap interval over sequences at ``level``.
     """
     if not 0 < epsilon < 1:
-        raise ValueError(f"epsilon must be between 0 and 1, got {epsilon}")
+        raise UsageError(f"epsilon must be between 0 and 1, got {epsilon}")
     for name, value in (("abs_threshold", abs_threshold), ("rel_threshold", rel_threshold), ("sink_ratio", sink_ratio)):
         if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
+            raise UsageError(f"{name} must be > 0, got {value}")
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
@@ -686,9 +674,9 @@ def residual_curves(report: SinkReport) -> go.Figure:
 STEM = "sinks"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParser:
     p = base_parser(
-        "python -m interp.sinks",
+        prog,
         "Find attention-sink heads, the tokens they park attention on, and the massive "
         "residual activations behind them.",
     )
@@ -853,8 +841,8 @@ def _summary(report: SinkReport, info: ModelInfo, probe: TokenProbe, top: int, e
     return "\n".join(lines)
 
 
-def cli(argv: Sequence[str] | None = None) -> int:
-    return run_cli(build_parser(), main, argv, STEM)
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.sinks") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM)
 
 
 if __name__ == "__main__":

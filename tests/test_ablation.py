@@ -31,7 +31,8 @@ from interp.ablation import (
     spearman,
     train_gates,
 )
-from interp.models import describe, z_hook
+from interp.hooks import z_hook
+from interp.models import describe
 from interp.probes import repeated_tokens
 from tests.helpers import one_thread
 

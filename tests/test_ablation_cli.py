@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import interp.ablation
-import interp.cli
+import interp.cli.common
 from interp.ablate import cli
 from tests.helpers import one_thread
 
@@ -24,7 +24,7 @@ def _one_thread():
 @pytest.fixture
 def loaded(monkeypatch, gpt2_tiny):
     """Skip the model load (tens of seconds for a bridge): hand the CLI the session's tiny GPT-2."""
-    monkeypatch.setattr(interp.cli, "load_model", lambda *a, **k: gpt2_tiny)
+    monkeypatch.setattr(interp.cli.common, "load_model", lambda *a, **k: gpt2_tiny)
     return gpt2_tiny
 
 
@@ -140,7 +140,7 @@ def test_bad_input_exits_2_with_nothing_written(loaded, argv, message, tmp_path,
 
 
 def test_causal_metric_on_an_encoder_exits_2(monkeypatch, bert_tiny, tmp_path, capsys):
-    monkeypatch.setattr(interp.cli, "load_model", lambda *a, **k: bert_tiny)
+    monkeypatch.setattr(interp.cli.common, "load_model", lambda *a, **k: bert_tiny)
     with pytest.raises(SystemExit) as e:
         cli(["--out", str(tmp_path / "o"), *SMALL, "--metric", "incontext"])
     assert e.value.code == 2 and "needs a causal (decoder) model" in capsys.readouterr().err

@@ -20,9 +20,10 @@ from interp.ablation import (
     spearman,
     train_gates,
 )
+from interp.errors import ModelLoadError
 from interp.heads import head_scores
-from interp.hooks import run_with_reducers
-from interp.models import ModelLoadError, load_model, pattern_hook
+from interp.hooks import pattern_hook, run_with_reducers
+from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import one_thread

@@ -38,6 +38,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from interp._io import atomic_write
+from interp.hooks import pattern_hook, z_hook
 from interp.toy import ToyConfig, ToyTransformer, toy_dir
 
 # Small enough for a CPU, d_head large enough to tell 511 tokens apart, n_ctx fitting 2 x 100 + BOS.
@@ -127,7 +128,7 @@ def head_scores(
     def keep(pattern: Tensor, hook) -> None:
         patterns[hook.name] = pattern.detach()
 
-    hooks = [(f"blocks.{layer}.attn.hook_pattern", keep) for layer in range(model.cfg.n_layers)]
+    hooks = [(pattern_hook(layer), keep) for layer in range(model.cfg.n_layers)]
     with torch.no_grad():
         model.run_with_hooks(probe, return_type=None, fwd_hooks=hooks)
     pattern = torch.stack([patterns[name] for name, _ in hooks]).float()  # layer batch head q k
@@ -249,7 +250,7 @@ def second_repeat_loss(
             z[:, :, head] = 0.0
             return z
 
-        hooks = [(f"blocks.{layer}.attn.hook_z", zero_head)]
+        hooks = [(z_hook(layer), zero_head)]
     with torch.no_grad():
         loss = model.run_with_hooks(probe, return_type="loss", loss_per_token=True, fwd_hooks=hooks)
     return loss[:, half + 1 :].mean().item()  # index i predicts token i + 1

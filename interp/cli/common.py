@@ -15,15 +15,12 @@ from typing import Any
 
 import pandas as pd
 
-from interp._io import OutputError, ensure_writable_dir
-from interp.models import ModelLoadError, load_model, resolve_device, resolve_dtype
+from interp._io import ensure_writable_dir
+from interp.errors import InterpError, ModelLoadError
+from interp.models import load_model, resolve_device, resolve_dtype
 
 EXIT_MODEL = 1
 EXIT_USAGE = 2
-
-
-class UsageError(ValueError):
-    """Bad input found after parsing (e.g. a probe too long for the model): exit 2, nothing written."""
 
 
 def positive_int(text: str) -> int:
@@ -78,24 +75,22 @@ def run_cli(
 ) -> int:
     """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
 
-    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last.
+    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Errors that
+    ``interp`` raises on purpose (:class:`~interp.errors.InterpError`) end the run with one line on
+    stderr: exit 1 when the model cannot be had, 2 for bad usage or input (nothing written). Any
+    other exception is a bug and keeps its traceback (exit 1).
     """
     args = parser.parse_args(argv)
     try:
         resolve_device(args.device)
         resolve_dtype(args.dtype)
         out = ensure_writable_dir(args.out or default_out(args.model, analysis))
-    except (ValueError, OutputError) as e:
-        parser.error(str(e))
-    try:
         model = load_model(args.model, device=args.device, dtype=args.dtype)
-    except ModelLoadError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return EXIT_MODEL
-    try:
         written = main(args, model, out)
-    except (UsageError, ValueError) as e:
-        parser.error(str(e))
+    except ModelLoadError as e:
+        return fail(parser, e, EXIT_MODEL)
+    except InterpError as e:
+        return fail(parser, e, EXIT_USAGE)
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
@@ -103,6 +98,15 @@ def run_cli(
     for path in written:
         print(f"  {path}")
     return 0
+
+
+def fail(parser: argparse.ArgumentParser, error: BaseException, code: int) -> int:
+    """One line on stderr, ``prog: error: ...``; exit ``code`` (2 raises SystemExit as argparse does)."""
+    message = " ".join(str(error).split())
+    if code == EXIT_USAGE:
+        parser.exit(code, f"{parser.prog}: error: {message}\n")
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return code
 
 
 def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = (), fmt: str = ".3f") -> str:

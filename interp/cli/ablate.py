@@ -1,0 +1,327 @@
+"""``python -m interp.ablate``: which heads matter for a metric, and how many can go.
+
+A thin layer over :mod:`interp.ablation`. Methods:
+
+- ``exact``: ablate every head alone (the fast replay engine), rank heads by how much the metric
+  worsens; writes ``ablate_exact.{csv,json,html}``;
+- ``gradient``: Michel et al.'s gradient importance, one forward and backward per batch;
+  ``ablate_gradient.{csv,json,html}``;
+- ``prune``: pruning curves in increasing order of importance (gradient, exact and seeded random
+  orders on one plot) and how many heads can go within ``--tolerance``; ``ablate_prune.{csv,json,html}``;
+- ``gates``: Voita et al.'s Hard-Concrete gates for a sweep of lambda; ``ablate_gates.csv`` (a row per
+  lambda), ``ablate_gates_heads.csv`` (a row per lambda and head), ``ablate_gates.json``, a gates
+  heatmap ``ablate_gates.html`` and ``ablate_gates_curves.html``.
+
+Ctrl-C during a long sweep keeps the rows already computed: they are written with ``.partial`` in
+the file name (and ``"partial": true`` in the JSON), and the command exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from plotly.subplots import make_subplots
+
+from interp._io import atomic_write, atomic_write_json
+from interp.ablation import (
+    ABLATIONS,
+    ENGINES,
+    METRICS,
+    ORDERS,
+    AblationError,
+    builtin_metric,
+    exact_sweep,
+    gradient_importance,
+    head_mask,
+    heads_prunable,
+    largest_lambda_within,
+    pruning_curves,
+    train_gates,
+)
+from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.models import describe
+from interp.plots import curves, heatmap, save_figure
+from interp.probes import TokenProbe, repeated_tokens, text_probe
+from interp.scores import HeadScores
+
+STEM = "ablate"
+METHODS = ("exact", "gradient", "prune", "gates")
+
+_fraction = float_in(0, 1, low_open=True)
+_non_negative = float_in(0)
+
+
+def _lambdas(text: str) -> list[float]:
+    try:
+        return [_non_negative(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"lambda {e}") from None
+
+
+def _orders(text: str) -> list[str]:
+    orders = [o.strip() for o in text.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ORDERS]
+    if bad or not orders:
+        raise argparse.ArgumentTypeError(f"orders are a comma-separated subset of {','.join(ORDERS)}, got {text!r}")
+    return orders
+
+
+def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentParser:
+    p = base_parser(
+        prog,
+        "Ablate attention heads (zero, mean or resample) to find which matter for a metric and "
+        "how many can go: exact sweeps, Michel gradient importance, pruning curves, Voita gates.",
+    )
+    p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
+    p.add_argument("--ablation", choices=ABLATIONS, default="zero", help="what an ablated head outputs")
+    p.add_argument(
+        "--metric",
+        choices=METRICS,
+        default=None,
+        help="incontext (loss on the second repeat), lm (loss on a text probe), logit-diff (last "
+        "position: in-context answer vs off-by-one), pooled-cos (encoders); None: incontext "
+        "for decoders (lm with --probe text), pooled-cos for encoders",
+    )
+    p.add_argument(
+        "--probe",
+        choices=("repeated", "text"),
+        default=None,
+        help="repeated random tokens, or natural text; None: text for --metric lm, else repeated",
+    )
+    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block, or per text window")
+    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
+    p.add_argument("--dataset", default=None, help="text probe source; None: the bundled data/text")
+    p.add_argument(
+        "--ablated",
+        default=None,
+        help="heads kept ablated throughout, e.g. '1.2,0.3' (the sweep then asks what matters without them)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="exact sweeps: fast replay engine, the plain run_with_hooks loop, or auto",
+    )
+    p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward")
+    p.add_argument("--normalize", action="store_true", help="gradient: divide each layer's scores by their L2 norm")
+    p.add_argument("--step", type=_fraction, default=0.1, help="prune: fraction of heads removed per step")
+    p.add_argument("--reestimate", action="store_true", help="prune: re-estimate importance after every step")
+    p.add_argument("--orders", type=_orders, default=list(ORDERS), help="prune: orders to compare")
+    p.add_argument("--random-seeds", type=positive_int, default=3, help="prune: random orders (seeds 0..n-1)")
+    p.add_argument(
+        "--tolerance", type=_non_negative, default=0.1, help="prune/gates: the metric may degrade by this fraction"
+    )
+    p.add_argument(
+        "--lambdas",
+        type=_lambdas,
+        default=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
+        help="gates: comma-separated L0 penalty weights",
+    )
+    p.add_argument("--gate-steps", type=positive_int, default=200, help="gates: optimisation steps per lambda")
+    p.add_argument("--gate-lr", type=float, default=0.05, help="gates: Adam learning rate")
+    return p
+
+
+def make_probe(args: argparse.Namespace, model: Any) -> tuple[TokenProbe, str]:
+    """The probe and the metric name the flags ask for (defaults depend on the model)."""
+    info = describe(model)
+    metric = args.metric or ("pooled-cos" if info.is_encoder else "lm" if args.probe == "text" else "incontext")
+    kind = args.probe or ("text" if metric == "lm" else "repeated")
+    if kind == "text":
+        probe = text_probe(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed, dataset=args.dataset)
+    else:
+        probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
+    return probe, metric
+
+
+def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+    info = describe(model)
+    base = None
+    if args.ablated is not None:
+        base = head_mask(info, args.ablated)
+    probe, metric_name = make_probe(args, model)
+    metric = builtin_metric(metric_name, probe)
+    progress = not args.no_progress
+    common = dict(ablation=args.ablation, minibatch=args.minibatch, seed=args.seed)
+    kind = "causal" if info.is_causal else "encoder"
+    print(
+        f"{info.name} ({kind}, {info.n_layers} layers x {info.n_heads} heads); probe: {probe.batch} x "
+        f"{probe.seq_len} tokens ({probe.meta.get('kind', 'probe')}), seed {args.seed}; metric {metric.name} "
+        f"({'higher' if metric.higher_is_better else 'lower'} is better); {args.ablation} ablation"
+    )
+    t0 = time.perf_counter()
+    if args.method in ("exact", "gradient"):
+        if args.method == "exact":
+            scores = exact_sweep(model, probe, metric, base=base, engine=args.engine, progress=progress, **common)
+        else:
+            scores = gradient_importance(
+                model, probe, metric, base=base, normalize=args.normalize, progress=progress, **common
+            )
+        scores.meta["model_spec"] = args.model
+        return _write_scores(args, scores, out, time.perf_counter() - t0)
+    if base is not None:
+        raise AblationError(f"--ablated applies to --method exact or gradient, not {args.method}")
+    if args.method == "prune":
+        frame = pruning_curves(
+            model,
+            probe,
+            metric,
+            orders=args.orders,
+            random_seeds=range(args.random_seeds),
+            step=args.step,
+            reestimate=args.reestimate,
+            engine=args.engine,
+            progress=progress,
+            **common,
+        )
+        return _write_prune(args, frame, out, metric.name, time.perf_counter() - t0, info.n_layers * info.n_heads)
+    sweep = train_gates(
+        model,
+        probe,
+        metric,
+        args.lambdas,
+        steps=args.gate_steps,
+        lr=args.gate_lr,
+        engine=args.engine,
+        progress=progress,
+        **common,
+    )
+    return _write_gates(args, sweep, out, time.perf_counter() - t0)
+
+
+def _stem(method: str, partial: bool) -> str:
+    return f"{STEM}_{method}" + (".partial" if partial else "")
+
+
+def _finish(written: list[Path], partial: bool) -> list[Path]:
+    """Partial results are written, listed, and the run ends as interrupted (exit 130)."""
+    if partial:
+        print("\ninterrupted: wrote the rows computed so far:")
+        for path in written:
+            print(f"  {path}")
+        raise KeyboardInterrupt
+    return written
+
+
+def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elapsed: float) -> list[Path]:
+    partial = bool(scores.meta.get("partial"))
+    meta = scores.meta
+    how = f"engine {meta['engine']}, " if "engine" in meta else ""
+    clean = meta.get("clean_metric", meta.get("metric_value"))
+    print(
+        f"{args.method}: {how}{elapsed:.2f}s; unablated {meta['metric']} = {clean:.4f}"
+        + (f"; kept ablated: {', '.join(meta['base'])}" if meta.get("base") else "")
+        + "\n"
+    )
+    ranked = scores.rank("importance", top=args.top).dropna(subset=["importance"])
+    print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more):")
+    columns = [c for c in ("importance", "metric_ablated", "delta") if c in scores.table]
+    print(format_table(ranked, columns, fmt=".4g"))
+    stem = _stem(args.method, partial)
+    written = scores.save(out, stem)
+    title = f"{meta['model']}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
+    written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
+    return _finish(written, partial)
+
+
+def _write_frame(out: Path, stem: str, frame: pd.DataFrame) -> Path:
+    return atomic_write(out / f"{stem}.csv", frame.to_csv(index=False))
+
+
+def _write_prune(
+    args: argparse.Namespace, frame: pd.DataFrame, out: Path, metric: str, elapsed: float, n_total: int
+) -> list[Path]:
+    partial = bool(frame.attrs.get("partial"))
+    prunable = heads_prunable(frame, args.tolerance)
+    print(
+        f"prune: {elapsed:.2f}s; unpruned {metric} = {frame.attrs['clean_metric']:.4f}; steps of "
+        f"{args.step:.0%}{', importance re-estimated after each step' if args.reestimate else ''}\n"
+    )
+    print(f"heads that can go before {metric} degrades by more than {args.tolerance:.0%} (of {n_total}):")
+    print(prunable[["label", "n_prunable", "frac_prunable"]].to_string(index=False))
+    stem = _stem("prune", partial)
+    written = [
+        _write_frame(out, stem, frame),
+        atomic_write_json(
+            out / f"{stem}.json",
+            {
+                "meta": {**frame.attrs, "model_spec": args.model, "tolerance": args.tolerance},
+                "prunable": prunable.to_dict(orient="records"),
+                "rows": frame.to_dict(orient="records"),
+            },
+        ),
+    ]
+    fig = curves(
+        frame,
+        "n_pruned",
+        "metric",
+        "label",
+        title=f"{metric} as heads are pruned",
+        x_title="heads pruned",
+        y_title=metric,
+    )
+    written += save_figure(fig, out, stem)
+    return _finish(written, partial)
+
+
+def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float) -> list[Path]:
+    partial = bool(sweep.meta.get("partial"))
+    meta = sweep.meta
+    print(
+        f"gates: {elapsed:.2f}s; unpruned {meta['metric']} = {meta['clean_metric']:.4f}; {meta['steps']} steps "
+        f"per lambda\n"
+    )
+    shown = sweep.summary.copy()
+    shown["kept"] = [" ".join(sweep.kept(lam)) for lam in shown["lambda"]]
+    print(shown[["lambda", "heads_kept", "metric", "degradation", "kept"]].to_string(index=False))
+    best = largest_lambda_within(sweep, args.tolerance)
+    if best is not None:
+        print(f"\nlargest lambda within {args.tolerance:.0%}: {best:g}, keeping {', '.join(sweep.kept(best))}")
+    stem = _stem("gates", partial)
+    written = [
+        _write_frame(out, stem, sweep.summary),
+        _write_frame(out, _stem("gates_heads", partial), sweep.gates),
+        atomic_write_json(
+            out / f"{stem}.json",
+            {
+                "meta": {**meta, "model_spec": args.model, "largest_lambda_within_tolerance": best},
+                "summary": sweep.summary.to_dict(orient="records"),
+                "gates": sweep.gates.to_dict(orient="records"),
+            },
+        ),
+    ]
+    if len(sweep.summary):
+        written += save_figure(
+            heatmap(sweep.grids(), title=f"{meta['model']}: Hard-Concrete gates per lambda", zmin=0, zmax=1), out, stem
+        )
+        written += save_figure(_gate_curves(sweep.summary, meta["metric"]), out, f"{stem}_curves")
+    return _finish(written, partial)
+
+
+def _gate_curves(summary: pd.DataFrame, metric: str):
+    """Heads kept against lambda, and the metric against heads kept, side by side."""
+    left = curves(summary, "lambda", "heads_kept")
+    right = curves(summary.sort_values("heads_kept"), "heads_kept", "metric")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["heads kept vs lambda", f"{metric} vs heads kept"])
+    fig.add_trace(left.data[0], row=1, col=1)
+    fig.add_trace(right.data[0], row=1, col=2)
+    fig.update_xaxes(type="log", title_text="lambda", row=1, col=1)
+    fig.update_xaxes(title_text="heads kept", row=1, col=2)
+    fig.update_yaxes(title_text="heads kept", row=1, col=1)
+    fig.update_yaxes(title_text=metric, row=1, col=2)
+    fig.update_layout(showlegend=False, height=460, width=980)
+    return fig
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,76 @@
+"""``python -m interp.induction``: which heads are previous-token, duplicate-token and induction heads.
+
+A thin layer over :func:`interp.heads.head_scores` and :func:`interp.plots.heatmap`: it prints the
+heads ranked by induction score and writes ``induction.csv``, ``induction.json``,
+``induction.html`` (and ``induction.png`` when an exporter is available) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from interp.cli.common import base_parser, format_table, positive_int, run_cli
+from interp.errors import UsageError
+from interp.heads import ATTENTION_SCORES, head_scores, uniform_baseline
+from interp.models import describe
+from interp.plots import heatmap, save_figure
+from interp.probes import repeated_tokens
+
+STEM = "induction"
+
+
+def build_parser(prog: str = "python -m interp.induction") -> argparse.ArgumentParser:
+    p = base_parser(
+        prog,
+        "Score every attention head as previous-token, duplicate-token and induction head "
+        "on repeated random tokens, with bootstrap CIs.",
+    )
+    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block")
+    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
+    p.add_argument("--ci", type=float, default=0.95, help="confidence level of the bootstrap intervals")
+    return p
+
+
+def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+    if not 0 < args.ci < 1:
+        raise UsageError(f"--ci must be between 0 and 1, got {args.ci}")
+    probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
+    info = describe(model)
+    t0 = time.perf_counter()
+    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=not args.no_progress)
+    elapsed = time.perf_counter() - t0
+    scores.meta["model_spec"] = args.model
+
+    kind = "causal" if info.is_causal else "encoder"
+    print(
+        f"{info.name} ({kind}, {info.n_layers} layers x {info.n_heads} heads); probe: "
+        f"{args.batch} x ({'+'.join(probe.meta['framing'] + [f'{args.repeats}x{args.seq_len}'])}) tokens, "
+        f"seed {args.seed}; scored in {elapsed:.2f}s"
+    )
+    print(f"uniform-attention induction baseline: {uniform_baseline(probe):.3f}\n")
+    ranked = scores.rank("induction", top=args.top)
+    print(f"top {len(ranked)} heads by induction score ({args.ci:.0%} bootstrap CI over sequences):")
+    print(format_table(ranked, [*ATTENTION_SCORES, "copying"], ci=ATTENTION_SCORES))
+    for name in ("prev_token", "duplicate"):
+        layer, head = scores.top(name)
+        print(f"top {name} head: {layer}.{head} ({scores.grid(name)[layer, head]:.3f})")
+
+    written = scores.save(out, STEM)
+    fig = heatmap(
+        scores, [*ATTENTION_SCORES, "copying"], title=f"{info.name}: head scores on repeated random tokens", zmin=None
+    )
+    written += save_figure(fig, out, STEM)
+    return written
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.induction") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

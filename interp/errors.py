@@ -1,0 +1,44 @@
+"""The errors ``interp`` raises on purpose, under one base class.
+
+Every error here means "the input or the environment is not what the analysis needs", and its
+message says what was wrong and what to do. The CLIs map them to exit codes (:mod:`interp.cli`):
+:class:`ModelLoadError` exits 1, every other :class:`InterpError` exits 2 with nothing written. Any
+other exception is a bug and keeps its traceback.
+
+The subclasses that have always been ``ValueError``s still are, so ``except ValueError`` code keeps
+working.
+"""
+
+from __future__ import annotations
+
+
+class InterpError(Exception):
+    """Base class of every error ``interp`` raises on purpose."""
+
+
+class UsageError(InterpError, ValueError):
+    """Bad input found after parsing (e.g. a probe too long for the model): exit 2, nothing written."""
+
+
+class ModelLoadError(InterpError, RuntimeError):
+    """The model could not be had; the message says why and what to do."""
+
+
+class OutputError(InterpError, ValueError):
+    """The output location cannot be used."""
+
+
+class DatasetLoadError(InterpError, ValueError):
+    """A text data set could not be read; the message says why and what to do."""
+
+
+class NonFiniteAttentionError(InterpError, ValueError):
+    """A pattern held NaN or inf (e.g. fp16 overflow): the scores would be meaningless."""
+
+
+class AblationError(InterpError, ValueError):
+    """An ablation, sweep or gate request that cannot be carried out as asked."""
+
+
+class MetricError(AblationError):
+    """A metric that cannot be used here (wrong probe, wrong model kind, vanishing gradient)."""
