@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import einops
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -224,12 +224,13 @@ def uniform_baseline(probe: TokenProbe) -> float:
     ``(#targets) / (q + 1)``; averaged over the queries that have a target. Random-weight models
     sit near this value, which is the floor any claim of an induction head must clear.
     """
-    mask: Bool[Tensor, "b q k"] = probe.induction_mask()
+    b, q, _ = probe.induction_pairs().unbind(-1)  # index rows, no [q, k] mask: fine at long context
+    targets = torch.zeros(probe.batch, probe.seq_len).index_put_((b, q), torch.ones(len(b)), accumulate=True)
     n_keys = (
-        torch.arange(1, probe.seq_len + 1, device=mask.device).float()
+        torch.arange(1, probe.seq_len + 1).float()
         if probe.causal
-        else torch.full((probe.seq_len,), float(probe.seq_len), device=mask.device)
+        else torch.full((probe.seq_len,), float(probe.seq_len))
     )
-    per_q = mask.sum(-1).float() / n_keys
-    has = mask.any(-1)
+    per_q = targets / n_keys
+    has = targets > 0
     return float(per_q[has].mean())

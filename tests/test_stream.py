@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -228,3 +229,35 @@ def test_auto_streams_only_past_the_budget(toy):
     assert head_scores(toy, probe, n_boot=10, budget=300 * 1024).meta["engine"] == "stream"
     with pytest.raises(UsageError, match=r"unknown engine 'fast': choose from \['auto', 'pattern', 'stream'\]"):
         head_scores(toy, probe, engine="fast")
+
+
+# --------------------------------------------------------------------------------------------
+# the CLIs
+
+
+def test_clis_take_the_engine_and_say_which_ran(gpt2_dir, tmp_path, capsys):
+    from interp.cli.induction import cli as induction
+    from interp.cli.sinks import cli as sinks
+
+    common = ["--model", str(gpt2_dir), "--batch", "3", "--device", "cpu", "--no-progress"]
+    tables = {}
+    for engine in ("pattern", "stream"):
+        out = tmp_path / engine
+        assert induction([*common, "--seq-len", "30", "--out", str(out), "--engine", engine]) == 0
+        printed = capsys.readouterr().out
+        assert f"engine: {engine} (asked for; one layer's pattern for 3 x 61 tokens takes 0.17 MiB)" in printed
+        tables[engine] = pd.read_csv(out / "induction.csv", dtype={"label": str})
+        assert sinks([*common, "--seq-len", "40", "--out", str(out), "--engine", engine]) == 0
+        assert f"engine: {engine} (asked for" in capsys.readouterr().out
+        tables[f"sinks_{engine}"] = pd.read_csv(out / "sinks.csv", dtype={"label": str})
+    for a, b in (("pattern", "stream"), ("sinks_pattern", "sinks_stream")):
+        cols = [c for c in tables[a].columns if tables[a][c].dtype.kind == "f"]
+        assert float((tables[a][cols] - tables[b][cols]).abs().max().max()) < TOL
+    assert induction([*common, "--seq-len", "30", "--out", str(tmp_path / "a")]) == 0
+    assert "engine: pattern (one layer's pattern for 3 x 61 tokens takes 0.17 MiB, within the 1 GiB budget)" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(SystemExit) as e:
+        induction([*common, "--engine", "flash"])
+    assert e.value.code == 2
+    assert "argument --engine: invalid choice: 'flash'" in capsys.readouterr().err

@@ -37,6 +37,27 @@ from interp.stream.blockwise import column_sums, gathered_weights, row_stats
 from interp.stream.capture import AttentionInputs, streamed_attention
 
 
+def _row_pass(a: AttentionInputs):
+    """The row pass: the Triton kernel on CUDA tensors (when Triton is installed), else torch."""
+    from interp.stream import triton as kernels
+
+    if a.q.is_cuda and kernels.HAS_TRITON and 16 <= a.q.shape[-1] <= 128:
+        return kernels.triton_row_stats(a.q, a.k, a.scale, a.causal)
+    return row_stats(a.q, a.k, a.scale, a.causal)
+
+
+def _column_pass(a: AttentionInputs, lse: Tensor) -> tuple[Tensor, float]:
+    """``(received mass per key, max |row sum - 1|)``. The Triton pass has no row sums; there the
+    check is on their mean (the total received mass over ``T``)."""
+    from interp.stream import triton as kernels
+
+    if a.q.is_cuda and kernels.HAS_TRITON and 16 <= a.q.shape[-1] <= 128:
+        received = kernels.triton_column_sums(a.q, a.k, lse, a.scale, a.causal)
+        return received, float((received.sum(-1) / a.q.shape[2] - 1).abs().max())
+    received, rows = column_sums(a.q, a.k, lse, a.scale, a.causal)
+    return received, float((rows - 1).abs().max())
+
+
 def target_pairs(probe: TokenProbe, scores: Sequence[str], queries: str) -> dict[str, Int[Tensor, "n 3"]]:
     """``(batch, q, k)`` target rows of each attention score (see :mod:`interp.heads`)."""
     make = {
@@ -121,7 +142,7 @@ def stream_attention_scores(
             chunk[name] = p
 
         def reduce(a: AttentionInputs) -> None:
-            stats = row_stats(a.q, a.k, a.scale, a.causal)
+            stats = _row_pass(a)
             check_finite(stats.lse, a.layer, info.name)
             for name, p in chunk.items():
                 w = gathered_weights(a.q, a.k, stats.lse, a.scale, p)
@@ -151,10 +172,10 @@ def stream_sink_statistics(
 
     def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
         def reduce(a: AttentionInputs) -> None:
-            r = row_stats(a.q, a.k, a.scale, a.causal)
+            r = _row_pass(a)
             check_finite(r.lse, a.layer, info.name)
-            received, row_sums = column_sums(a.q, a.k, r.lse, a.scale, a.causal)
-            stats.max_row_deviation = max(stats.max_row_deviation, float((row_sums - 1).abs().max()))
+            received, deviation = _column_pass(a, r.lse)
+            stats.max_row_deviation = max(stats.max_row_deviation, deviation)
             stats.received[rows, a.layer] = received.cpu()
             stats.confidence[rows, a.layer] = torch.exp(r.max - r.lse)[:, :, scored].sum(-1).cpu()
             stats.confidence_no_first[rows, a.layer] = torch.exp(r.max_rest - r.lse)[:, :, scored].sum(-1).cpu()
