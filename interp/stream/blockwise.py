@@ -85,12 +85,14 @@ def row_stats(
         total = torch.zeros_like(m)
         for k0 in range(0, _key_end(q1, k.shape[2], causal), block):
             s = _tile(qb, k[:, :, k0 : k0 + block], q0, k0, causal)
-            m_new = torch.maximum(m, s.amax(-1))  # finite from the first tile on: key 0 is seen
+            tile_max = s.amax(-1)
+            m_new = torch.maximum(m, tile_max)  # finite from the first tile on: key 0 is seen
             total = total * torch.exp(m - m_new) + torch.exp(s - m_new[..., None]).sum(-1)
             m = m_new
-            tail = s[..., 1:] if k0 == 0 else s
-            if tail.shape[-1]:
-                m_rest = torch.maximum(m_rest, tail.amax(-1))
+            if k0 > 0:
+                m_rest = torch.maximum(m_rest, tile_max)
+            elif s.shape[-1] > 1:
+                m_rest = torch.maximum(m_rest, s[..., 1:].amax(-1))
         flat = lambda t: rearrange(t, "b v g q -> b (v g) q")  # noqa: E731
         lse[..., q0:q1] = flat(m + torch.log(total))
         mx[..., q0:q1] = flat(m)
