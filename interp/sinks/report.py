@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from interp._io import atomic_write, atomic_write_json
@@ -59,6 +60,15 @@ class SinkReport:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def table(self) -> pd.DataFrame:
+        """The per-head table (a row per (layer, head)), as every result object has."""
+        return self.heads.table
+
+    def grid(self, score: str) -> np.ndarray:
+        """The ``[n_layers, n_heads]`` matrix of one per-head score (``first_mass``, ...)."""
+        return self.heads.grid(score)
+
+    @property
     def sink_rate(self) -> float:
         """Model-level Sink_0^eps: the share of all heads whose first-token mass exceeds epsilon."""
         return float(self.meta["sink_rate"])
@@ -83,7 +93,7 @@ class SinkReport:
         ``<stem>_summary.json`` (meta, layers, roles, the top tokens and massive activations), atomically."""
         out = Path(out)
         written = self.heads.save(out, stem)
-        for name in ("layers", "positions", "tokens", "massive"):
+        for name in TABLES:
             frame: pd.DataFrame = getattr(self, name)
             written.append(atomic_write(out / f"{stem}_{name}.csv", frame.to_csv(index=False)))
         records = lambda f: json.loads(f.to_json(orient="records"))  # noqa: E731
@@ -100,6 +110,23 @@ class SinkReport:
             )
         )
         return written
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = "sinks") -> SinkReport:
+        """Read back what :meth:`save` wrote: the folder (and ``stem``), or its ``<stem>.json``."""
+        path = Path(path)
+        folder, stem = (path, stem) if path.is_dir() else (path.parent, path.stem)
+        files = [folder / f"{stem}.json", folder / f"{stem}_summary.json"]
+        files += [folder / f"{stem}_{name}.csv" for name in TABLES]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UsageError(f"no saved sink report in {folder}: missing {', '.join(missing)}")
+        frames = {name: pd.read_csv(folder / f"{stem}_{name}.csv") for name in TABLES}
+        meta = json.loads((folder / f"{stem}_summary.json").read_text(encoding="utf-8"))["meta"]
+        return cls(heads=HeadScores.load(files[0]), meta=meta, **frames)
+
+
+TABLES = ("layers", "positions", "tokens", "massive")
 
 
 def sink_scores(

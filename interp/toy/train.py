@@ -114,7 +114,7 @@ def induction_probe(
 # ---------------------------------------------------------------------------------------------
 
 
-def head_scores(
+def circuit_scores(
     model: ToyTransformer, probe: Int[Tensor, "batch pos"], half: int
 ) -> dict[str, Float[Tensor, "layer head"]]:
     """Induction and previous-token scores of every head on a repeated-token probe.
@@ -191,7 +191,7 @@ def _train(cfg: ToyConfig, tc: TrainConfig, progress: bool) -> tuple[ToyTransfor
     for step in bar:
         if step % tc.eval_every == 0 or step == tc.steps:
             model.eval()
-            scores = head_scores(model, probe, tc.probe_half)
+            scores = circuit_scores(model, probe, tc.probe_half)
             row = {"step": step, **evaluate(model, cfg, tc, torch.Generator().manual_seed(tc.seed + 3))}
             row["best_induction_score"] = scores["induction"].max().item()
             row["best_previous_token_score"] = scores["previous_token"].max().item()
@@ -259,7 +259,7 @@ def second_repeat_loss(
 def make_card(model: ToyTransformer, tc: TrainConfig, history: list[dict], seconds: float, probe_seed: int) -> dict:
     cfg = model.cfg
     probe = induction_probe(tc.probe_batch, tc.probe_half, cfg.d_vocab, torch.Generator().manual_seed(probe_seed))
-    scores = head_scores(model, probe, tc.probe_half)
+    scores = circuit_scores(model, probe, tc.probe_half)
     phase_change = next((r["step"] for r in history if r["best_induction_score"] > tc.induction_threshold), None)
     induction_heads = head_table(scores["induction"], tc.induction_threshold)
     top = (induction_heads[0]["layer"], induction_heads[0]["head"])
