@@ -187,8 +187,8 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     import interp.toy.attention as toy_attention
 
     formed: list[int] = []
-    scores = toy_attention.attention_scores
-    monkeypatch.setattr(toy_attention, "attention_scores", lambda *a, **k: formed.append(1) or scores(*a, **k))
+    logits = toy_attention.attention_logits
+    monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
     for model in (llama_tiny, gpt2_tiny, bert_tiny):
         model.blocks[0].attn.hook_pattern.register_forward_hook(lambda *_: formed.append(1))
     try:
