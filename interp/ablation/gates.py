@@ -1,0 +1,192 @@
+"""Voita et al.'s Hard-Concrete head gates with an L0 penalty."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.ablation.engine import Sweeper
+from interp.ablation.gradient import frozen, gated_forward
+from interp.ablation.metrics import Metric, as_metric
+from interp.ablation.modes import HeadAblation
+from interp.ablation.sweep import scores_meta
+from interp.errors import AblationError
+from interp.models import describe
+from interp.probes import TokenProbe
+from interp.scores import HeadScores
+
+# Voita et al. 2019 (after Louizos et al. 2018): Hard-Concrete temperature and stretch interval.
+GATE_TEMPERATURE = 0.33
+GATE_STRETCH = (-0.1, 1.1)
+
+
+def gate_sample(log_alpha: Tensor, shape: Sequence[int], generator: torch.Generator | None = None) -> Tensor:
+    """A stochastic Hard-Concrete gate in [0, 1] per head, for every leading index in ``shape``."""
+    lo, hi = GATE_STRETCH
+    u = torch.rand(*shape, *log_alpha.shape, generator=generator).clamp(1e-6, 1 - 1e-6).to(log_alpha.device)
+    s = torch.sigmoid((u.log() - (1 - u).log() + log_alpha) / GATE_TEMPERATURE)
+    return (s * (hi - lo) + lo).clamp(0, 1)
+
+
+def gate_open_probability(log_alpha: Tensor) -> Tensor:
+    """``P(gate != 0)``, the summands of Voita et al.'s L_C penalty."""
+    lo, hi = GATE_STRETCH
+    return torch.sigmoid(log_alpha - GATE_TEMPERATURE * math.log(-lo / hi))
+
+
+def gate_value(log_alpha: Tensor) -> Tensor:
+    """The deterministic gate used at evaluation (before binarising)."""
+    lo, hi = GATE_STRETCH
+    return (torch.sigmoid(log_alpha) * (hi - lo) + lo).clamp(0, 1)
+
+
+@dataclass
+class GateSweep:
+    """Gates trained for each lambda: ``summary`` a row per lambda, ``gates`` a row per (lambda, head)."""
+
+    summary: pd.DataFrame
+    gates: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def kept(self, lam: float) -> list[str]:
+        part = self.gates[(self.gates["lambda"] == lam) & self.gates["kept"]]
+        return part["label"].tolist()
+
+    def grids(self) -> HeadScores:
+        """The binarised-before gate values as one HeadScores column per lambda (for a heatmap)."""
+        grids = {}
+        for lam, part in self.gates.groupby("lambda", sort=True):
+            grid = np.zeros((int(part["layer"].max()) + 1, int(part["head"].max()) + 1))
+            grid[part["layer"], part["head"]] = part["gate"]
+            grids[f"lambda={lam:g}"] = grid
+        return HeadScores.from_grids(grids, self.meta)
+
+
+def train_gates(
+    model: Any,
+    probe: TokenProbe,
+    metric: Metric | Callable,
+    lambdas: Iterable[float],
+    *,
+    ablation: str | HeadAblation = "zero",
+    steps: int = 200,
+    lr: float = 0.05,
+    init: float = 3.0,
+    minibatch: int | None = None,
+    engine: str = "auto",
+    seed: int = 0,
+    progress: bool = False,
+) -> GateSweep:
+    """Train Voita et al.'s input-independent Hard-Concrete head gates, once per lambda.
+
+    Every head's output is mixed as ``r + g (z - r)`` (``r`` the ablated value, 0 for zero
+    ablation), ``g`` a Hard-Concrete gate (temperature 0.33, stretch (-0.1, 1.1)) with one learnt
+    ``log_alpha`` per head and a fresh sample per sequence. The loss is the metric's loss (mean over
+    sequences) plus ``lambda * L_C``, ``L_C = sum_h P(g_h != 0)``; only the gates train (Adam,
+    ``lr``, ``steps`` steps over the probe's minibatches), the model is frozen. At evaluation a head
+    is kept when its deterministic gate exceeds 0.5, and the metric is measured with the other heads
+    ablated. On Ctrl-C the lambdas finished are returned (``meta["partial"] = True``).
+    """
+    lambdas = [float(x) for x in lambdas]
+    if not lambdas:
+        raise AblationError("give at least one lambda")
+    bad = [x for x in lambdas if not x >= 0 or not math.isfinite(x)]
+    if bad:
+        raise AblationError(f"lambda must be a finite number >= 0, got {bad[0]}")
+    if steps < 1:
+        raise AblationError(f"steps must be >= 1, got {steps}")
+    metric = as_metric(metric)
+    info = describe(model)
+    L, H = info.n_layers, info.n_heads
+    abl = (
+        ablation
+        if isinstance(ablation, HeadAblation)
+        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+    )
+    sweeper = Sweeper(model, probe, metric, ablation=abl, engine=engine, minibatch=minibatch)
+    clean = float(sweeper.clean.mean())
+    refs = [(b.rows, b.tokens, b.reference) for b in sweeper.batches]
+    none = torch.zeros(L, H, dtype=torch.bool)
+    summary, per_head = [], []
+    partial = False
+    try:
+        for lam in tqdm(lambdas, desc="gates", disable=not progress):
+            gen = torch.Generator().manual_seed(seed)
+            log_alpha = torch.full((L, H), init, device=probe.tokens.device, requires_grad=True)
+            opt = torch.optim.Adam([log_alpha], lr=lr)
+            with frozen(model):
+                for it in range(steps):
+                    rows, tokens, reference = refs[it % len(refs)]
+                    g = gate_sample(log_alpha, (tokens.shape[0],), gen)  # [batch, layer, head]
+                    gates = [g[:, l] for l in range(L)]
+                    value = gated_forward(model, tokens, metric, abl, gates, none, rows, reference)
+                    loss = metric.badness(value).mean() + lam * gate_open_probability(log_alpha).sum()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            la = log_alpha.detach().cpu()
+            gate, p_open = gate_value(la), gate_open_probability(la)
+            kept = gate > 0.5
+            dropped = ~kept
+            v = float(sweeper.evaluate(dropped[None]).mean()) if bool(dropped.any()) else clean
+            if sweeper.interrupted:
+                raise KeyboardInterrupt
+            summary.append(
+                dict(
+                    **{"lambda": lam},
+                    heads_kept=int(kept.sum()),
+                    metric=v,
+                    degradation=float(metric.degradation(v, clean)),
+                    clean_metric=clean,
+                    l0_penalty=float(p_open.sum()),
+                )
+            )
+            for l in range(L):
+                for h in range(H):
+                    per_head.append(
+                        {
+                            "lambda": lam,
+                            "layer": l,
+                            "head": h,
+                            "label": f"{l}.{h}",
+                            "log_alpha": float(la[l, h]),
+                            "p_open": float(p_open[l, h]),
+                            "gate": float(gate[l, h]),
+                            "kept": bool(kept[l, h]),
+                        }
+                    )
+    except KeyboardInterrupt:
+        partial = True
+    meta = scores_meta(
+        model,
+        probe,
+        metric,
+        abl,
+        method="gates",
+        clean_metric=clean,
+        steps=steps,
+        lr=lr,
+        init=init,
+        temperature=GATE_TEMPERATURE,
+        stretch=list(GATE_STRETCH),
+        partial=partial,
+    )
+    return GateSweep(
+        pd.DataFrame(summary, columns=["lambda", "heads_kept", "metric", "degradation", "clean_metric", "l0_penalty"]),
+        pd.DataFrame(per_head, columns=["lambda", "layer", "head", "label", "log_alpha", "p_open", "gate", "kept"]),
+        meta,
+    )
+
+
+def largest_lambda_within(sweep: GateSweep, tolerance: float = 0.1) -> float | None:
+    """The largest lambda whose binarised gates keep the metric within ``tolerance`` of unpruned."""
+    ok = sweep.summary[sweep.summary["degradation"] <= tolerance]
+    return float(ok["lambda"].max()) if len(ok) else None

@@ -1,0 +1,183 @@
+"""Metrics: a number per sequence from the model's output, and which positions it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.errors import AblationError, MetricError
+from interp.probes import TokenProbe
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A per-sequence metric, and what of the model's output it reads.
+
+    ``fn(out, tokens, clean, rows)`` gets ``out``: the logits (or, with ``reads="hidden"``, the final
+    residual stream) at ``positions`` only (all positions when ``None``), ``[batch, n_read, ...]``;
+    ``tokens``: the sequences; ``clean``: the unablated ``out`` of the same sequences; ``rows``: their
+    indices in the probe. It returns ``[batch]``.
+    """
+
+    name: str
+    fn: Callable[[Tensor, Tensor, Tensor | None, Tensor | None], Tensor]
+    positions: tuple[int, ...] | None = None
+    reads: Literal["logits", "hidden"] = "logits"
+    higher_is_better: bool = False
+    needs_clean: bool = False  # compares with the unablated output (``clean`` must be passed)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def read(self, out: Float[Tensor, "batch pos ..."]) -> Tensor:
+        return out if self.positions is None else out[:, list(self.positions)]
+
+    def __call__(
+        self, out: Tensor, tokens: Tensor, clean: Tensor | None = None, rows: Tensor | None = None
+    ) -> Float[Tensor, " batch"]:
+        value = self.fn(out, tokens, clean, rows)
+        if not isinstance(value, Tensor):
+            value = torch.as_tensor(value)
+        if tuple(value.shape) != (tokens.shape[0],):
+            raise MetricError(
+                f"metric {self.name!r} must return one number per sequence (shape [{tokens.shape[0]}]), "
+                f"got shape {list(value.shape)}"
+            )
+        bad = ~torch.isfinite(value)
+        if bool(bad.any()):
+            raise MetricError(
+                f"metric {self.name!r} returned non-finite values (nan/inf) for "
+                f"{int(bad.sum())} of {len(value)} sequences"
+            )
+        return value.float()
+
+    def badness(self, value: Tensor) -> Tensor:
+        """The value turned so that larger is worse (a loss)."""
+        return -value if self.higher_is_better else value
+
+    def degradation(self, value: Tensor | float, clean: Tensor | float) -> Tensor | float:
+        """How much worse ``value`` is than ``clean``, as a fraction of ``|clean|``."""
+        diff = (clean - value) if self.higher_is_better else (value - clean)
+        return diff / max(abs(float(clean)), 1e-12)
+
+
+def as_metric(fn: Callable | Metric, *, name: str | None = None, higher_is_better: bool = False) -> Metric:
+    """Wrap a plain ``fn(logits, tokens) -> [batch]`` (it reads the logits at every position)."""
+    if isinstance(fn, Metric):
+        return fn
+    if not callable(fn):
+        raise MetricError(f"a metric must be callable as fn(logits, tokens), got {type(fn).__name__}")
+    return Metric(
+        name or getattr(fn, "__name__", "metric"),
+        lambda out, tokens, clean, rows: fn(out, tokens),
+        higher_is_better=higher_is_better,
+    )
+
+
+def _next_token_metric(name: str, predicted: Sequence[int], probe: TokenProbe) -> Metric:
+    """Mean next-token cross-entropy of the tokens at ``predicted`` (read at the position before)."""
+    predicted = sorted(int(p) for p in predicted if p >= 1)
+    if not predicted:
+        raise AblationError(f"{name}: the probe has no position to score")
+    read = tuple(p - 1 for p in predicted)
+    target_pos = torch.tensor(predicted)
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        targets = tokens[:, target_pos.to(tokens.device)]
+        logp = out.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
+        return -logp.mean(-1)
+
+    return Metric(name, fn, positions=read, meta={"scored_positions": len(predicted)})
+
+
+def _need_causal(probe: TokenProbe, what: str) -> None:
+    if not probe.causal:
+        raise AblationError(f"{what} needs a causal (decoder) model; for an encoder use the pooled-cosine metric")
+
+
+def incontext_loss(probe: TokenProbe) -> Metric:
+    """Next-token loss on the second (and later) repeats of a repeated-token probe."""
+    _need_causal(probe, "the in-context loss")
+    if probe.block_len is None:
+        raise AblationError("the in-context loss needs a repeated-token probe (interp.probes.repeated_tokens)")
+    positions = probe.second_repeat_mask().all(0).nonzero().squeeze(-1).tolist()
+    return _next_token_metric("incontext_loss", positions, probe)
+
+
+def lm_loss(probe: TokenProbe) -> Metric:
+    """Next-token loss on every body token (after the first position) of a probe, e.g. a text probe."""
+    _need_causal(probe, "the language-model loss")
+    return _next_token_metric("lm_loss", range(max(probe.body_start, 1), probe.body_end), probe)
+
+
+def logit_diff(
+    correct: int | Sequence[int] | Tensor,
+    wrong: int | Sequence[int] | Tensor,
+    *,
+    position: int = -1,
+    name: str = "logit_diff",
+) -> Metric:
+    """``logit[correct] - logit[wrong]`` at ``position``; answers are token ids, one or one per sequence."""
+    c, w = torch.as_tensor(correct).long(), torch.as_tensor(wrong).long()
+
+    def pick(ids: Tensor, rows: Tensor | None, n: int, device: torch.device) -> Tensor:
+        ids = ids.to(device)
+        if ids.ndim == 0:
+            return ids.expand(n)
+        return ids if rows is None else ids[rows.to(device)]
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        logits = out[:, 0].float()
+        n = logits.shape[0]
+        cc, ww = pick(c, rows, n, logits.device), pick(w, rows, n, logits.device)
+        return logits.gather(-1, cc[:, None]).squeeze(-1) - logits.gather(-1, ww[:, None]).squeeze(-1)
+
+    return Metric(name, fn, positions=(position,), higher_is_better=True)
+
+
+def incontext_logit_diff(probe: TokenProbe) -> Metric:
+    """Logit difference at the last body token of a repeated-token probe.
+
+    The correct answer is the in-context continuation (the token that followed the last token's
+    earlier occurrence); the wrong one is the token after that (an off-by-one copy).
+    """
+    _need_causal(probe, "the in-context logit difference")
+    if probe.block_len is None or probe.block_len < 3:
+        raise AblationError("the in-context logit difference needs a repeated-token probe with blocks of >= 3 tokens")
+    last = probe.body_end - 1
+    earlier = last - probe.block_len
+    correct = probe.tokens[:, earlier + 1].cpu()
+    wrong = probe.tokens[:, earlier + 2].cpu()
+    return logit_diff(correct, wrong, position=last, name="logit_diff")
+
+
+def pooled_cosine(probe: TokenProbe) -> Metric:
+    """Cosine similarity of the mean-pooled final hidden state (over body tokens) to the unablated one."""
+    body = tuple(range(probe.body_start, probe.body_end))
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        if clean is None:
+            raise MetricError("the pooled-cosine metric needs the unablated output")
+        return F.cosine_similarity(out.float().mean(1), clean.float().mean(1), dim=-1)
+
+    return Metric("pooled_cosine", fn, positions=body, reads="hidden", higher_is_better=True, needs_clean=True)
+
+
+METRICS = ("incontext", "lm", "logit-diff", "pooled-cos")
+
+
+def builtin_metric(name: str, probe: TokenProbe) -> Metric:
+    """A built-in metric by its CLI name (``incontext``, ``lm``, ``logit-diff``, ``pooled-cos``)."""
+    makers = {
+        "incontext": incontext_loss,
+        "lm": lm_loss,
+        "logit-diff": incontext_logit_diff,
+        "pooled-cos": pooled_cosine,
+    }
+    if name not in makers:
+        raise AblationError(f"unknown metric {name!r}: choose from {list(METRICS)}")
+    return makers[name](probe)

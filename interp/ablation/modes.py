@@ -1,0 +1,214 @@
+"""Head sets and what an ablated head outputs: zero, mean or resample ablation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.errors import AblationError
+from interp.hooks import run_with_reducers, z_hook
+from interp.models import ModelInfo, describe
+from interp.probes import TokenProbe
+
+ABLATIONS = ("zero", "mean", "resample")
+
+
+def head_mask(model: Any, heads: Any, *, allow_empty: bool = False) -> Bool[Tensor, "layer head"]:
+    """A ``[n_layers, n_heads]`` boolean mask (True = ablate) from heads named any usual way.
+
+    ``heads`` may be a boolean mask of that shape, an iterable of ``(layer, head)`` pairs or
+    ``"layer.head"`` strings, or one comma-separated string (``"1.2,0.3"``). Raises :class:`AblationError` for a head out of range or, unless
+    ``allow_empty``, for an empty set.
+    """
+    info = model if isinstance(model, ModelInfo) else describe(model)
+    L, H = info.n_layers, info.n_heads
+    if isinstance(heads, str):
+        heads = [h for h in heads.split(",") if h.strip()]
+    if isinstance(heads, (Tensor, np.ndarray)) and str(heads.dtype).endswith("bool"):
+        mask = torch.as_tensor(heads.detach().cpu() if isinstance(heads, Tensor) else heads)
+        if tuple(mask.shape) != (L, H):
+            raise AblationError(f"a head mask must have shape [{L}, {H}] (layers x heads), got {list(mask.shape)}")
+    else:
+        mask = torch.zeros(L, H, dtype=torch.bool)
+        for item in heads:
+            layer, head = _parse_head(item)
+            if not (0 <= layer < L and 0 <= head < H):
+                raise AblationError(
+                    f"head {layer}.{head} is out of range: the model has {L} layers x {H} heads "
+                    f"(layers 0..{L - 1}, heads 0..{H - 1})"
+                )
+            mask[layer, head] = True
+    if not allow_empty and not bool(mask.any()):
+        raise AblationError("the head set is empty: name at least one head to ablate")
+    return mask
+
+
+def _parse_head(item: Any) -> tuple[int, int]:
+    if isinstance(item, str):
+        parts = item.strip().split(".")
+        if len(parts) == 2 and all(p.lstrip("-").isdigit() for p in parts):
+            return int(parts[0]), int(parts[1])
+        raise AblationError(f"cannot read head {item!r}: write heads as 'layer.head', e.g. '1.3'")
+    try:
+        layer, head = item
+        return int(layer), int(head)
+    except (TypeError, ValueError):
+        raise AblationError(f"cannot read head {item!r}: give (layer, head) pairs or 'layer.head' strings") from None
+
+
+def head_labels(mask: Bool[Tensor, "layer head"]) -> list[str]:
+    return [f"{l}.{h}" for l, h in mask.nonzero().tolist()]
+
+
+@dataclass
+class HeadAblation:
+    """The value an ablated head's ``hook_z`` is replaced by, for every layer.
+
+    Build with :meth:`fit`. ``mean`` holds ``[layer, head, d_head]`` means over the probe;
+    ``source`` (resample) holds, per layer, ``[batch, pos, head, d_head]``: for each probe sequence
+    the clean output of its donor sequence.
+    """
+
+    kind: str
+    mean: Float[Tensor, "layer head d_head"] | None = None
+    source: list[Float[Tensor, "batch pos head d_head"]] | None = None
+    donors: list[int] | None = None
+
+    @classmethod
+    def fit(
+        cls,
+        model: Any,
+        kind: str = "zero",
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> HeadAblation:
+        if kind not in ABLATIONS:
+            raise AblationError(f"unknown ablation {kind!r}: choose from {list(ABLATIONS)}")
+        if kind == "zero":
+            return cls(kind)
+        if probe is None:
+            raise AblationError(f"{kind} ablation needs a probe to take the heads' outputs from")
+        tokens = probe.tokens if isinstance(probe, TokenProbe) else probe
+        if kind == "resample" and tokens.shape[0] < 2:
+            raise AblationError("resample ablation needs a probe of at least 2 sequences (one is the donor)")
+        zs = _clean_z(model, tokens, minibatch)
+        if kind == "mean":
+            mean = torch.stack([_mean_output(z) for z in zs])
+            return cls(kind, mean=mean)
+        donors = derangement(tokens.shape[0], seed)
+        return cls(kind, source=[z[donors] for z in zs], donors=donors.tolist())
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        """What replaces ``hook_z`` of ``layer``: a scalar, ``[head, d_head]`` or ``[batch, pos, head, d_head]``."""
+        if self.kind == "zero":
+            return torch.zeros(())
+        if self.kind == "mean":
+            return self.mean[layer]
+        src = self.source[layer]
+        return src if rows is None else src[rows]
+
+    def patch(
+        self,
+        z: Float[Tensor, "batch pos head d_head"],
+        layer: int,
+        ablate: Bool[Tensor, "rep head"],
+        rows: Tensor | slice | None = None,
+    ) -> Tensor:
+        """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``."""
+        rep = ablate.shape[0]
+        zz = z.reshape(rep, z.shape[0] // rep, *z.shape[1:])
+        r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
+        self._check_batch(r, zz.shape[1])
+        where = ablate.to(z.device)[:, None, None, :, None]
+        return torch.where(where, r, zz).reshape(z.shape)
+
+    def mix(
+        self, z: Float[Tensor, "batch pos head d_head"], layer: int, gate: Tensor, rows: Tensor | slice | None = None
+    ) -> Tensor:
+        """``r + gate * (z - r)``: gate 1 keeps the head, 0 ablates it (gates broadcast over ``z``)."""
+        r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
+        self._check_batch(r, z.shape[0])
+        return r + gate * (z - r)
+
+    def _check_batch(self, r: Tensor, batch: int) -> None:
+        if r.ndim == 4 and r.shape[0] != batch:
+            raise AblationError(
+                f"resample ablation was fitted on {r.shape[0]} sequences but this run has "
+                f"{batch}: run it on the probe it was fitted on"
+            )
+
+    def hooks(self, mask: Bool[Tensor, "layer head"], rows: Tensor | slice | None = None) -> list:
+        """Forward hooks that ablate the heads in ``mask`` (for ``run_with_hooks`` / ``model.hooks``)."""
+        return [
+            (z_hook(l), self.layer_hook(l, mask[l][None], rows)) for l in range(mask.shape[0]) if bool(mask[l].any())
+        ]
+
+    def layer_hook(self, layer: int, ablate: Bool[Tensor, "rep head"], rows: Any) -> Callable:
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            return self.patch(z, layer, ablate, rows)
+
+        return hook
+
+
+def _mean_output(z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "head d_head"]:
+    """A head's mean output over every sequence and position."""
+    return z.double().mean(dim=(0, 1)).to(z.dtype)
+
+
+def derangement(n: int, seed: int = 0) -> Int[Tensor, " n"]:
+    """A seeded permutation of ``range(n)`` without fixed points (one random cycle)."""
+    cycle = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    out = torch.empty(n, dtype=torch.long)
+    out[cycle] = cycle.roll(-1)
+    return out
+
+
+def _clean_z(model: Any, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
+    """Every layer's clean ``hook_z`` on ``tokens``; the pass stops after the last layer's."""
+    L = describe(model).n_layers
+    parts: list[list[Tensor]] = [[] for _ in range(L)]
+
+    def grab(layer: int) -> Callable:
+        def hook(z: Tensor, hook: Any) -> None:
+            parts[layer].append(z.detach().clone())
+
+        return hook
+
+    step = minibatch or tokens.shape[0]
+    for start in range(0, tokens.shape[0], step):
+        run_with_reducers(
+            model, tokens[start : start + step], [(z_hook(l), grab(l)) for l in range(L)], stop_after=z_hook(L - 1)
+        )
+    return [torch.cat(p) for p in parts]
+
+
+@contextmanager
+def ablated(
+    model: Any,
+    heads: Any,
+    *,
+    ablation: str | HeadAblation = "zero",
+    probe: TokenProbe | Tensor | None = None,
+    seed: int = 0,
+) -> Iterator[HeadAblation]:
+    """Run ``model`` with ``heads`` silenced inside the ``with`` block::
+
+        with ablated(model, ["1.2", "0.3"], ablation="mean", probe=probe):
+            logits = model(probe.tokens)
+
+    Mean and resample ablation take the heads' outputs from ``probe``; resample needs each run to
+    be on the probe's own sequences.
+    """
+    mask = head_mask(model, heads)
+    abl = ablation if isinstance(ablation, HeadAblation) else HeadAblation.fit(model, ablation, probe, seed=seed)
+    with model.hooks(fwd_hooks=abl.hooks(mask)):
+        yield abl
