@@ -39,6 +39,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook, run_with_reducers
 from interp.models import describe
@@ -175,7 +176,13 @@ def head_scores(
     if probe is None:
         probe = repeated_tokens(model, seed=seed)
     info = describe(model)
-    num, den = attention_scores(model, probe, scores=scores, queries=queries, minibatch=minibatch, progress=progress)
+    num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
+        lambda p: attention_scores(
+            model, p, scores=scores, queries=queries, minibatch=minibatch, progress=progress and distributed.is_main()
+        ),
+        probe,
+        what="scoring heads",
+    )
     grids: dict[str, Tensor] = {}
     for name in scores:
         point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=n_boot, level=level, seed=seed)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,11 @@ class TokenProbe:
     def to(self, device: torch.device | str) -> TokenProbe:
         self.tokens = self.tokens.to(device)
         return self
+
+    def select(self, rows: Sequence[int] | Tensor) -> TokenProbe:
+        """The same probe restricted to the sequences ``rows`` (in that order)."""
+        index = torch.as_tensor(list(rows) if not isinstance(rows, Tensor) else rows, dtype=torch.long)
+        return replace(self, tokens=self.tokens[index.to(self.tokens.device)], meta=dict(self.meta))
 
     # ---- structural masks -------------------------------------------------------------------
 

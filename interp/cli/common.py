@@ -7,16 +7,19 @@ input (argparse's convention), with nothing written; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from interp._io import ensure_writable_dir
-from interp.errors import InterpError, ModelLoadError
+from interp import distributed
+from interp._io import ensure_writable_dir, writes_skipped
+from interp.errors import InterpError, ModelLoadError, RankFailedError
 from interp.models import load_model, resolve_device, resolve_dtype
 
 EXIT_MODEL = 1
@@ -77,35 +80,73 @@ def run_cli(
 
     ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Errors that
     ``interp`` raises on purpose (:class:`~interp.errors.InterpError`) end the run with one line on
-    stderr: exit 1 when the model cannot be had, 2 for bad usage or input (nothing written). Any
-    other exception is a bug and keeps its traceback (exit 1).
+    stderr: exit 1 when the model cannot be had (or another rank failed), 2 for bad usage or input
+    (nothing written). Any other exception is a bug and keeps its traceback (exit 1).
+
+    Under ``torchrun`` every rank runs this: each loads a replica and runs ``main``, the analyses
+    share the work out (:mod:`interp.distributed`), and only rank 0 prints, shows progress and
+    writes files; the other ranks skip their writes and keep quiet. A failure on any rank, while
+    loading or analysing, stops every rank with that rank's error.
     """
-    args = parser.parse_args(argv)
+    lead = distributed.is_main()
+    with _quiet(not lead):
+        args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
+    if not lead and hasattr(args, "no_progress"):
+        args.no_progress = True
     try:
-        resolve_device(args.device)
+        device = distributed.rank_device(args.device)
+        resolve_device(device)
         resolve_dtype(args.dtype)
-        out = ensure_writable_dir(args.out or default_out(args.model, analysis))
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
-        written = main(args, model, out)
-    except ModelLoadError as e:
-        return fail(parser, e, EXIT_MODEL)
+        distributed.start(device)
+        with distributed.interrupt_once(), _quiet(not lead, stderr=False), writes_skipped(not lead):
+            with distributed.checked("checking --out and loading the model"):
+                target = args.out or default_out(args.model, analysis)
+                out = ensure_writable_dir(target) if lead else Path(target)
+                model = load_model(args.model, device=device, dtype=args.dtype)
+            with distributed.checked(f"running {analysis}"):
+                written = main(args, model, out)
+    except (ModelLoadError, RankFailedError) as e:
+        return fail(parser, e, EXIT_MODEL, quiet=not lead)
     except InterpError as e:
-        return fail(parser, e, EXIT_USAGE)
+        return fail(parser, e, EXIT_USAGE, quiet=not lead)
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        if lead:
+            print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
-    print("\nwrote:")
-    for path in written:
-        print(f"  {path}")
+    finally:
+        distributed.stop()
+    if lead:
+        print("\nwrote:")
+        for path in written:
+            print(f"  {path}")
     return 0
 
 
-def fail(parser: argparse.ArgumentParser, error: BaseException, code: int) -> int:
-    """One line on stderr, ``prog: error: ...``; exit ``code`` (2 raises SystemExit as argparse does)."""
+@contextmanager
+def _quiet(on: bool, *, stderr: bool = True) -> Iterator[None]:
+    """Silence stdout (and stderr) inside the block when ``on``: ranks other than 0 under torchrun."""
+    if not on:
+        yield
+        return
+    with open(os.devnull, "w") as sink, redirect_stdout(sink):
+        if stderr:
+            with redirect_stderr(sink):
+                yield
+        else:
+            yield
+
+
+def fail(parser: argparse.ArgumentParser, error: BaseException, code: int, *, quiet: bool = False) -> int:
+    """One line on stderr, ``prog: error: ...``; exit ``code`` (2 raises SystemExit as argparse does).
+
+    ``quiet``: say nothing (the other ranks of a torchrun run: rank 0 reports for all)."""
     message = " ".join(str(error).split())
     if code == EXIT_USAGE:
+        if quiet:
+            raise SystemExit(code)
         parser.exit(code, f"{parser.prog}: error: {message}\n")
-    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    if not quiet:
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return code
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from interp import distributed
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 from interp.models import describe
@@ -21,6 +22,7 @@ from interp.sinks.stats import (
     MIN_QUERIES,
     REL_THRESHOLD,
     SINK_RATIO,
+    concat_statistics,
     queries_per_key,
     sink_statistics,
     uniform_mass,
@@ -130,14 +132,19 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
-    stats = sink_statistics(
-        model,
+    stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
+        lambda p: sink_statistics(
+            model,
+            p,
+            abs_threshold=abs_threshold,
+            rel_threshold=rel_threshold,
+            max_massive=max_massive,
+            minibatch=minibatch,
+            progress=progress and distributed.is_main(),
+        ),
         probe,
-        abs_threshold=abs_threshold,
-        rel_threshold=rel_threshold,
-        max_massive=max_massive,
-        minibatch=minibatch,
-        progress=progress,
+        merge=lambda parts: concat_statistics(parts, max_massive),
+        what="finding sinks",
     )
     T, causal, L, H = probe.seq_len, info.is_causal, info.n_layers, info.n_heads
     n_k = queries_per_key(T, causal)
