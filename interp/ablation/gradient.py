@@ -49,7 +49,7 @@ def gated_forward(
 
     def gate_hook(layer: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> Tensor:
-            g = gates[layer]
+            g = gates[layer].to(z.device)  # blocks may live on different devices
             g = g[..., None] if g.ndim == 3 else g[:, None, :, None]
             g = torch.where(base[layer].to(z.device)[:, None], torch.zeros((), device=z.device, dtype=g.dtype), g)
             return ablation.mix(z, layer, g.to(z.dtype), rows)

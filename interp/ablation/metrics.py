@@ -87,7 +87,7 @@ def _next_token_metric(name: str, predicted: Sequence[int], probe: TokenProbe) -
     target_pos = torch.tensor(predicted)
 
     def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
-        targets = tokens[:, target_pos.to(tokens.device)]
+        targets = tokens[:, target_pos.to(tokens.device)].to(out.device)  # logits: the last block's device
         logp = out.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
         return -logp.mean(-1)
 

@@ -7,6 +7,7 @@ input (argparse's convention), with nothing written; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -19,7 +20,7 @@ import pandas as pd
 
 from interp import distributed
 from interp._io import ensure_writable_dir, writes_skipped
-from interp.errors import InterpError, ModelLoadError, RankFailedError
+from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
 from interp.models import load_model, resolve_device, resolve_dtype
 
 EXIT_MODEL = 1
@@ -33,6 +34,19 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _device_map(text: str) -> str | dict[str, Any]:
+    """An argparse type: a device-map strategy name, or a JSON object of module name -> device."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    if not all(isinstance(v, (str, int)) for v in value.values()):
+        raise argparse.ArgumentTypeError('a device map\'s values are device names or indices, e.g. "cuda:0" or 0')
     return value
 
 
@@ -55,6 +69,19 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    p.add_argument(
+        "--n-devices",
+        type=positive_int,
+        default=None,
+        help="spread the model's blocks evenly over this many CUDA devices (a model too large for one)",
+    )
+    p.add_argument(
+        "--device-map",
+        type=_device_map,
+        default=None,
+        help="spread the model as a Hugging Face device map: auto, balanced, sequential, or JSON such as "
+        '\'{"transformer.h.0": "cuda:0", ...}\' (default: one device)',
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for probes and bootstrap")
     p.add_argument("--batch", type=positive_int, default=10, help="probe sequences")
     p.add_argument("--out", default=None, help="output folder (default: a folder named after the model)")
@@ -97,12 +124,14 @@ def run_cli(
         device = distributed.rank_device(args.device)
         resolve_device(device)
         resolve_dtype(args.dtype)
-        distributed.start(device)
+        placement = _placement(args)
+        distributed.start(device if placement is None else "cpu")
         with distributed.interrupt_once(), _quiet(not lead, stderr=False), writes_skipped(not lead):
             with distributed.checked("checking --out and loading the model"):
                 target = args.out or default_out(args.model, analysis)
                 out = ensure_writable_dir(target) if lead else Path(target)
-                model = load_model(args.model, device=device, dtype=args.dtype)
+                kwargs = {"device": device} if placement is None else placement
+                model = load_model(args.model, dtype=args.dtype, **kwargs)
             with distributed.checked(f"running {analysis}"):
                 written = main(args, model, out)
     except (ModelLoadError, RankFailedError) as e:
@@ -120,6 +149,22 @@ def run_cli(
         for path in written:
             print(f"  {path}")
     return 0
+
+
+def _placement(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``load_model`` keywords for a model spread over devices (--device-map / --n-devices), or None."""
+    device_map = getattr(args, "device_map", None)
+    n_devices = getattr(args, "n_devices", None)
+    if device_map is None and (n_devices is None or n_devices == 1):
+        return None
+    if args.device not in ("auto", None):
+        raise UsageError("--device and --device-map/--n-devices are exclusive: a spread model has no one device")
+    if distributed.launched() and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        raise UsageError(
+            "--device-map/--n-devices with several processes per node would put every rank on the same "
+            "devices: run torchrun with --nproc-per-node 1 (one spread replica per node)"
+        )
+    return {"device_map": device_map, "n_devices": n_devices}
 
 
 @contextmanager
