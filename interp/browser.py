@@ -56,7 +56,7 @@ def figure_png(fig: Any, browser: str, *, timeout: float = 60.0) -> bytes:
     try:
         import kaleido  # noqa: F401
     except ImportError:
-        return _screenshot_png(fig, browser, timeout)
+        return screenshot_png(fig, browser, timeout=timeout)
     previous = os.environ.get("BROWSER_PATH")
     os.environ["BROWSER_PATH"] = browser
     try:
@@ -72,7 +72,8 @@ def figure_png(fig: Any, browser: str, *, timeout: float = 60.0) -> bytes:
             os.environ["BROWSER_PATH"] = previous
 
 
-def _screenshot_png(fig: Any, browser: str, timeout: float) -> bytes:
+def screenshot_png(fig: Any, browser: str, *, timeout: float = 60.0) -> bytes:
+    """The figure as PNG bytes from the browser's own ``--screenshot`` of a page that holds only it."""
     width = int(fig.layout.width or 900)
     height = int(fig.layout.height or 500)
     page = fig.to_html(
