@@ -110,6 +110,7 @@ def heatmap(
     zmin: float | None = None,
     zmax: float | None = None,
     colorscale: str | None = None,
+    value_name: str = "value",
     max_width: int = MAX_WIDTH,
 ) -> go.Figure:
     """One layer x head panel per score, one fixed colour scale (and colour bar) per score family.
@@ -118,12 +119,12 @@ def heatmap(
     (``{score: value}``, e.g. what a uniformly attending head scores) are written under the panel
     titles, and a dot marks each head whose CI lies wholly above its score's baseline. ``scales``
     overrides the family of a column; ``zmin``/``zmax``/``colorscale`` put every panel on one
-    given scale.
+    given scale, whose colour bar is titled ``value_name``.
     """
     columns = list(columns or scores.score_names)
     baselines = dict(baselines or {})
     if zmin is not None or zmax is not None or colorscale is not None:
-        fixed = Scale("value", colorscale or "Viridis", zmin, zmax)
+        fixed = Scale(value_name, colorscale or "Viridis", zmin, zmax)
         family = {c: fixed for c in columns}
     else:
         family = {c: (scales or {}).get(c) or FAMILIES.get(c) or Scale(PRETTY.get(c, c)) for c in columns}
@@ -133,7 +134,7 @@ def heatmap(
 
     L, H = scores.n_layers, scores.n_heads
     pw, ph, cell = panel_size(L, H)
-    gap_x, gap_y, left, top, bottom, bar = 64, 96, 70, 96 if title else 60, 56, 110
+    gap_x, gap_y, left, top, bottom, bar = 64, 96, 70, 110 if title else 60, 56, 110
     n_cols = max(1, min(len(columns), (max_width - left - bar * len(groups) + gap_x) // (pw + gap_x)))
     n_rows = math.ceil(len(columns) / n_cols)
     plot_w, plot_h = n_cols * pw + (n_cols - 1) * gap_x, n_rows * ph + (n_rows - 1) * gap_y
@@ -169,7 +170,7 @@ def heatmap(
         )
     fig.update_layout(
         title=dict(text=title, x=0.0, xanchor="left", xref="paper") if title else None,
-        width=left + plot_w + bar * len(groups),
+        width=max(560 if title else 0, left + plot_w + bar * len(groups)),
         height=top + plot_h + bottom,
         margin=dict(l=left, r=bar * len(groups), t=top, b=bottom),
         showlegend=False,

@@ -299,7 +299,11 @@ def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float
     if len(sweep.summary):
         written += save_figure(
             heatmap(
-                sweep.grids(), title=f"{short_name(meta['model'])}: Hard-Concrete gates per lambda", zmin=0, zmax=1
+                sweep.grids(),
+                title=f"{short_name(meta['model'])}: Hard-Concrete gates per lambda",
+                zmin=0,
+                zmax=1,
+                value_name="gate",
             ),
             out,
             stem,

@@ -134,9 +134,10 @@ def head_atlas(
 def _ablations(
     atlas: Atlas, model: Any, probe: Any, ablation: str, skip: Any, seed: int, progress: bool, extra: dict
 ) -> None:
-    from interp.ablation import exact_sweep, gradient_importance, incontext_loss, pruning_curves
+    from interp.ablation import builtin_metric, exact_sweep, gradient_importance, pruning_curves
 
-    metric = incontext_loss(probe)
+    # decoders: the loss on the repeated half; encoders (no next token): the pooled output's cosine to the clean one
+    metric = builtin_metric("incontext" if probe.causal else "pooled-cos", probe)
     common = dict(ablation=ablation, seed=seed, progress=progress)
     atlas.meta.update(metric=metric.name, ablation=ablation)
     if "exact" not in skip:

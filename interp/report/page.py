@@ -107,8 +107,8 @@ def _roles_section(atlas: Atlas) -> str:
         f"A head is named for a role only when its score's {m['ci_level']:.0%} CI lies wholly above what a head "
         f"attending uniformly would score (the <i>uniform</i> row) and the score is at least {m['threshold']:g}. "
         "Bold: the CI clears the uniform baseline. The copying score (Olsson et al., -1..1) has no CI and names no "
-        "role. Importances: how much worse the in-context loss gets when the head is ablated (exact) and "
-        "Michel et al.'s first-order estimate (gradient)."
+        "role. Importances: how much worse the metric gets when the head alone is ablated (exact) and "
+        "Michel et al.'s first-order estimate of it (gradient)."
     )
     return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas)}'
 
@@ -177,13 +177,14 @@ def _ablation_section(atlas: Atlas) -> str:
     cols = [c for c in ("exact_importance", "gradient_importance") if c in atlas.roles]
     if cols:
         scales = {
-            "exact_importance": Scale("increase in loss", anchor=0.0),
+            "exact_importance": Scale("exact importance", anchor=0.0),
             "gradient_importance": Scale("gradient importance", colorscale="Cividis", anchor=0.0),
         }
         scores = HeadScores(atlas.roles[["layer", "head", "label", *cols]])
         fig = heatmap(scores, cols, scales=scales)
         for ann, c in zip(fig.layout.annotations, cols):
-            ann.text = "exact: loss increase when ablated" if c.startswith("exact") else "gradient importance"
+            metric = atlas.meta.get("metric", "the metric")
+            ann.text = f"exact: how much worse {metric} gets" if c.startswith("exact") else "gradient importance"
         parts.append(_figure(fig, "atlas-importance"))
     if atlas.pruning is not None:
         fig = curves(
