@@ -183,6 +183,14 @@ def test_results_save_and_load_back(toy, tmp_path):
     assert back.table.shape == report.table.shape and back.sink_rate == report.sink_rate
     with pytest.raises(UsageError, match="no saved sink report in"):
         interp.SinkReport.load(tmp_path)
+    gates = interp.train_gates(toy, probe, interp.incontext_loss(probe), [0.0, 1.0], steps=5)
+    gates.save(tmp_path)
+    loaded = interp.GateSweep.load(tmp_path)
+    pd.testing.assert_frame_equal(loaded.table, gates.table, check_dtype=False)
+    np.testing.assert_allclose(loaded.grid(1.0), gates.grid("lambda=1"))
+    rows = gates.table[gates.table["lambda"] == 1.0]
+    assert gates.grid(1.0).shape == (2, 4)
+    np.testing.assert_allclose(gates.grid(1.0)[rows["layer"], rows["head"]], rows["gate"])
 
 
 def test_describe_follows_the_model_to_another_device():

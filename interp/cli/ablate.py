@@ -284,18 +284,7 @@ def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float
     if best is not None:
         print(f"\nlargest lambda within {args.tolerance:.0%}: {best:g}, keeping {', '.join(sweep.kept(best))}")
     stem = _stem("gates", partial)
-    written = [
-        _write_frame(out, stem, sweep.summary),
-        _write_frame(out, _stem("gates_heads", partial), sweep.gates),
-        atomic_write_json(
-            out / f"{stem}.json",
-            {
-                "meta": {**meta, "model_spec": args.model, "largest_lambda_within_tolerance": best},
-                "summary": sweep.summary.to_dict(orient="records"),
-                "gates": sweep.gates.to_dict(orient="records"),
-            },
-        ),
-    ]
+    written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
     if len(sweep.summary):
         written += save_figure(
             heatmap(
