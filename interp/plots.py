@@ -149,7 +149,9 @@ def heatmap(
     axis_of = {scale: f"coloraxis{'' if i == 0 else i + 1}" for i, scale in enumerate(groups)}
     for i, col in enumerate(columns):
         r, c = divmod(i, n_cols)
-        _add_panel(fig, scores, col, axis_of[family[col]], baselines.get(col), r + 1, c + 1, L, H, cell)
+        fixed = family[col].zmin is not None and family[col].zmax is not None  # 0..1-like: two decimals read best
+        digits = ".2f" if fixed else ".3g"
+        _add_panel(fig, scores, col, axis_of[family[col]], baselines.get(col), r + 1, c + 1, L, H, cell, digits)
     for i, (scale, cols) in enumerate(groups.items()):
         values = np.concatenate([scores.grid(c).ravel() for c in cols])
         lo, hi, mid, cs = scale.limits(values)
@@ -199,6 +201,7 @@ def _add_panel(
     L: int,
     H: int,
     cell: int,
+    digits: str,
 ) -> None:
     z = scores.grid(col)
     name = PRETTY.get(col, col)
@@ -219,7 +222,7 @@ def _add_panel(
             text=text,
             customdata=label,
             coloraxis=coloraxis,
-            texttemplate="%{z:.2f}" if cell >= 40 else None,
+            texttemplate=f"%{{z:{digits}}}" if cell >= 40 else None,
             textfont=dict(size=11),
             hovertemplate=f"head %{{customdata}}<br>{name}: %{{text}}<extra></extra>",
             xgap=1,
