@@ -10,6 +10,7 @@ import torch
 
 from interp.ablation import (
     AblationError,
+    Metric,
     MetricError,
     Sweeper,
     ablated,
@@ -109,12 +110,16 @@ def test_causal_metrics_refuse_encoders(bert_tiny):
 # ---- metrics ----------------------------------------------------------------------------------
 
 
-def test_incontext_loss_reads_the_position_before_each_second_repeat_token(probe):
+def test_incontext_loss_reads_only_the_predictable_tokens(probe, gpt2_tiny):
     m = incontext_loss(probe)
-    # BOS + 12 + 12: tokens 13..24 are the second repeat, predicted from positions 12..23
-    assert m.positions == tuple(range(12, 24))
+    # BOS + 12 + 12: tokens 14..24 follow a pair seen before, read at positions 13..23; token 13 (the
+    # first of the second repeat) follows b_12, which was never followed by anything: left out
+    assert m.positions == tuple(range(13, 24))
     logits = torch.zeros(4, len(m.positions), 300)
     assert torch.allclose(m(logits, probe.tokens), torch.full((4,), math.log(300)))
+    # with a third repeat its first token is predictable (b_12 was followed by b_1 at the boundary)
+    three = incontext_loss(repeated_tokens(gpt2_tiny, batch=2, block_len=5, n_repeats=3, seed=0))
+    assert three.positions == (6, 7, 8, 9, *range(10, 15))
 
 
 def test_logit_diff_answers_are_the_incontext_continuation(probe):
@@ -242,7 +247,7 @@ def test_planted_constant_head_zero_hurts_mean_does_not(planted_constant):
 def test_gradient_importance_is_the_per_token_product(gpt2_tiny, probe):
     """Against a hand computation: keep every hook_z, backprop the summed loss, reduce per token."""
     metric = incontext_loss(probe)
-    got = gradient_importance(gpt2_tiny, probe, metric, minibatch=3)
+    got = gradient_importance(gpt2_tiny, probe, metric, minibatch=3, per="token")
     info = describe(gpt2_tiny)
     zs = {}
 
@@ -262,6 +267,31 @@ def test_gradient_importance_is_the_per_token_product(gpt2_tiny, probe):
     gpt2_tiny.zero_grad(set_to_none=True)
     assert np.allclose(got.grid("importance"), want.numpy(), rtol=1e-4, atol=1e-9)
     assert all(p.requires_grad for p in gpt2_tiny.parameters())  # the freeze was undone
+    # Michel et al.'s default: the product summed over each sequence, absolute value per sequence
+    per_example = torch.zeros(info.n_layers, info.n_heads)
+    for l, z in zs.items():
+        per_example[l] = (z * z.grad).sum((1, 3)).abs().mean(0).detach()
+    default = gradient_importance(gpt2_tiny, probe, metric, minibatch=3)
+    assert np.allclose(default.grid("importance"), per_example.numpy(), rtol=1e-4, atol=1e-9)
+    # |sum over tokens| <= T x mean |per token|; signs cancel within a sequence, far beyond the tolerance
+    T = probe.seq_len
+    assert (per_example <= T * want * (1 + 1e-4)).all() and (per_example < 0.5 * T * want).any()
+
+
+def test_gradient_importance_refuses_a_metric_flat_at_the_clean_point(bert_tiny):
+    p = repeated_tokens(bert_tiny, batch=2, block_len=6, seed=0)
+    with pytest.raises(
+        MetricError,
+        match=r"gradient importance cannot rank heads by metric 'pooled_cosine' at the unablated run: it is at "
+        r"its optimum on the unablated run, so the ranking would be rounding noise. Use the exact sweep",
+    ):
+        gradient_importance(bert_tiny, p, pooled_cosine(p))
+    # a user metric that does not say so is caught by its gradient: squared distance to the clean output
+    dist = Metric(
+        "dist", lambda out, tokens, clean, rows: (out - clean).pow(2).sum((1, 2)), reads="hidden", needs_clean=True
+    )
+    with pytest.raises(MetricError, match=r"metric 'dist' at the unablated run: its gradient vanishes there \(largest"):
+        gradient_importance(bert_tiny, p, dist)
 
 
 def test_gradient_importance_normalises_per_layer(gpt2_tiny, probe):
