@@ -144,7 +144,7 @@ def test_zeroing_the_top_induction_head_multiplies_the_second_repeat_loss(toy):
     stored figures are what the checkpoint gives on the card's own probe."""
     tc = TrainConfig()
     probe = induction_probe(tc.probe_batch, tc.probe_half, toy.cfg.d_vocab, torch.Generator().manual_seed(7))
-    induction = head_scores(toy, probe, tc.probe_half)["induction"]
+    induction = circuit_scores(toy, probe, tc.probe_half)["induction"]
     top = divmod(int(induction.argmax()), induction.shape[1])
     clean = second_repeat_loss(toy, probe, tc.probe_half)
     assert top[0] == 1 and second_repeat_loss(toy, probe, tc.probe_half, top) > 3 * clean
