@@ -127,6 +127,51 @@ class TokenProbe:
         target &= self._ordinary()[:, None, :]  # the target itself must be a body token
         return target
 
+    # ---- the same targets as (batch, q, k) index rows: no [q, k] mask, for long probes ---------
+
+    def duplicate_pairs(self) -> Int[Tensor, "n 3"]:
+        """The True entries of :meth:`duplicate_mask` as ``(batch, q, k)`` rows, found by sorting.
+
+        Memory is the number of pairs (``n_repeats - 1`` per repeated token on a probe drawn
+        without replacement), never ``T x T``; exact when tokens repeat inside a block too.
+        """
+        ordinary = self._ordinary().cpu()
+        tokens = self.tokens.cpu()
+        out = [torch.zeros(0, 3, dtype=torch.long)]
+        for b in range(self.batch):
+            pos = ordinary[b].nonzero().squeeze(-1)
+            order = torch.argsort(tokens[b, pos], stable=True)  # equal tokens: ascending positions
+            pos, tok = pos[order], tokens[b, pos[order]]
+            new = torch.ones_like(tok, dtype=torch.bool)
+            new[1:] = tok[1:] != tok[:-1]
+            starts = new.nonzero().squeeze(-1)
+            lengths = torch.diff(starts, append=torch.tensor([len(tok)]))
+            for r in lengths.unique().tolist():
+                if r < 2:
+                    continue
+                members = pos[starts[lengths == r][:, None] + torch.arange(r)]  # [runs, r]
+                q, k = members[:, :, None].expand(-1, r, r), members[:, None, :].expand(-1, r, r)
+                keep = k < q if self.causal else k != q
+                out.append(torch.stack([torch.full_like(q[keep], b), q[keep], k[keep]], -1))
+        return torch.cat(out)
+
+    def induction_pairs(self) -> Int[Tensor, "n 3"]:
+        """The True entries of :meth:`induction_mask` as ``(batch, q, k)`` rows."""
+        dup = self.duplicate_pairs()
+        dup = dup[dup[:, 2] + 1 < self.seq_len]
+        b, q, k = dup.unbind(-1)
+        keep = self._ordinary().cpu()[b, k + 1]
+        return torch.stack([b, q, k + 1], -1)[keep]
+
+    def prev_pairs(self, every_query: bool = False) -> Int[Tensor, "n 3"]:
+        """``(batch, q, q - 1)`` for the queries of :meth:`prev_query_mask` (every ``q >= 1`` if asked)."""
+        q = torch.arange(1, self.seq_len)
+        if not every_query:
+            q = q[self.prev_query_mask()[0, 1:].cpu()]
+        b = torch.arange(self.batch).repeat_interleave(len(q))
+        q = q.repeat(self.batch)
+        return torch.stack([b, q, q - 1], -1)
+
     def second_repeat_mask(self) -> Bool[Tensor, "batch pos"]:
         """Positions whose token already occurred earlier in the sequence (the in-context part)."""
         return self.duplicate_mask().any(-1) if self.causal else self._repeat_index() >= 1
@@ -204,7 +249,14 @@ def repeated_tokens(
         seed=seed,
         block_len=block_len,
         n_repeats=n_repeats,
-        meta={"kind": "repeated_tokens", "batch": batch, "block_len": block_len, "n_repeats": n_repeats, "seed": seed},
+        meta={
+            "kind": "repeated_tokens",
+            "batch": batch,
+            "block_len": block_len,
+            "n_repeats": n_repeats,
+            "seed": seed,
+            "distinct_in_block": draws_distinct(model, block_len),
+        },
     )
 
 
@@ -292,7 +344,16 @@ def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int =
     _check_fits(info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower --seq-len")
     body = _draw_blocks(model, info, batch, seq_len, seed)
     return framed_probe(
-        info, body, seed=seed, meta={"kind": "random_tokens", "batch": batch, "seq_len": seq_len, "seed": seed}
+        info,
+        body,
+        seed=seed,
+        meta={
+            "kind": "random_tokens",
+            "batch": batch,
+            "seq_len": seq_len,
+            "seed": seed,
+            "distinct_in_block": draws_distinct(model, seq_len),
+        },
     )
 
 
@@ -305,6 +366,12 @@ def _check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int]
             f"probe of {total} tokens ({' + '.join(framing + [body])}) is longer than the model's "
             f"context of {info.n_ctx} tokens: {longest(info.n_ctx - len(prefix) - len(suffix))}"
         )
+
+
+def draws_distinct(model: Any, n: int) -> bool:
+    """Can ``n`` ordinary tokens be drawn without replacement? (A 16K-token block needs 16K of them;
+    below that, tokens repeat inside a block and the target masks and pairs count those repeats too.)"""
+    return len(ordinary_vocab(describe(model), getattr(model, "tokenizer", None))) >= n
 
 
 def _draw_blocks(model: Any, info: ModelInfo, batch: int, n: int, seed: int) -> Int[Tensor, "batch n"]:

@@ -110,9 +110,21 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     )
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward")
     p.add_argument("--normalize", action="store_true", help="gradient: divide each layer's scores by their L2 norm")
+    p.add_argument(
+        "--per",
+        choices=("example", "token"),
+        default="example",
+        help="gradient: absolute value of the gate gradient per sequence (Michel et al.) or per token",
+    )
     p.add_argument("--step", type=_fraction, default=0.1, help="prune: fraction of heads removed per step")
     p.add_argument("--reestimate", action="store_true", help="prune: re-estimate importance after every step")
-    p.add_argument("--orders", type=_orders, default=list(ORDERS), help="prune: orders to compare")
+    p.add_argument(
+        "--orders",
+        type=_orders,
+        default=None,
+        help="prune: orders to compare; None: gradient,exact,random (exact,random for a metric with no "
+        "gradient at the clean point, e.g. pooled-cos)",
+    )
     p.add_argument("--random-seeds", type=positive_int, default=3, help="prune: random orders (seeds 0..n-1)")
     p.add_argument(
         "--tolerance", type=_non_negative, default=0.1, help="prune/gates: the metric may degrade by this fraction"
@@ -161,18 +173,23 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
             scores = exact_sweep(model, probe, metric, base=base, engine=args.engine, progress=progress, **common)
         else:
             scores = gradient_importance(
-                model, probe, metric, base=base, normalize=args.normalize, progress=progress, **common
+                model, probe, metric, base=base, normalize=args.normalize, per=args.per, progress=progress, **common
             )
         scores.meta["model_spec"] = args.model
         return _write_scores(args, scores, out, time.perf_counter() - t0)
     if base is not None:
         raise AblationError(f"--ablated applies to --method exact or gradient, not {args.method}")
     if args.method == "prune":
+        orders = args.orders
+        if orders is None:
+            orders = [o for o in ORDERS if not (o == "gradient" and metric.flat_at_clean)]
+            if len(orders) < len(ORDERS):
+                print(f"orders: {', '.join(orders)} ({metric.name} has no gradient at the clean point)")
         frame = pruning_curves(
             model,
             probe,
             metric,
-            orders=args.orders,
+            orders=orders,
             random_seeds=range(args.random_seeds),
             step=args.step,
             reestimate=args.reestimate,

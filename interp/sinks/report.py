@@ -37,6 +37,7 @@ from interp.sinks.tables import (
     sink_positions,
     token_table,
 )
+from interp.stream.budget import PATTERN_BUDGET, choose_engine
 
 
 @dataclass
@@ -143,11 +144,14 @@ def sink_scores(
     seed: int = 0,
     minibatch: int | None = None,
     progress: bool = False,
+    engine: str = "auto",
+    budget: int = PATTERN_BUDGET,
 ) -> SinkReport:
     """Find attention sinks and massive activations in ``model`` on ``probe``.
 
     ``probe`` defaults to Gu et al.'s: ``random_tokens(model, seed=seed)`` (16 x 64 random tokens).
-    ``first_mass`` carries a bootstrap interval over sequences at ``level``.
+    ``first_mass`` carries a bootstrap interval over sequences at ``level``. ``engine`` and
+    ``budget`` choose the pattern or the stream engine as in :func:`interp.heads.head_scores`.
     """
     if not 0 < epsilon < 1:
         raise UsageError(f"epsilon must be between 0 and 1, got {epsilon}")
@@ -157,6 +161,7 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
+    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
     stats = sink_statistics(
         model,
         probe,
@@ -165,6 +170,7 @@ def sink_scores(
         max_massive=max_massive,
         minibatch=minibatch,
         progress=progress,
+        engine=engine,
     )
     T, causal, L, H = probe.seq_len, info.is_causal, info.n_layers, info.n_heads
     n_k = queries_per_key(T, causal)
@@ -205,6 +211,8 @@ def sink_scores(
         "ci_level": level,
         "n_boot": n_boot,
         "seed": seed,
+        "engine": engine,
+        "engine_reason": why,
     }
     heads.meta.update(meta)
     return SinkReport(heads=heads, layers=layers, positions=positions, tokens=tokens, massive=massive, meta=meta)
