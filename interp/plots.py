@@ -287,11 +287,30 @@ def curves(
 _PNG_NOTE: list[str] = []  # why PNGs are not written, said once per process
 
 
+def save_png(fig: go.Figure, path: str | Path) -> Path | None:
+    """Write ``fig`` as a PNG at ``path`` through a Chrome/Chromium found here; ``None`` when none is.
+
+    The first failure (no browser, or the export failing) is said once, in one line on stderr, and
+    later calls skip the attempt. ``INTERP_PNG=0`` in the environment turns PNG export off (the
+    tests do, to stay fast).
+    """
+    if _PNG_NOTE or os.environ.get("INTERP_PNG", "1") == "0":
+        return None
+    browser = find_browser()
+    try:
+        if browser is None:
+            raise RuntimeError(NO_BROWSER)
+        return atomic_write(Path(path), figure_png(fig, browser))
+    except RuntimeError as e:
+        _PNG_NOTE.append(str(e))
+        print(f"PNG export skipped: {' '.join(str(e).split())}", file=sys.stderr)
+        return None
+
+
 def save_figure(fig: go.Figure, out_dir: str | Path, stem: str, *, png: bool = True) -> list[Path]:
-    """Write ``<stem>.html`` (always) and ``<stem>.png`` (when a browser is found); return the paths.
+    """Write ``<stem>.html`` (always) and ``<stem>.png`` (see :func:`save_png`); return the paths.
 
     The HTML loads ``plotly.min.js`` from the same folder (written once): offline and small.
-    ``INTERP_PNG=0`` in the environment turns PNG export off (the tests do, to stay fast).
     """
     out_dir = Path(out_dir)
     js = out_dir / "plotly.min.js"
@@ -301,13 +320,5 @@ def save_figure(fig: go.Figure, out_dir: str | Path, stem: str, *, png: bool = T
         atomic_write(js, get_plotlyjs())
     html = fig.to_html(include_plotlyjs="plotly.min.js", full_html=True)
     written = [atomic_write(out_dir / f"{stem}.html", html)]
-    if png and not _PNG_NOTE and os.environ.get("INTERP_PNG", "1") != "0":
-        browser = find_browser()
-        try:
-            if browser is None:
-                raise RuntimeError(NO_BROWSER)
-            written.append(atomic_write(out_dir / f"{stem}.png", figure_png(fig, browser)))
-        except RuntimeError as e:
-            _PNG_NOTE.append(str(e))
-            print(f"PNG export skipped: {' '.join(str(e).split())}", file=sys.stderr)
-    return written
+    image = save_png(fig, out_dir / f"{stem}.png") if png else None
+    return written + ([image] if image else [])
