@@ -36,12 +36,15 @@ def test_toy_atlas_names_the_known_circuit(toy_atlas):
     assert roles["0.0"] == "" and roles["0.2"] == ""  # 3x the uniform previous-token share, yet under 0.3
 
 
-def test_random_weight_model_gets_no_role(gpt2_tiny):
+def test_random_weight_model_gets_no_role(gpt2_tiny, gpt2_dir, tmp_path):
     with one_thread():
         atlas = head_atlas(gpt2_tiny, batch=6, seq_len=20, skip=["exact", "gradient", "pruning"], seed=0)
     assert (atlas.roles["role"] == "").all(), atlas.roles[["label", "role"]]
     # the scores are there, near their uniform values: the rule, not missing data, names nothing
     assert abs(atlas.roles["induction"].mean() - atlas.baselines["induction"]) < 0.05
+    # a model loaded from a folder is titled by the folder's name, not its full path
+    page = atlas.save(tmp_path)[0].read_text()
+    assert f"<h1>Head atlas: {gpt2_dir.name}</h1>" in page and f"Head atlas: {gpt2_dir}" not in page
 
 
 def test_uniform_baselines_match_independent_computations(toy):
