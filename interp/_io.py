@@ -1,4 +1,4 @@
-"""Atomic output files and early checks on output folders.
+"""Files: where the bundled data lives, atomic output files, and early checks on output folders.
 
 Every file the toolkit writes goes through :func:`atomic_write`: the content is written to a
 temporary file in the same folder and moved into place with :func:`os.replace`, so a reader never
@@ -13,12 +13,36 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from interp.errors import OutputError
 
+DATA_ENV = "INTERP_DATA_DIR"
+
+
+def bundled(name: str) -> Path:
+    """A folder of the bundled data (``"toy"``, ``"text"``): ``$INTERP_DATA_DIR/<name>`` when set, else
+    the copy installed with the package (``interp.data``), else ``data/<name>`` of a source checkout."""
+    override = os.environ.get(DATA_ENV)
+    if override:
+        return Path(override) / name
+    try:
+        installed = Path(str(resources.files("interp.data") / name))
+    except ModuleNotFoundError:
+        installed = None
+    if installed is not None and installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parents[1] / "data" / name
+
+
 _WRITING: ContextVar[bool] = ContextVar("interp_writing", default=True)
+
+
+def writing() -> bool:
+    """Does :func:`atomic_write` write here (False inside :func:`writes_skipped`)?"""
+    return _WRITING.get()
 
 
 @contextmanager

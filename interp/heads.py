@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import einops
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -45,6 +45,7 @@ from interp.hooks import layer_of, pattern_hook, run_with_reducers
 from interp.models import describe
 from interp.probes import TokenProbe, repeated_tokens
 from interp.scores import HeadScores, bootstrap_ratio
+from interp.stream.budget import PATTERN_BUDGET, choose_engine
 
 ATTENTION_SCORES = ("prev_token", "duplicate", "induction")
 
@@ -74,11 +75,13 @@ def attention_scores(
     queries: Literal["targets", "all"] = "targets",
     minibatch: int | None = None,
     progress: bool = False,
+    engine: Literal["pattern", "stream"] = "pattern",
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Per-sequence numerators and denominators of the attention scores, for every head.
 
     Only ``blocks.{l}.attn.hook_pattern`` is captured; each pattern is reduced to ``[batch, head]``
-    numbers inside its hook, and the pass stops after the last layer's pattern.
+    numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
+    gathers the same weights from q, k and the log-sum-exp instead (:mod:`interp.stream`).
     """
     unknown = set(scores) - set(ATTENTION_SCORES)
     if unknown:
@@ -88,6 +91,12 @@ def attention_scores(
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+    if engine == "stream":
+        from interp.stream.engine import stream_attention_scores
+
+        return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
+    if engine != "pattern":
+        raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     targets = {k: v for k, v in _targets(probe, queries).items() if k in scores}
     counts = _query_counts(targets, queries, probe.seq_len)
     if queries == "targets":
@@ -174,19 +183,33 @@ def head_scores(
     seed: int = 0,
     minibatch: int | None = None,
     progress: bool = False,
+    engine: str = "auto",
+    budget: int = PATTERN_BUDGET,
 ) -> HeadScores:
     """Score every head of ``model`` as previous-token, duplicate-token, induction and copying head.
 
     ``probe`` defaults to ``repeated_tokens(model, seed=seed)`` (10 sequences, 50 tokens x 2).
     Returns a :class:`HeadScores` with columns ``prev_token``, ``duplicate``, ``induction`` (each
     with ``_lo``/``_hi`` bootstrap bounds at ``level``) and ``copying``.
+
+    ``engine``: ``"pattern"`` reduces each layer's pattern in its hook; ``"stream"`` never forms it
+    (memory linear in the probe's length, same numbers to float rounding); ``"auto"`` streams when
+    one layer's pattern for a forward pass would exceed ``budget`` bytes. ``meta["engine"]`` says
+    which ran and why.
     """
     if probe is None:
         probe = repeated_tokens(model, seed=seed)
     info = describe(model)
+    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
     num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
         lambda p: attention_scores(
-            model, p, scores=scores, queries=queries, minibatch=minibatch, progress=progress and distributed.is_main()
+            model,
+            p,
+            scores=scores,
+            queries=queries,
+            minibatch=minibatch,
+            progress=progress and distributed.is_main(),
+            engine=engine,
         ),
         probe,
         what="scoring heads",
@@ -207,6 +230,8 @@ def head_scores(
         "ci_level": level,
         "n_boot": n_boot,
         "seed": seed,
+        "engine": engine,
+        "engine_reason": why,
     }
     return HeadScores.from_grids(grids, meta)
 
@@ -218,12 +243,13 @@ def uniform_baseline(probe: TokenProbe) -> float:
     ``(#targets) / (q + 1)``; averaged over the queries that have a target. Random-weight models
     sit near this value, which is the floor any claim of an induction head must clear.
     """
-    mask: Bool[Tensor, "b q k"] = probe.induction_mask()
+    b, q, _ = probe.induction_pairs().unbind(-1)  # index rows, no [q, k] mask: fine at long context
+    targets = torch.zeros(probe.batch, probe.seq_len).index_put_((b, q), torch.ones(len(b)), accumulate=True)
     n_keys = (
-        torch.arange(1, probe.seq_len + 1, device=mask.device).float()
+        torch.arange(1, probe.seq_len + 1).float()
         if probe.causal
-        else torch.full((probe.seq_len,), float(probe.seq_len), device=mask.device)
+        else torch.full((probe.seq_len,), float(probe.seq_len))
     )
-    per_q = mask.sum(-1).float() / n_keys
-    has = mask.any(-1)
+    per_q = targets / n_keys
+    has = targets > 0
     return float(per_q[has].mean())

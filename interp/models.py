@@ -14,6 +14,7 @@ GPT-2 and BERT go through the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -168,7 +169,7 @@ def _load_hub(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str
         )
     cached = _in_hf_cache(name)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    if not cached and (offline or not _hub_reachable()):
+    if not cached and (offline or not hub_reachable()):
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
         raise ModelLoadError(
             f"model {name!r} is not in the local Hugging Face cache and {why}. "
@@ -196,7 +197,7 @@ def _in_hf_cache(name: str) -> bool:
     return isinstance(hit, str)
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     host = re.sub(r"^https?://", "", endpoint).split("/")[0].split(":")[0]
     try:
@@ -281,10 +282,14 @@ class ModelInfo:
 
 
 def describe(model: Any) -> ModelInfo:
-    """Read a model's shape, special tokens and causality (observed once, then remembered)."""
+    """Read a model's shape, special tokens and causality (observed once, then remembered).
+
+    The device is read afresh on every call, so the answer follows ``model.to(device)``.
+    """
     cached = getattr(model, "_interp_info", None)
     if cached is not None:
-        return cached
+        device = _model_device(model)
+        return cached if cached.device == device else dataclasses.replace(cached, device=device)
     cfg = model.cfg
     tok = getattr(model, "tokenizer", None)
     special: set[int] = set()

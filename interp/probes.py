@@ -21,19 +21,19 @@ A *text probe* (:func:`text_probe`) is seeded windows of natural English text (t
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from interp.errors import DatasetLoadError, UsageError
+from interp.errors import UsageError
 from interp.models import ModelInfo, describe
+from interp.texts import bytes_to_ids, text_rows, tokenize_rows
 
 
 @dataclass
@@ -66,6 +66,28 @@ class TokenProbe:
         """The same probe restricted to the sequences ``rows`` (in that order)."""
         index = torch.as_tensor(list(rows) if not isinstance(rows, Tensor) else rows, dtype=torch.long)
         return replace(self, tokens=self.tokens[index.to(self.tokens.device)], meta=dict(self.meta))
+
+    @classmethod
+    def from_tokens(cls, model: Any, tokens: Any, *, framed: bool = False) -> TokenProbe:
+        """Your own token ids as a probe: ``[batch, pos]``, or one ``[pos]`` sequence.
+
+        The ids are the body, and the model's framing is added around them as for every built-in
+        probe (a BOS for decoders that expect one, ``[CLS] ... [SEP]`` for encoders). Ids that
+        already carry it (``model.to_tokens(text)`` prepends a BOS) take ``framed=True``: the framing
+        is then checked, not added. Scores read the duplicate and induction targets from the ids.
+        """
+        return tokens_probe(model, tokens, framed=framed)
+
+    @classmethod
+    def from_texts(cls, model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
+        """Your own prompts as a probe: each text tokenized (no special tokens), framed for the model.
+
+        Sequences in a batch share one length: every text is cut to ``seq_len`` tokens, by default
+        the shortest text's length (with a warning when that cuts others). A model without a
+        tokenizer (the toy) reads UTF-8 bytes mapped onto its ordinary vocabulary, as
+        :func:`text_probe` does.
+        """
+        return texts_probe(model, texts, seq_len=seq_len)
 
     # ---- structural masks -------------------------------------------------------------------
 
@@ -109,6 +131,51 @@ class TokenProbe:
         target[:, :, 1:] = dup[:, :, :-1]
         target &= self._ordinary()[:, None, :]  # the target itself must be a body token
         return target
+
+    # ---- the same targets as (batch, q, k) index rows: no [q, k] mask, for long probes ---------
+
+    def duplicate_pairs(self) -> Int[Tensor, "n 3"]:
+        """The True entries of :meth:`duplicate_mask` as ``(batch, q, k)`` rows, found by sorting.
+
+        Memory is the number of pairs (``n_repeats - 1`` per repeated token on a probe drawn
+        without replacement), never ``T x T``; exact when tokens repeat inside a block too.
+        """
+        ordinary = self._ordinary().cpu()
+        tokens = self.tokens.cpu()
+        out = [torch.zeros(0, 3, dtype=torch.long)]
+        for b in range(self.batch):
+            pos = ordinary[b].nonzero().squeeze(-1)
+            order = torch.argsort(tokens[b, pos], stable=True)  # equal tokens: ascending positions
+            pos, tok = pos[order], tokens[b, pos[order]]
+            new = torch.ones_like(tok, dtype=torch.bool)
+            new[1:] = tok[1:] != tok[:-1]
+            starts = new.nonzero().squeeze(-1)
+            lengths = torch.diff(starts, append=torch.tensor([len(tok)]))
+            for r in lengths.unique().tolist():
+                if r < 2:
+                    continue
+                members = pos[starts[lengths == r][:, None] + torch.arange(r)]  # [runs, r]
+                q, k = members[:, :, None].expand(-1, r, r), members[:, None, :].expand(-1, r, r)
+                keep = k < q if self.causal else k != q
+                out.append(torch.stack([torch.full_like(q[keep], b), q[keep], k[keep]], -1))
+        return torch.cat(out)
+
+    def induction_pairs(self) -> Int[Tensor, "n 3"]:
+        """The True entries of :meth:`induction_mask` as ``(batch, q, k)`` rows."""
+        dup = self.duplicate_pairs()
+        dup = dup[dup[:, 2] + 1 < self.seq_len]
+        b, q, k = dup.unbind(-1)
+        keep = self._ordinary().cpu()[b, k + 1]
+        return torch.stack([b, q, k + 1], -1)[keep]
+
+    def prev_pairs(self, every_query: bool = False) -> Int[Tensor, "n 3"]:
+        """``(batch, q, q - 1)`` for the queries of :meth:`prev_query_mask` (every ``q >= 1`` if asked)."""
+        q = torch.arange(1, self.seq_len)
+        if not every_query:
+            q = q[self.prev_query_mask()[0, 1:].cpu()]
+        b = torch.arange(self.batch).repeat_interleave(len(q))
+        q = q.repeat(self.batch)
+        return torch.stack([b, q, q - 1], -1)
 
     def second_repeat_mask(self) -> Bool[Tensor, "batch pos"]:
         """Positions whose token already occurred earlier in the sequence (the in-context part)."""
@@ -187,8 +254,88 @@ def repeated_tokens(
         seed=seed,
         block_len=block_len,
         n_repeats=n_repeats,
-        meta={"kind": "repeated_tokens", "batch": batch, "block_len": block_len, "n_repeats": n_repeats, "seed": seed},
+        meta={
+            "kind": "repeated_tokens",
+            "batch": batch,
+            "block_len": block_len,
+            "n_repeats": n_repeats,
+            "seed": seed,
+            "distinct_in_block": draws_distinct(model, block_len),
+        },
     )
+
+
+def tokens_probe(model: Any, tokens: Any, *, framed: bool = False, meta: dict[str, Any] | None = None) -> TokenProbe:
+    """:meth:`TokenProbe.from_tokens`; ``meta`` adds to the probe's record."""
+    info = describe(model)
+    ids = torch.as_tensor(tokens)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise UsageError(f"tokens must be integer token ids, got dtype {ids.dtype}")
+    ids = ids.long().cpu()
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.numel() == 0:
+        raise UsageError(f"tokens must be [batch, pos] (or [pos]) token ids, got shape {tuple(ids.shape)}")
+    bad = ids[(ids < 0) | (ids >= info.d_vocab)]
+    if len(bad):
+        raise UsageError(f"token id {int(bad[0])} is outside the model's vocabulary of {info.d_vocab}")
+    prefix, suffix, names = frame_tokens(info)
+    starts_framed = (
+        bool(prefix) and ids.shape[1] > len(prefix) and bool((ids[:, : len(prefix)] == torch.tensor(prefix)).all())
+    )
+    if framed:
+        n_pre, n_suf = len(prefix), len(suffix)
+        ends_framed = not suffix or bool((ids[:, ids.shape[1] - n_suf :] == torch.tensor(suffix)).all())
+        if (prefix and not starts_framed) or not ends_framed or ids.shape[1] <= n_pre + n_suf:
+            raise UsageError(
+                f"framed=True, but the sequences are not framed as this model expects "
+                f"({' ... '.join(names)}): pass framed=False to have the framing added"
+            )
+        ids = ids[:, n_pre : ids.shape[1] - n_suf]
+    elif starts_framed:
+        warnings.warn(
+            f"every sequence already starts with the model's {names[0]}; it is added again: pass "
+            "framed=True if the ids carry the framing",
+            stacklevel=3,
+        )
+    n = ids.shape[1]
+    _check_fits(info, n, str(n), lambda room: f"the longest body is {room}; pass shorter sequences")
+    record = {"kind": "tokens", "batch": ids.shape[0], "seq_len": n, **(meta or {})}
+    return framed_probe(info, ids, meta=record)
+
+
+def texts_probe(model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
+    """:meth:`TokenProbe.from_texts`."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise UsageError("texts must be a string or a non-empty list of strings")
+    if seq_len is not None:
+        _check_positive(seq_len=seq_len)
+    info = describe(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        rows = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        how = "tokenizer"
+    else:
+        vocab = ordinary_vocab(info)
+        rows = [vocab[torch.tensor(list(t.encode("utf-8")), dtype=torch.long) % len(vocab)].tolist() for t in texts]
+        how = f"utf-8 bytes mod {len(vocab)} ordinary ids"
+    lengths = [len(r) for r in rows]
+    n = seq_len or min(lengths)
+    short = [i for i, length in enumerate(lengths) if length < max(n, 1)]
+    if short:
+        i = short[0]
+        raise UsageError(
+            f"text {i} has {lengths[i]} tokens, fewer than seq_len={n}: pass longer texts or a smaller seq_len"
+        )
+    if seq_len is None and max(lengths) > n:
+        warnings.warn(
+            f"the texts have {n} to {max(lengths)} tokens; each is cut to the shortest ({n}): "
+            "pass seq_len= to choose the length",
+            stacklevel=3,
+        )
+    body = torch.tensor([r[:n] for r in rows], dtype=torch.long)
+    return tokens_probe(model, body, meta={"kind": "texts", "tokenization": how, "text_tokens": lengths})
 
 
 def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int = 0) -> TokenProbe:
@@ -202,7 +349,16 @@ def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int =
     _check_fits(info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower --seq-len")
     body = _draw_blocks(model, info, batch, seq_len, seed)
     return framed_probe(
-        info, body, seed=seed, meta={"kind": "random_tokens", "batch": batch, "seq_len": seq_len, "seed": seed}
+        info,
+        body,
+        seed=seed,
+        meta={
+            "kind": "random_tokens",
+            "batch": batch,
+            "seq_len": seq_len,
+            "seed": seed,
+            "distinct_in_block": draws_distinct(model, seq_len),
+        },
     )
 
 
@@ -215,6 +371,12 @@ def _check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int]
             f"probe of {total} tokens ({' + '.join(framing + [body])}) is longer than the model's "
             f"context of {info.n_ctx} tokens: {longest(info.n_ctx - len(prefix) - len(suffix))}"
         )
+
+
+def draws_distinct(model: Any, n: int) -> bool:
+    """Can ``n`` ordinary tokens be drawn without replacement? (A 16K-token block needs 16K of them;
+    below that, tokens repeat inside a block and the target masks and pairs count those repeats too.)"""
+    return len(ordinary_vocab(describe(model), getattr(model, "tokenizer", None))) >= n
 
 
 def _draw_blocks(model: Any, info: ModelInfo, batch: int, n: int, seed: int) -> Int[Tensor, "batch n"]:
@@ -259,14 +421,7 @@ def framed_probe(info: ModelInfo, body: Int[Tensor, "batch n"], *, meta: dict[st
 # --------------------------------------------------------------------------------------------
 # natural-text probes
 
-TEXT_FILE = "sentences.txt"
 _MIN_TEXT_TOKENS = 50_000  # a Hub data set is tokenized up to max(this, 8 x batch x seq_len) tokens
-
-
-def text_dir() -> Path:
-    """The bundled text probe: $INTERP_DATA_DIR/text, else data/text in this repository."""
-    data_dir = os.environ.get("INTERP_DATA_DIR")
-    return (Path(data_dir) if data_dir else Path(__file__).resolve().parents[1] / "data") / "text"
 
 
 def text_probe(
@@ -302,11 +457,11 @@ def text_probe(
     _check_positive(batch=batch, seq_len=seq_len)
     info = describe(model)
     _check_fits(info, seq_len, str(seq_len), lambda room: f"the longest window is {room}; lower --seq-len")
-    rows, source = _text_rows(dataset, split, text_column)
+    rows, source = text_rows(dataset, split, text_column)
     tokenizer = getattr(model, "tokenizer", None)
     budget = max(_MIN_TEXT_TOKENS, 8 * batch * seq_len)
     if tokenizer is not None:
-        stream, how = _tokenize_rows(tokenizer, rows, budget), "tokenizer"
+        stream, how = tokenize_rows(tokenizer, rows, budget), "tokenizer"
         bad = stream[(stream < 0) | (stream >= info.d_vocab)]
         if len(bad):
             raise UsageError(
@@ -315,7 +470,7 @@ def text_probe(
             )
     else:
         vocab = ordinary_vocab(info)
-        stream, how = _bytes_to_ids(rows, vocab, budget), f"utf-8 bytes mod {len(vocab)} ordinary ids"
+        stream, how = bytes_to_ids(rows, vocab, budget), f"utf-8 bytes mod {len(vocab)} ordinary ids"
     if len(stream) < seq_len:
         raise UsageError(
             f"the text from {source} has only {len(stream)} tokens, fewer than "
@@ -341,135 +496,3 @@ def text_probe(
             "starts": starts.tolist(),
         },
     )
-
-
-def _text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) -> tuple[Iterator[str], str]:
-    """The non-empty text rows of the bundled probe, a local file or folder, or a Hub data set."""
-    import datasets
-
-    datasets.disable_progress_bars()  # ours are the progress bars that matter
-    if dataset is None:
-        path = text_dir() / TEXT_FILE
-        if not path.is_file():
-            raise DatasetLoadError(
-                f"the bundled text probe {path} is missing: restore data/text/ from the repository, or pass --dataset"
-            )
-        ds = datasets.load_dataset("text", data_files=str(path), split="train")
-        return _column(ds, "text", "data/text/" + TEXT_FILE), "data/text/" + TEXT_FILE
-    spec = os.fspath(dataset)
-    path = Path(spec).expanduser()
-    if path.exists():
-        kind = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
-        try:
-            if path.is_dir():
-                ds = datasets.load_dataset(str(path), split=split)
-            elif path.suffix.lower() in kind:
-                ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train")
-            else:
-                raise DatasetLoadError(
-                    f"--dataset {path}: cannot read a {path.suffix or 'suffix-less'} "
-                    "file; use .txt, .json, .jsonl or .csv"
-                )
-        except DatasetLoadError:
-            raise
-        except Exception as e:
-            raise DatasetLoadError(f"could not read --dataset {path}: {_first_line(e)}") from None
-        column = "text" if kind.get(path.suffix.lower()) == "text" else text_column
-        return _column(ds, column, str(path)), str(path)
-    if spec.startswith((".", "/", "~")) or path.suffix.lower() in (".txt", ".text", ".json", ".jsonl", ".csv"):
-        raise DatasetLoadError(f"--dataset {spec}: no such file")
-    name, _, config = spec.partition(":")
-    ds = _load_hub_dataset(name, config or None, split)
-    return _column(ds, text_column, spec), f"{spec} ({split})"
-
-
-def _load_hub_dataset(name: str, config: str | None, split: str) -> Any:
-    """``datasets.load_dataset(name, config, split=split)``, failing fast when it cannot be had.
-
-    When the Hub cannot be reached, the load runs in offline mode, so a cached copy still loads
-    and a missing one fails at once instead of after network retries.
-    """
-    import datasets
-
-    from interp.models import _hub_reachable
-
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    reachable = not offline and _hub_reachable()
-    try:
-        with contextlib.nullcontext() if reachable else _offline_mode():
-            return datasets.load_dataset(name, config, split=split)
-    except Exception as e:  # the loader raises ConnectionError, FileNotFoundError, ValueError, ...
-        why = (
-            "HF_HUB_OFFLINE is set"
-            if offline
-            else "the Hugging Face Hub cannot be reached"
-            if not reachable
-            else "loading failed"
-        )
-        raise DatasetLoadError(
-            f"could not load the data set {name!r}{f' (config {config!r})' if config else ''}, split "
-            f"{split!r}: {why}: {type(e).__name__}: {_first_line(e)}. Download it once with network "
-            "access, pass a local .txt/.json/.csv file as --dataset, or leave --dataset out to use "
-            "the bundled English text; name a config as NAME:CONFIG."
-        ) from None
-
-
-@contextlib.contextmanager
-def _offline_mode() -> Iterator[None]:
-    """Make ``datasets`` and ``huggingface_hub`` act as under HF_HUB_OFFLINE=1 (they read these flags
-    at import, so the environment variable alone would come too late)."""
-    import datasets.config
-    from huggingface_hub import constants
-
-    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
-
-
-def _column(ds: Any, column: str, source: str) -> Iterator[str]:
-    if column not in ds.column_names:
-        raise DatasetLoadError(
-            f"{source} has no column {column!r}; its columns are {ds.column_names}: pass --text-column"
-        )
-    return (row for row in ds[column] if isinstance(row, str) and row.strip())
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _tokenize_rows(tokenizer: Any, rows: Iterable[str], budget: int, chunk: int = 256) -> Int[Tensor, " n"]:
-    """Token ids of the rows joined by newlines, up to about ``budget`` tokens."""
-    ids: list[int] = []
-    pending: list[str] = []
-
-    def flush() -> None:
-        enc = tokenizer([r.rstrip("\n") + "\n" for r in pending], add_special_tokens=False, verbose=False)
-        for row in enc["input_ids"]:
-            ids.extend(row)
-        pending.clear()
-
-    for row in rows:
-        pending.append(row)
-        if len(pending) == chunk:
-            flush()
-            if len(ids) >= budget:
-                break
-    if pending:
-        flush()
-    return torch.tensor(ids[:budget], dtype=torch.long)
-
-
-def _bytes_to_ids(rows: Iterable[str], vocab: Int[Tensor, " n"], budget: int) -> Int[Tensor, " n"]:
-    """UTF-8 bytes of the rows joined by newlines, byte ``b`` -> ``vocab[b % len(vocab)]``."""
-    data = bytearray()
-    for row in rows:
-        data += (row.rstrip("\n") + "\n").encode("utf-8")
-        if len(data) >= budget:
-            break
-    raw = torch.tensor(list(data[:budget]), dtype=torch.long)
-    return vocab[raw % len(vocab)]

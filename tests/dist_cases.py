@@ -17,7 +17,7 @@ import torch
 
 from interp import _io, distributed, heads
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss
-from interp.cli import ablate, induction, sinks
+from interp.cli import ablate, induction, report, sinks
 from interp.heads import head_scores
 from interp.probes import random_tokens, repeated_tokens
 from interp.sinks import sink_scores
@@ -97,6 +97,7 @@ def cli_runs(model_dir: str | os.PathLike, out: Path, *, inject: bool = False) -
         codes["gradient"] = ablate.cli(
             [*common, "--seq-len", "8", "--method", "gradient", "--ablation", "mean", "--out", str(out / "gradient")]
         )
+        codes["report"] = report.cli([*common, "--seq-len", "8", "--out", str(out / "report")])
     codes["files_written"] = len(written)
     if not inject:
         return codes

@@ -90,6 +90,18 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def add_engine_flag(p: argparse.ArgumentParser) -> None:
+    """``--engine {auto,pattern,stream}``: how attention statistics are computed."""
+    p.add_argument(
+        "--engine",
+        choices=["auto", "pattern", "stream"],
+        default="auto",
+        help="pattern: reduce each layer's attention pattern in its hook; stream: never form the "
+        "T x T pattern (memory linear in T, for long probes); auto (default): stream when one "
+        "layer's pattern for a forward pass would exceed 1 GiB",
+    )
+
+
 def default_out(model_spec: str, analysis: str) -> Path:
     """``out/<model>`` with the model spec made filesystem-safe (``EleutherAI/pythia-70m`` -> ``EleutherAI__pythia-70m``)."""
     name = Path(model_spec).name if Path(model_spec).exists() else model_spec

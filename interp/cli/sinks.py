@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.cli.common import add_engine_flag, base_parser, float_in, format_table, positive_int, run_cli
 from interp.errors import UsageError
 from interp.models import ModelInfo, describe
 from interp.plots import save_figure
@@ -78,6 +78,7 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
         help="massive activation: |x| above this times its hidden state's median |x|",
     )
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
+    add_engine_flag(p)
     return p
 
 
@@ -109,6 +110,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         seed=args.seed,
         minibatch=args.minibatch,
         progress=not args.no_progress,
+        engine=args.engine,
     )
     elapsed = time.perf_counter() - t0
     report.meta["model_spec"] = report.heads.meta["model_spec"] = args.model
@@ -141,6 +143,7 @@ def _summary(report: SinkReport, info: ModelInfo, probe: TokenProbe, top: int, e
         f"first token = {first}"
         + (f"; [SEP] at position {m['sep_position']}" if sep else "")
         + f"; a uniform head gives the first token {m['uniform_first_mass']:.3f}",
+        f"engine: {m['engine_reason']}",
         "",
         f"Sink_0^eps (eps = {eps}): {m['sink_rate']:.1%} of heads put more than {eps} on the first token"
         + (f"; {m['sep_sink_rate']:.1%} on [SEP]" if sep else ""),

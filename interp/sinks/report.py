@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from interp import distributed
@@ -38,6 +39,7 @@ from interp.sinks.tables import (
     sink_positions,
     token_table,
 )
+from interp.stream.budget import PATTERN_BUDGET, choose_engine
 
 
 @dataclass
@@ -58,6 +60,15 @@ class SinkReport:
     tokens: pd.DataFrame
     massive: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The per-head table (a row per (layer, head)), as every result object has."""
+        return self.heads.table
+
+    def grid(self, score: str) -> np.ndarray:
+        """The ``[n_layers, n_heads]`` matrix of one per-head score (``first_mass``, ...)."""
+        return self.heads.grid(score)
 
     @property
     def sink_rate(self) -> float:
@@ -84,7 +95,7 @@ class SinkReport:
         ``<stem>_summary.json`` (meta, layers, roles, the top tokens and massive activations), atomically."""
         out = Path(out)
         written = self.heads.save(out, stem)
-        for name in ("layers", "positions", "tokens", "massive"):
+        for name in TABLES:
             frame: pd.DataFrame = getattr(self, name)
             written.append(atomic_write(out / f"{stem}_{name}.csv", frame.to_csv(index=False)))
         records = lambda f: json.loads(f.to_json(orient="records"))  # noqa: E731
@@ -102,6 +113,23 @@ class SinkReport:
         )
         return written
 
+    @classmethod
+    def load(cls, path: str | Path, stem: str = "sinks") -> SinkReport:
+        """Read back what :meth:`save` wrote: the folder (and ``stem``), or its ``<stem>.json``."""
+        path = Path(path)
+        folder, stem = (path, stem) if path.is_dir() else (path.parent, path.stem)
+        files = [folder / f"{stem}.json", folder / f"{stem}_summary.json"]
+        files += [folder / f"{stem}_{name}.csv" for name in TABLES]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UsageError(f"no saved sink report in {folder}: missing {', '.join(missing)}")
+        frames = {name: pd.read_csv(folder / f"{stem}_{name}.csv") for name in TABLES}
+        meta = json.loads((folder / f"{stem}_summary.json").read_text(encoding="utf-8"))["meta"]
+        return cls(heads=HeadScores.load(files[0]), meta=meta, **frames)
+
+
+TABLES = ("layers", "positions", "tokens", "massive")
+
 
 def sink_scores(
     model: Any,
@@ -118,11 +146,14 @@ def sink_scores(
     seed: int = 0,
     minibatch: int | None = None,
     progress: bool = False,
+    engine: str = "auto",
+    budget: int = PATTERN_BUDGET,
 ) -> SinkReport:
     """Find attention sinks and massive activations in ``model`` on ``probe``.
 
     ``probe`` defaults to Gu et al.'s: ``random_tokens(model, seed=seed)`` (16 x 64 random tokens).
-    ``first_mass`` carries a bootstrap interval over sequences at ``level``.
+    ``first_mass`` carries a bootstrap interval over sequences at ``level``. ``engine`` and
+    ``budget`` choose the pattern or the stream engine as in :func:`interp.heads.head_scores`.
     """
     if not 0 < epsilon < 1:
         raise UsageError(f"epsilon must be between 0 and 1, got {epsilon}")
@@ -132,6 +163,7 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
+    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
     stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
         lambda p: sink_statistics(
             model,
@@ -141,6 +173,7 @@ def sink_scores(
             max_massive=max_massive,
             minibatch=minibatch,
             progress=progress and distributed.is_main(),
+            engine=engine,
         ),
         probe,
         merge=lambda parts: concat_statistics(parts, max_massive),
@@ -185,6 +218,8 @@ def sink_scores(
         "ci_level": level,
         "n_boot": n_boot,
         "seed": seed,
+        "engine": engine,
+        "engine_reason": why,
     }
     heads.meta.update(meta)
     return SinkReport(heads=heads, layers=layers, positions=positions, tokens=tokens, massive=massive, meta=meta)

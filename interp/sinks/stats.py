@@ -53,18 +53,64 @@ def sink_statistics(
     max_massive: int = MAX_MASSIVE_PER_LAYER,
     minibatch: int | None = None,
     progress: bool = False,
+    engine: str = "pattern",
 ) -> SinkStatistics:
     """Run ``probe`` through ``model`` once, reducing patterns, values and residuals in their hooks.
 
     Hooks: ``blocks.{l}.attn.hook_v``, ``blocks.{l}.attn.hook_pattern`` and
     ``blocks.{l}.hook_resid_post``; the pass stops after the last layer's residual output.
+    ``engine="stream"`` computes the same statistics without forming any pattern
+    (:mod:`interp.stream`).
     """
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+    if engine == "stream":
+        from interp.stream.engine import stream_sink_statistics
+
+        return stream_sink_statistics(
+            model,
+            probe,
+            abs_threshold=abs_threshold,
+            rel_threshold=rel_threshold,
+            max_massive=max_massive,
+            minibatch=minibatch,
+            progress=progress,
+        )
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     scored = scored_queries(T, info.is_causal)
-    stats = SinkStatistics(
+    stats = empty_statistics(B, L, H, T)
+    step = minibatch or B
+    chunks = range(0, B, step)
+    for start in tqdm(chunks, desc="sink pass", disable=not progress or len(chunks) == 1):
+        sl = slice(start, start + step)
+
+        def values(v: Float[Tensor, "batch pos kv_head d_head"], hook: Any) -> None:
+            record_value_norms(stats, v.detach().float().norm(dim=-1), layer_of(hook), sl)
+
+        def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
+            layer = layer_of(hook)
+            a = a.detach().float()
+            rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
+            check_finite(rows, layer, info.name)
+            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
+            stats.received[sl, layer] = a.sum(-2).cpu()
+            stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
+            stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
+
+        def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
+            reduce_residual(stats, x, layer_of(hook), sl, abs_threshold, rel_threshold, max_massive)
+
+        hooks = []
+        for layer in range(L):
+            hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
+        run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
+    return cap_massive(stats, max_massive)
+
+
+def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
+    """Zeroed statistics for ``B`` sequences of ``T`` tokens through ``L`` layers of ``H`` heads."""
+    return SinkStatistics(
         received=torch.zeros(B, L, H, T),
         confidence=torch.zeros(B, L, H),
         confidence_no_first=torch.zeros(B, L, H),
@@ -76,54 +122,56 @@ def sink_statistics(
         massive=[],
         max_row_deviation=0.0,
     )
-    step = minibatch or B
-    chunks = range(0, B, step)
-    for start in tqdm(chunks, desc="sink pass", disable=not progress or len(chunks) == 1):
-        sl = slice(start, start + step)
 
-        def values(v: Float[Tensor, "batch pos kv_head d_head"], hook: Any) -> None:
-            norm = v.detach().float().norm(dim=-1)
-            if norm.shape[-1] != H:  # grouped K/V: one value head serves H / n_kv query heads
-                norm = norm.repeat_interleave(H // norm.shape[-1], dim=-1)
-            stats.value_norm[sl, layer_of(hook)] = norm.cpu()
 
-        def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
-            layer = layer_of(hook)
-            a = a.detach().float()
-            rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
-            if not torch.isfinite(rows).all():
-                raise NonFiniteAttentionError(
-                    f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-                    f"in {info.name}'s dtype on this input: try --dtype float32"
-                )
-            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
-            stats.received[sl, layer] = a.sum(-2).cpu()
-            stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
-            stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
+def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
+    if not torch.isfinite(rows).all():
+        raise NonFiniteAttentionError(
+            f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
+            f"in {model_name}'s dtype on this input: try --dtype float32"
+        )
 
-        def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
-            layer = layer_of(hook)
-            x = x.detach().float()
-            mag = x.abs()
-            med = mag.median(-1).values
-            stats.resid_max[sl, layer] = mag.amax(-1).cpu()
-            stats.resid_median[sl, layer] = med.cpu()
-            flat = mag.flatten(1)
-            stats.resid_top[sl, layer] = flat.topk(min(3, flat.shape[1]), dim=-1).values.cpu()
-            stats.resid_seq_median[sl, layer] = flat.median(-1).values.cpu()
-            hits = (mag > abs_threshold) & (mag > rel_threshold * med[..., None])
-            if hits.any():
-                idx = hits.nonzero()
-                vals = x[hits]
-                ratio = mag[hits] / med[idx[:, 0], idx[:, 1]].clamp_min(1e-30)
-                keep = vals.abs().argsort(descending=True)[:max_massive]
-                for (b, t, d), v, r in zip(idx[keep].tolist(), vals[keep].tolist(), ratio[keep].tolist()):
-                    stats.massive.append((layer, start + b, t, d, v, r))
 
-        hooks = []
-        for layer in range(L):
-            hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
-        run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
+def record_value_norms(
+    stats: SinkStatistics, norm: Float[Tensor, "batch pos kv_head"], layer: int, rows: slice
+) -> None:
+    """Store ``||v||`` per position and query head (grouped K/V: one value head serves several)."""
+    H = stats.value_norm.shape[-1]
+    if norm.shape[-1] != H:
+        norm = norm.repeat_interleave(H // norm.shape[-1], dim=-1)
+    stats.value_norm[rows, layer] = norm.cpu()
+
+
+def reduce_residual(
+    stats: SinkStatistics,
+    x: Float[Tensor, "batch pos d_model"],
+    layer: int,
+    rows: slice,
+    abs_threshold: float,
+    rel_threshold: float,
+    max_massive: int,
+) -> None:
+    """Reduce one layer's residual output of sequences ``rows`` into magnitudes and massive activations."""
+    x = x.detach().float()
+    mag = x.abs()
+    med = mag.median(-1).values
+    stats.resid_max[rows, layer] = mag.amax(-1).cpu()
+    stats.resid_median[rows, layer] = med.cpu()
+    flat = mag.flatten(1)
+    stats.resid_top[rows, layer] = flat.topk(min(3, flat.shape[1]), dim=-1).values.cpu()
+    stats.resid_seq_median[rows, layer] = flat.median(-1).values.cpu()
+    hits = (mag > abs_threshold) & (mag > rel_threshold * med[..., None])
+    if hits.any():
+        idx = hits.nonzero()
+        vals = x[hits]
+        ratio = mag[hits] / med[idx[:, 0], idx[:, 1]].clamp_min(1e-30)
+        keep = vals.abs().argsort(descending=True)[:max_massive]
+        for (b, t, d), v, r in zip(idx[keep].tolist(), vals[keep].tolist(), ratio[keep].tolist()):
+            stats.massive.append((layer, (rows.start or 0) + b, t, d, v, r))
+
+
+def cap_massive(stats: SinkStatistics, max_massive: int) -> SinkStatistics:
+    """Sort the massive activations largest first and keep at most ``max_massive`` per layer."""
     stats.massive.sort(key=lambda m: -abs(m[4]))
     by_layer: dict[int, int] = {}
     kept = []
