@@ -113,3 +113,16 @@ def test_placement_errors():
         load_model("toy", device_map={"blocks.0": "cpu"})
     with pytest.raises(UsageError, match=r"^device and device_map/n_devices are exclusive"):
         load_model("toy", device="cpu", device_map="auto")
+
+
+def test_spread_replicas_under_torchrun_take_one_process_per_node(gpt2_dir, tmp_path, capsys, monkeypatch):
+    """Several processes per node would all spread over the same devices: refused before any group."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:
+        sinks_cli.cli(["--model", str(gpt2_dir), "--out", str(tmp_path), "--device-map", "auto"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "python -m interp.sinks: error: --device-map/--n-devices with several processes per node would put "
+        "every rank on the same devices: run torchrun with --nproc-per-node 1 (one spread replica per node)"
+    )
