@@ -100,9 +100,11 @@ def loop_sweep(model, probe, metrics) -> dict[str, torch.Tensor]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a 4-layer model, for a smoke run")
-    p.add_argument("--batch", type=int, default=2, help="probe sequences")
-    p.add_argument("--block", type=int, default=16, help="tokens per repeated block (2 repeats + BOS)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--batch", type=int, default=10, help="probe sequences (the CLI's default)")
+    p.add_argument(
+        "--block", type=int, default=50, help="tokens per repeated block, 2 repeats + BOS (the CLI's default)"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     if args.threads:
