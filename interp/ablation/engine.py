@@ -114,6 +114,8 @@ class Sweeper:
                     raise AblationError(f"the fast engine cannot run this model: {why}")
                 warnings.warn(f"falling back to the run_with_hooks loop: {why}", stacklevel=2)
                 self.engine = "loop"
+                for b in self._batches:  # the loop needs none of the shortcuts' captures
+                    b.z, b.attn_out = [], []
 
     # ---- capture and replay -------------------------------------------------------------------
 
@@ -149,12 +151,13 @@ class Sweeper:
                 return hook
 
             handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
-            handles += [
-                b.attn.register_forward_hook(keep_attn(l))
-                for l, b in enumerate(blocks)
-                if isinstance(getattr(b, "attn", None), torch.nn.Module)
-            ]
-            extra = [(z_hook(l), keep_z(l)) for l in range(L)]
+            if self.engine == "fast":  # what the attention shortcut needs; the loop needs none of it
+                handles += [
+                    b.attn.register_forward_hook(keep_attn(l))
+                    for l, b in enumerate(blocks)
+                    if isinstance(getattr(b, "attn", None), torch.nn.Module)
+                ]
+                extra = [(z_hook(l), keep_z(l)) for l in range(L)]
         try:
             out = self._run(tokens, mask, rows, extra)
         finally:
