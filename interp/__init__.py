@@ -53,8 +53,9 @@ _API = {
     "incontext_loss": "interp.ablation",
     "lm_loss": "interp.ablation",
     "logit_diff": "interp.ablation",
-    # figures
+    # figures and the atlas
     "heatmap": "interp.plots",
+    "head_atlas": "interp.report",
     # errors
     "InterpError": "interp.errors",
 }

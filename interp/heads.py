@@ -39,6 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook, run_with_reducers
 from interp.models import describe
@@ -120,6 +121,7 @@ def attention_scores(
                     f"in {info.name}'s dtype on this input: try --dtype float32"
                 )
             for name, mask in chunk_targets.items():
+                mask = mask.to(pattern.device)  # blocks may live on different devices
                 num[name][sl, layer] = einops.einsum(pattern, mask, "b h q k, b q k -> b h").cpu()
                 if queries == "all":  # detect_head divides by the pattern's total mass
                     den[name][sl, layer] = einops.reduce(pattern, "b h q k -> b h", "sum").cpu()
@@ -142,11 +144,18 @@ def copying_scores(model: Any) -> Float[Tensor, "layer head"]:
     See the module docstring for the exact definition.
     """
     info = describe(model)
+    try:
+        weights = [model.W_E, model.W_U, model.W_V, model.W_O]
+    except NotImplementedError as e:  # TransformerLens cannot read weights offloaded to disk / meta
+        raise UsageError(
+            f"the copying score reads W_E, W_U, W_V and W_O, and this model's are offloaded ({e}): "
+            "pass copying=False, or load the model without disk offload"
+        ) from None
     with torch.no_grad():
-        W_E = model.W_E.detach().double()  # [vocab, d_model]
-        W_U = model.W_U.detach().double()  # [d_model, vocab]
-        W_V = _per_query_head(model.W_V.detach().double(), info.n_heads)  # [layer, head, d_model, d_head]
-        W_O = _per_query_head(model.W_O.detach().double(), info.n_heads)  # [layer, head, d_head, d_model]
+        dev = weights[0].device  # a model spread over devices: the embedding's (the unembedding may be elsewhere)
+        W_E, W_U, W_V, W_O = (w.detach().to(dev).double() for w in weights)
+        W_V = _per_query_head(W_V, info.n_heads)  # [layer, head, d_model, d_head]
+        W_O = _per_query_head(W_O, info.n_heads)  # [layer, head, d_head, d_model]
         vocab = min(W_E.shape[0], W_U.shape[1])
         UE = W_U[:, :vocab] @ W_E[:vocab]  # [d_model, d_model]
         small = W_O @ UE @ W_V  # [layer, head, d_head, d_head]: same non-zero spectrum as F
@@ -192,8 +201,18 @@ def head_scores(
         probe = repeated_tokens(model, seed=seed)
     info = describe(model)
     engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
-    num, den = attention_scores(
-        model, probe, scores=scores, queries=queries, minibatch=minibatch, progress=progress, engine=engine
+    num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
+        lambda p: attention_scores(
+            model,
+            p,
+            scores=scores,
+            queries=queries,
+            minibatch=minibatch,
+            progress=progress and distributed.is_main(),
+            engine=engine,
+        ),
+        probe,
+        what="scoring heads",
     )
     grids: dict[str, Tensor] = {}
     for name in scores:

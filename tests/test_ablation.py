@@ -10,6 +10,7 @@ import torch
 
 from interp.ablation import (
     AblationError,
+    Metric,
     MetricError,
     Sweeper,
     ablated,
@@ -24,6 +25,7 @@ from interp.ablation import (
     heads_prunable,
     incontext_logit_diff,
     incontext_loss,
+    lm_loss,
     logit_diff,
     loop_sweep,
     pooled_cosine,
@@ -48,12 +50,50 @@ def probe(gpt2_tiny):
     return repeated_tokens(gpt2_tiny, batch=4, block_len=12, seed=0)
 
 
-def _close(fast, loop, rtol=1e-4):
+@pytest.fixture(scope="module")
+def gpt2_loud():
+    """A tiny GPT-2 with large random weights (init std 0.4): every head's ablation moves every
+    built-in metric by at least 4e-4 of its value, forty times the fast-vs-loop tolerance."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from interp.models import from_hf_model
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=256, vocab_size=300, bos_token_id=0, eos_token_id=0)
+    cfg.initializer_range = 0.4
+    return from_hf_model(GPT2LMHeadModel(cfg).eval(), name="gpt2-loud")
+
+
+@pytest.fixture(scope="module")
+def bert_loud():
+    """A tiny BERT with init std 0.2: each head's ablation moves the pooled cosine by >= 1e-2."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from interp.models import from_hf_model
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_size=64,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        vocab_size=300,
+        initializer_range=0.2,
+    )
+    return from_hf_model(BertForMaskedLM(cfg).eval(), name="bert-loud")
+
+
+def _close(fast, loop, rtol=1e-5, margin=20):
+    """The fast engine's numbers equal the loop's, and every head's effect stands ``margin`` times
+    above that tolerance (else a sweep that ablated nothing would pass too)."""
     a, b = fast.grid("metric_ablated"), loop.grid("metric_ablated")
+    tol = rtol * np.abs(b).max() + 1e-7
     assert np.isfinite(a).all()
-    assert (np.abs(a - b) <= rtol * np.abs(b) + 1e-7).all(), np.abs(a - b).max()
-    # the deltas are differences of close numbers: compare them on the metric's scale
-    assert np.abs(fast.grid("delta") - loop.grid("delta")).max() <= rtol * np.abs(b).max() + 1e-7
+    assert np.abs(a - b).max() <= tol, np.abs(a - b).max()
+    assert np.abs(fast.grid("delta") - loop.grid("delta")).max() <= tol
+    effects = np.abs(loop.grid("delta"))
+    assert np.nanmin(effects) > margin * tol, (np.nanmin(effects), tol)
 
 
 # ---- head sets and bad input ----------------------------------------------------------------
@@ -109,12 +149,16 @@ def test_causal_metrics_refuse_encoders(bert_tiny):
 # ---- metrics ----------------------------------------------------------------------------------
 
 
-def test_incontext_loss_reads_the_position_before_each_second_repeat_token(probe):
+def test_incontext_loss_reads_only_the_predictable_tokens(probe, gpt2_tiny):
     m = incontext_loss(probe)
-    # BOS + 12 + 12: tokens 13..24 are the second repeat, predicted from positions 12..23
-    assert m.positions == tuple(range(12, 24))
+    # BOS + 12 + 12: tokens 14..24 follow a pair seen before, read at positions 13..23; token 13 (the
+    # first of the second repeat) follows b_12, which was never followed by anything: left out
+    assert m.positions == tuple(range(13, 24))
     logits = torch.zeros(4, len(m.positions), 300)
     assert torch.allclose(m(logits, probe.tokens), torch.full((4,), math.log(300)))
+    # with a third repeat its first token is predictable (b_12 was followed by b_1 at the boundary)
+    three = incontext_loss(repeated_tokens(gpt2_tiny, batch=2, block_len=5, n_repeats=3, seed=0))
+    assert three.positions == (6, 7, 8, 9, *range(10, 15))
 
 
 def test_logit_diff_answers_are_the_incontext_continuation(probe):
@@ -133,25 +177,68 @@ def test_logit_diff_answers_are_the_incontext_continuation(probe):
 # ---- the engine: fast replay equals the plain loop --------------------------------------------
 
 
-@pytest.mark.parametrize("which, ablation", [("incontext", "zero"), ("incontext", "mean"), ("logit-diff", "resample")])
-def test_fast_sweep_equals_loop_on_gpt2(gpt2_tiny, probe, which, ablation):
-    metric = incontext_loss(probe) if which == "incontext" else incontext_logit_diff(probe)
-    fast = exact_sweep(gpt2_tiny, probe, metric, ablation=ablation, engine="fast", chunk=3)
-    loop = loop_sweep(gpt2_tiny, probe, metric, ablation=ablation)
+@pytest.mark.parametrize("ablation", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("which", ["incontext", "logit-diff", "lm"])
+def test_fast_sweep_equals_loop_on_gpt2(gpt2_loud, which, ablation):
+    probe = repeated_tokens(gpt2_loud, batch=4, block_len=12, seed=0)
+    metric = {"incontext": incontext_loss, "logit-diff": incontext_logit_diff, "lm": lm_loss}[which](probe)
+    fast = exact_sweep(gpt2_loud, probe, metric, ablation=ablation, engine="fast", chunk=3)
+    loop = loop_sweep(gpt2_loud, probe, metric, ablation=ablation)
     assert fast.meta["engine"] == "fast" and loop.meta["engine"] == "loop"
+    assert fast.meta["shortcuts"] == ["reused_attention", "trimmed_mlp"]  # both exact shortcuts in play
     _close(fast, loop)
     assert fast.meta["clean_metric"] == pytest.approx(loop.meta["clean_metric"], rel=1e-6)
 
 
-def test_fast_sweep_equals_loop_on_bert_with_pooled_cosine(bert_tiny):
-    p = repeated_tokens(bert_tiny, batch=3, block_len=8, seed=1)
+@pytest.mark.parametrize("ablation", ["zero", "mean", "resample"])
+def test_fast_sweep_equals_loop_on_bert_with_pooled_cosine(bert_loud, ablation):
+    p = repeated_tokens(bert_loud, batch=3, block_len=8, seed=1)
     metric = pooled_cosine(p)
-    for ablation in ("zero", "resample"):
-        fast = exact_sweep(bert_tiny, p, metric, ablation=ablation, engine="fast")
-        loop = loop_sweep(bert_tiny, p, metric, ablation=ablation)
-        _close(fast, loop)
-        assert fast.meta["clean_metric"] == pytest.approx(1.0, abs=1e-6)
-        assert (fast.table["importance"] > 0).all()  # any change moves the pooled output
+    fast = exact_sweep(bert_loud, p, metric, ablation=ablation, engine="fast")
+    loop = loop_sweep(bert_loud, p, metric, ablation=ablation)
+    assert fast.meta["engine"] == "fast"
+    # BERT's attention module adds the residual and normalises: not linear in hook_z, so the
+    # self-check turns the attention shortcut down (and the pooled metric reads every position)
+    assert fast.meta["shortcuts"] == []
+    _close(fast, loop)
+    assert fast.meta["clean_metric"] == pytest.approx(1.0, abs=1e-6)
+    assert (fast.table["importance"] > 0).all()  # any change moves the pooled output
+
+
+def _zeroed(model, tokens, heads):
+    """Logits with ``heads`` zeroed at hook_z, by hand (independent of HeadAblation)."""
+    by_layer = {}
+    for l, h in heads:
+        by_layer.setdefault(l, []).append(h)
+
+    def zero(z, hook, hs):
+        z = z.clone()
+        z[:, :, hs] = 0
+        return z
+
+    hooks = [(z_hook(l), lambda z, hook, hs=hs: zero(z, hook, hs)) for l, hs in by_layer.items()]
+    with torch.no_grad():
+        return model.run_with_hooks(tokens, fwd_hooks=hooks)
+
+
+def test_several_heads_of_one_layer_and_a_base_in_the_ablated_layer(gpt2_loud):
+    probe = repeated_tokens(gpt2_loud, batch=3, block_len=10, seed=3)
+    metric = incontext_loss(probe)
+    sets = [[(0, 0), (0, 2)], [(1, 1), (1, 2), (1, 3)], [(0, 1), (1, 0), (1, 3)], [(0, 0), (0, 1), (0, 2), (0, 3)]]
+    masks = torch.stack([head_mask(gpt2_loud, s) for s in sets])
+    got = Sweeper(gpt2_loud, probe, metric, engine="fast", chunk=2).evaluate(masks)
+    for s, values in zip(sets, got):
+        want = metric(metric.read(_zeroed(gpt2_loud, probe.tokens, s)), probe.tokens)
+        assert torch.allclose(values, want, rtol=1e-5), (s, values, want)
+    # a base head in the layer being swept: 1.0 stays zeroed while each other head of layer 1 goes too
+    swept = exact_sweep(gpt2_loud, probe, metric, base=["1.0"], engine="fast")
+    assert swept.meta["engine"] == "fast" and math.isnan(swept.grid("metric_ablated")[1, 0])
+    for h in (1, 2, 3):
+        want = metric(metric.read(_zeroed(gpt2_loud, probe.tokens, [(1, 0), (1, h)])), probe.tokens).mean()
+        assert swept.grid("metric_ablated")[1, h] == pytest.approx(float(want), rel=1e-5)
+    base_only = metric(metric.read(_zeroed(gpt2_loud, probe.tokens, [(1, 0)])), probe.tokens).mean()
+    assert swept.meta["clean_metric"] == pytest.approx(float(base_only), rel=1e-6)
+    assert np.abs(swept.grid("delta")[1, 1:]).min() > 1e-3  # the heads matter beside the base
 
 
 def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny):
@@ -242,7 +329,7 @@ def test_planted_constant_head_zero_hurts_mean_does_not(planted_constant):
 def test_gradient_importance_is_the_per_token_product(gpt2_tiny, probe):
     """Against a hand computation: keep every hook_z, backprop the summed loss, reduce per token."""
     metric = incontext_loss(probe)
-    got = gradient_importance(gpt2_tiny, probe, metric, minibatch=3)
+    got = gradient_importance(gpt2_tiny, probe, metric, minibatch=3, per="token")
     info = describe(gpt2_tiny)
     zs = {}
 
@@ -262,6 +349,31 @@ def test_gradient_importance_is_the_per_token_product(gpt2_tiny, probe):
     gpt2_tiny.zero_grad(set_to_none=True)
     assert np.allclose(got.grid("importance"), want.numpy(), rtol=1e-4, atol=1e-9)
     assert all(p.requires_grad for p in gpt2_tiny.parameters())  # the freeze was undone
+    # Michel et al.'s default: the product summed over each sequence, absolute value per sequence
+    per_example = torch.zeros(info.n_layers, info.n_heads)
+    for l, z in zs.items():
+        per_example[l] = (z * z.grad).sum((1, 3)).abs().mean(0).detach()
+    default = gradient_importance(gpt2_tiny, probe, metric, minibatch=3)
+    assert np.allclose(default.grid("importance"), per_example.numpy(), rtol=1e-4, atol=1e-9)
+    # |sum over tokens| <= T x mean |per token|; signs cancel within a sequence, far beyond the tolerance
+    T = probe.seq_len
+    assert (per_example <= T * want * (1 + 1e-4)).all() and (per_example < 0.5 * T * want).any()
+
+
+def test_gradient_importance_refuses_a_metric_flat_at_the_clean_point(bert_tiny):
+    p = repeated_tokens(bert_tiny, batch=2, block_len=6, seed=0)
+    with pytest.raises(
+        MetricError,
+        match=r"gradient importance cannot rank heads by metric 'pooled_cosine' at the unablated run: it is at "
+        r"its optimum on the unablated run, so the ranking would be rounding noise. Use the exact sweep",
+    ):
+        gradient_importance(bert_tiny, p, pooled_cosine(p))
+    # a user metric that does not say so is caught by its gradient: squared distance to the clean output
+    dist = Metric(
+        "dist", lambda out, tokens, clean, rows: (out - clean).pow(2).sum((1, 2)), reads="hidden", needs_clean=True
+    )
+    with pytest.raises(MetricError, match=r"metric 'dist' at the unablated run: its gradient vanishes there \(largest"):
+        gradient_importance(bert_tiny, p, dist)
 
 
 def test_gradient_importance_normalises_per_layer(gpt2_tiny, probe):
@@ -280,8 +392,10 @@ def test_pruning_curve_steps_and_orders(gpt2_tiny, probe):
     exact = exact_sweep(gpt2_tiny, probe, metric)
     first = curve["removed"].iloc[1].split()
     assert first == exact.rank("importance", ascending=True)["label"].head(2).tolist()
-    everything = Sweeper(gpt2_tiny, probe, metric).evaluate(torch.ones(1, 2, 4, dtype=torch.bool)).mean()
-    assert curve["metric"].iloc[-1] == pytest.approx(float(everything), rel=1e-5)
+    everything = [(l, h) for l in range(2) for h in range(4)]
+    want = metric(metric.read(_zeroed(gpt2_tiny, probe.tokens, everything)), probe.tokens).mean()
+    assert curve["metric"].iloc[-1] == pytest.approx(float(want), rel=1e-5)
+    assert abs(float(want) - curve["metric"].iloc[0]) > 1e-3 * abs(float(want))
     r1 = pruning_curve(gpt2_tiny, probe, metric, "random", step=0.25, seed=1)
     assert r1.equals(pruning_curve(gpt2_tiny, probe, metric, "random", step=0.25, seed=1))
     again = pruning_curve(gpt2_tiny, probe, metric, "gradient", step=0.5, reestimate=True)
@@ -352,6 +466,7 @@ def test_fast_sweep_equals_loop_on_a_rotary_gqa_model():
         max_position_embeddings=128,
         bos_token_id=0,
         eos_token_id=0,
+        initializer_range=0.2,  # large weights: every head's effect stands well above the tolerance
     )
     model = from_hf_model(LlamaForCausalLM(cfg).eval(), name="tiny-llama")
     p = repeated_tokens(model, batch=3, block_len=8, seed=2)

@@ -167,3 +167,33 @@ def test_ctrl_c_keeps_the_rows_computed(loaded, monkeypatch, tmp_path, capsys):
     meta = json.loads((out / "ablate_exact.partial.json").read_text())["meta"]
     assert meta["partial"] and meta["heads_done"] == 4 and meta["heads_total"] == 8
     assert not (out / "ablate_exact.csv").exists()
+
+
+def test_gradient_on_an_encoder_is_refused_with_the_reason(monkeypatch, bert_tiny, tmp_path, capsys):
+    """The encoder default metric (pooled cosine to the clean output) is at its maximum on the clean
+    run: its gradient is zero there, and a ranking from it would be noise."""
+    monkeypatch.setattr(interp.cli.common, "load_model", lambda *a, **k: bert_tiny)
+    with pytest.raises(SystemExit) as e:
+        cli(["--out", str(tmp_path / "o"), *SMALL, "--method", "gradient"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "gradient importance cannot rank heads by metric 'pooled_cosine' at the unablated run" in err
+    assert "Use the exact sweep (--method exact)" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_prune_on_an_encoder_leaves_the_gradient_order_out(monkeypatch, bert_tiny, tmp_path, capsys):
+    monkeypatch.setattr(interp.cli.common, "load_model", lambda *a, **k: bert_tiny)
+    out = tmp_path / "p"
+    assert cli(["--out", str(out), *SMALL, "--method", "prune", "--step", "0.5", "--random-seeds", "1"]) == 0
+    assert "orders: exact, random (pooled_cosine has no gradient at the clean point)" in capsys.readouterr().out
+    assert set(pd.read_csv(out / "ablate_prune.csv")["label"]) == {"exact", "random (seed 0)"}
+    with pytest.raises(SystemExit) as e:
+        cli(["--out", str(tmp_path / "q"), *SMALL, "--method", "prune", "--orders", "gradient"])
+    assert e.value.code == 2 and "cannot rank heads by metric 'pooled_cosine'" in capsys.readouterr().err
+
+
+def test_gradient_per_token_is_an_option(loaded, tmp_path):
+    out = tmp_path / "g"
+    assert cli(["--out", str(out), *SMALL, "--method", "gradient", "--per", "token"]) == 0
+    assert json.loads((out / "ablate_gradient.json").read_text())["meta"]["per"] == "token"

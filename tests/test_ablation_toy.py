@@ -88,13 +88,14 @@ def test_exact_sweep_ranks_the_circuit_first(toy, probe, circuit):
 
 def test_mean_ablation_exact_and_gradient_agree(toy, probe, circuit):
     """The gradient is a first-order estimate of moving a head to its ablated value. From the mean
-    that step is small and the estimate holds, with Michel et al.'s per-layer normalisation (on 12
-    probes of this toy Spearman was 0.83-0.93; 0.74-0.95 unnormalised). From zero it does not: the
-    diffuse layer-0 heads carry a large constant output, so their zero-ablation gradient score is
-    large while zeroing them costs little (Spearman 0.1-0.33 on the same probes)."""
+    that step is small and the estimate holds: with Michel et al.'s per-sequence absolute value (the
+    default) Spearman was 0.83-0.98 on 12 probes of this toy (median 0.87; 0.76-0.86 with per-layer
+    normalisation; per token 0.76-0.98). From zero it does not: the diffuse layer-0 heads carry a
+    large constant output, so their zero-ablation gradient score is large while zeroing them costs
+    little (Spearman about 0.3)."""
     metric = incontext_loss(probe)
     exact = exact_sweep(toy, probe, metric, ablation="mean")
-    grad = gradient_importance(toy, probe, metric, ablation="mean", normalize=True)
+    grad = gradient_importance(toy, probe, metric, ablation="mean")
     assert spearman(exact.grid("importance"), grad.grid("importance")) >= 0.8
     for scores in (exact, grad):
         top = _ranked(scores)[:4]
@@ -105,7 +106,7 @@ def _fast_equals_loop(model, probe, ablation):
     for metric in (incontext_loss(probe), incontext_logit_diff(probe)):
         fast = exact_sweep(model, probe, metric, ablation=ablation, engine="fast")
         loop = loop_sweep(model, probe, metric, ablation=ablation)
-        assert fast.meta["engine"] == "fast"
+        assert fast.meta["engine"] == "fast" and "reused_attention" in fast.meta["shortcuts"]
         a, b = torch.tensor(fast.grid("metric_ablated")), torch.tensor(loop.grid("metric_ablated"))
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
 
@@ -127,16 +128,17 @@ def test_fast_sweep_equals_loop_on_an_untrained_toy_with_mlps():
 
 
 def test_pruning_curve_jumps_when_the_circuit_breaks(toy, probe, circuit):
-    """Heads leave in exact-importance order; the loss stays within a few times the clean loss until
-    the step that removes the last induction head (or a layer-0 circuit head), then explodes."""
+    """Heads leave in exact-importance order; the in-context loss stays under 1 nat until the step
+    that removes the last induction head (or a layer-0 circuit head), then passes 5 nats (uniform
+    guessing over the toy's vocabulary is ln 511 = 6.2)."""
     curve = pruning_curve(toy, probe, incontext_loss(probe), "exact", step=0.125)
     gone: set = set()
     for i, removed in enumerate(curve["removed"].tolist()[1:], start=1):  # noqa: B007 (i is read after the loop)
         gone |= {tuple(map(int, h.split("."))) for h in removed.split()}
         if circuit["induction"] <= gone or {circuit["prev"], circuit["current"]} & gone:
             break
-    before, after = curve["degradation"].iloc[i - 1], curve["degradation"].iloc[i]
-    assert before < 3 and after > 10 and (1 + after) > 5 * (1 + before), curve
+    before, after = curve["metric"].iloc[i - 1], curve["metric"].iloc[i]
+    assert before < 1 and after > 5, curve
 
 
 def test_gates_keep_the_circuit(toy, probe, circuit):
@@ -149,3 +151,21 @@ def test_gates_keep_the_circuit(toy, probe, circuit):
     smallest = {tuple(map(int, h.split("."))) for h in sweep.kept(1.0)}
     assert {circuit["prev"], circuit["current"]} <= smallest <= circuit["all"] and smallest & circuit["induction"]
     assert sweep.summary["heads_kept"].is_monotonic_decreasing
+
+
+@pytest.mark.parametrize("ablation", ["zero", "resample"])
+def test_fast_sweep_equals_loop_on_the_toy_in_bf16(ablation):
+    """A bf16 run keeps the fast engine and matches the loop; the largest effects (~3 nats) stand
+    a hundred times above the tolerance."""
+    try:
+        model = load_model("toy", device="cpu", dtype="bfloat16").set_flash_impl("sdpa")
+    except ModelLoadError as e:
+        pytest.skip(f"no trained toy: {e}")
+    p = repeated_tokens(model, batch=4, block_len=12, seed=0)
+    metric = incontext_loss(p)
+    fast = exact_sweep(model, p, metric, ablation=ablation, engine="fast")
+    loop = loop_sweep(model, p, metric, ablation=ablation)
+    assert fast.meta["engine"] == "fast"
+    effect = abs(loop.grid("delta")).max()
+    assert effect > 1.0
+    assert abs(fast.grid("delta") - loop.grid("delta")).max() <= 1e-2 * effect

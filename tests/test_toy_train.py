@@ -134,7 +134,27 @@ def test_bundled_card_describes_the_checkpoint(toy):
     assert card["induction_heads"][0]["layer"] == 1 and card["induction_heads"][0]["score"] > 0.8
     assert card["previous_token_heads"][0]["layer"] == 0
     assert card["final"]["in_context_loss"] < card["history"][0]["in_context_loss"] / 5
-    assert card["ablation"]["ratio"] >= 3
+    total = sum(p.stat().st_size for p in toy_dir().iterdir() if p.is_file())
+    assert total < 2 * 2**20
+
+
+def test_zeroing_the_top_induction_head_multiplies_the_second_repeat_loss(toy):
+    """Computed from the checkpoint, not read from the card: on a fresh probe the best layer-1
+    induction head carries the copying (zeroing it alone multiplies the loss by > 3), and the card's
+    stored figures are what the checkpoint gives on the card's own probe."""
+    tc = TrainConfig()
+    probe = induction_probe(tc.probe_batch, tc.probe_half, toy.cfg.d_vocab, torch.Generator().manual_seed(7))
+    induction = circuit_scores(toy, probe, tc.probe_half)["induction"]
+    top = divmod(int(induction.argmax()), induction.shape[1])
+    clean = second_repeat_loss(toy, probe, tc.probe_half)
+    assert top[0] == 1 and second_repeat_loss(toy, probe, tc.probe_half, top) > 3 * clean
+    card = json.loads((toy_dir() / "card.json").read_text())["ablation"]
+    own = induction_probe(tc.probe_batch, tc.probe_half, toy.cfg.d_vocab, torch.Generator().manual_seed(1000))
+    head = (card["head"]["layer"], card["head"]["head"])
+    assert second_repeat_loss(toy, own, tc.probe_half) == pytest.approx(card["second_repeat_loss"], abs=1e-4)
+    assert second_repeat_loss(toy, own, tc.probe_half, head) == pytest.approx(
+        card["second_repeat_loss_head_zeroed"], abs=1e-4
+    )
     total = sum(p.stat().st_size for p in toy_dir().iterdir() if p.is_file())
     assert total < 2 * 2**20
 

@@ -10,8 +10,8 @@ A head is *ablated* at its output before ``W_O`` (``blocks.{l}.attn.hook_z``), i
 A **metric** is a callable on ``(logits, tokens)`` returning one number per sequence; a
 :class:`Metric` also says which positions it reads (so only those are unembedded), whether it reads
 the logits or the final hidden state, and which direction is better. Built in: the language-model
-loss on a text probe (:func:`lm_loss`), the in-context loss on the second repeat of a repeated-token
-probe (:func:`incontext_loss`), the logit difference between two answer tokens (:func:`logit_diff`),
+loss on a text probe (:func:`lm_loss`), the in-context loss on the tokens of a repeated-token probe
+that in-context copying can predict (:func:`incontext_loss`), the logit difference between two answer tokens (:func:`logit_diff`),
 and for encoders the cosine similarity of the mean-pooled final hidden state to the unablated one
 (:func:`pooled_cosine`).
 
@@ -22,10 +22,12 @@ On that footing:
 - :func:`exact_sweep` ablates every head alone. Its engine runs the clean pass once, caching the
   residual stream entering every block and how each block was called, and then, for the heads of
   layer ``l``, replays only blocks ``l .. L-1``, several ablations batched along the batch axis,
-  unembedding only the positions the metric reads. Where replaying a model's blocks does not
-  reproduce its own output (checked once per sweep) it falls back to a plain ``run_with_hooks`` loop;
-- :func:`gradient_importance` is Michel et al.'s ``I_h = E_x |A_h(x)^T dL/dA_h(x)|``, the absolute
-  value taken per token before averaging, from one forward and backward per batch;
+  unembedding only the positions the metric reads. Where replaying a model's blocks, clean and
+  under ablation, does not reproduce plain hooked runs (checked once per sweep) it falls back to a
+  plain ``run_with_hooks`` loop;
+- :func:`gradient_importance` is Michel et al.'s ``I_h = E_x |A_h(x)^T dL(x)/dA_h(x)|``, the
+  absolute value taken per sequence (per token on request), from one forward and backward per
+  batch; metrics with no gradient at the clean point are refused;
 - :func:`pruning_curve` removes heads in increasing order of importance (10 % of the heads a step by
   default), optionally re-estimating the importance after each step; :func:`heads_prunable` reads off
   how many heads can go before the metric degrades by a given fraction;
@@ -37,7 +39,8 @@ on ablation; for a higher-is-better metric, the decrease.
 
 The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, ablation modes,
 :func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.engine` (the replay engine,
-:class:`Sweeper`), :mod:`~interp.ablation.sweep` (exact sweeps), :mod:`~interp.ablation.gradient`,
+:class:`Sweeper`), :mod:`~interp.ablation.calls` (recorded block calls),
+:mod:`~interp.ablation.shortcuts` (the engine's exact shortcuts), :mod:`~interp.ablation.sweep` (exact sweeps), :mod:`~interp.ablation.gradient`,
 :mod:`~interp.ablation.pruning` and :mod:`~interp.ablation.gates`.
 """
 
@@ -63,6 +66,7 @@ from interp.ablation.metrics import (
     lm_loss,
     logit_diff,
     pooled_cosine,
+    predictable_mask,
 )
 from interp.ablation.modes import ABLATIONS, HeadAblation, ablated, derangement, head_labels, head_mask
 from interp.ablation.pruning import ORDERS, heads_prunable, pruning_curve, pruning_curves, spearman
@@ -103,6 +107,7 @@ __all__ = [
     "logit_diff",
     "loop_sweep",
     "pooled_cosine",
+    "predictable_mask",
     "pruning_curve",
     "pruning_curves",
     "spearman",

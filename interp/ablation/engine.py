@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -12,8 +13,11 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
+from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric
-from interp.ablation.modes import HeadAblation, head_mask
+from interp.ablation.modes import HeadAblation, head_labels, head_mask
+from interp.ablation.shortcuts import head_outputs, reused_attention, trimmed_mlp
 from interp.errors import AblationError
 from interp.hooks import release_kept_pattern, resid_post_hook, run_with_reducers, z_hook
 from interp.models import describe
@@ -33,9 +37,11 @@ class CleanBatch:
     rows: Tensor
     tokens: Tensor
     resid: list[Tensor]  # the residual stream entering each block
-    calls: list[tuple[tuple, dict]]  # how each block was called (besides the residual)
+    calls: list[Call]  # how each block was called (besides the residual)
     out: Tensor  # the metric's read-out of this pass
     reference: Tensor  # the unablated read-out (== out without a base ablation)
+    z: list[Tensor | None] = field(default_factory=list)  # each layer's hook_z
+    attn_out: list[tuple[Tensor, int | None] | None] = field(default_factory=list)  # each attention's output
 
 
 class Sweeper:
@@ -86,63 +92,116 @@ class Sweeper:
         self.chunk, self.progress = chunk, progress
         self.engine = "loop" if engine == "loop" else "fast"
         self.interrupted = False
+        self._plans: list[Any] = []
         self._batches = [
             self._capture(torch.arange(s, min(s + self.minibatch, probe.batch)))
             for s in range(0, probe.batch, self.minibatch)
         ]
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
+        # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
+        self._trim = self.engine == "fast" and self._can_trim()
+        self._reuse = self.engine == "fast" and self._can_reuse()
+        self._head_cache: tuple[Any, int, Any] = (None, -1, None)
         if self.engine == "fast":
             why = self._self_check()
+            if why is not None and self._reuse:  # without the shortcuts, one at a time, before giving up
+                self._reuse = False
+                why = self._self_check()
+            if why is not None and self._trim:
+                self._trim = False
+                why = self._self_check()
             if why is not None:
                 if engine == "fast":
                     raise AblationError(f"the fast engine cannot run this model: {why}")
                 warnings.warn(f"falling back to the run_with_hooks loop: {why}", stacklevel=2)
                 self.engine = "loop"
+                for b in self._batches:  # the loop needs none of the shortcuts' captures
+                    b.z, b.attn_out = [], []
 
     # ---- capture and replay -------------------------------------------------------------------
 
-    def _capture(self, rows: Tensor) -> CleanBatch:
-        model, L = self.model, self.info.n_layers
-        tokens = self.probe.tokens[rows.to(self.probe.tokens.device)]
+    def _record(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> tuple[Tensor, list, list, list, list]:
+        """A plain forward with ``mask`` ablated: its read-out, and each block's residual and call,
+        ``hook_z`` (after the ablation) and attention output."""
+        L, blocks = self.info.n_layers, getattr(self.model, "blocks", None)
         calls: list[Any] = [None] * L
-        blocks = getattr(model, "blocks", None)
-        handles = []
+        zs: list[Any] = [None] * L
+        attn_out: list[Any] = [None] * L
+        handles, extra = [], []
         if blocks is not None and len(blocks) == L:
 
             def record(layer: int) -> Callable:
                 def pre(module: Any, args: tuple, kwargs: dict) -> None:
-                    calls[layer] = _detach_call(args, kwargs)
+                    calls[layer] = detach_call(args, kwargs)
 
                 return pre
 
+            def keep_attn(layer: int) -> Callable:
+                def post(module: Any, args: tuple, out: Any) -> None:
+                    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                        attn_out[layer] = (out[0].detach(), len(out))
+                    elif isinstance(out, Tensor):
+                        attn_out[layer] = (out.detach(), None)
+
+                return post
+
+            def keep_z(layer: int) -> Callable:
+                def hook(z: Tensor, hook: Any) -> None:
+                    zs[layer] = z.detach()
+
+                return hook
+
             handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
+            if self.engine == "fast":  # what the attention shortcut needs; the loop needs none of it
+                handles += [
+                    b.attn.register_forward_hook(keep_attn(l))
+                    for l, b in enumerate(blocks)
+                    if isinstance(getattr(b, "attn", None), torch.nn.Module)
+                ]
+                extra = [(z_hook(l), keep_z(l)) for l in range(L)]
         try:
-            out = self._run(tokens, self.base, rows)
+            out = self._run(tokens, mask, rows, extra)
         finally:
             for h in handles:
                 h.remove()
-        reference = out if not bool(self.base.any()) else self._run(tokens, None, rows)
-        resid = [c[0][0] if c is not None else None for c in calls]
-        return CleanBatch(rows, tokens, resid, [c if c is None else (c[0][1:], c[1]) for c in calls], out, reference)
+        return out, [c and c[0] for c in calls], [c and c[1] for c in calls], zs, attn_out
 
-    def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> Tensor:
-        """One plain forward with ``mask``'s heads ablated; the metric's read-out."""
+    def _capture(self, rows: Tensor) -> CleanBatch:
+        tokens = self.probe.tokens[rows.to(self.probe.tokens.device)]
+        out, resid, calls, zs, attn_out = self._record(tokens, self.base, rows)
+        reference = out if not bool(self.base.any()) else self._run(tokens, None, rows)
+        return CleanBatch(rows, tokens, resid, calls, out, reference, zs, attn_out)
+
+    def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor, extra: list | None = None) -> Tensor:
+        """One plain forward with ``mask``'s heads ablated (then ``extra`` hooks); the metric's read-out."""
         hooks = [] if mask is None else self.ablation.hooks(mask, rows)
-        return read_out(self.model, tokens, self.metric, hooks, self.info.n_layers)
+        return read_out(self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers)
 
     def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head"]) -> Tensor:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
         rep, model, L = masks.shape[0], self.model, self.info.n_layers
         hidden = batch.resid[start].repeat(rep, 1, 1)
+        reuse = self._reuse and batch.attn_out[start] is not None and batch.z[start] is not None
         hooks = [
             (z_hook(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
-            for l in range(start, L)
+            for l in range(start + 1 if reuse else start, L)
             if bool(masks[:, l].any())
         ]
-        b = batch.tokens.shape[0]
-        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        with ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(model.hooks(fwd_hooks=hooks))
+            if reuse:
+                clean, n_out = batch.attn_out[start]
+                extra = masks[:, start] & ~self.base[start]
+                stack.enter_context(
+                    reused_attention(model.blocks[start].attn, clean, n_out, self._per_head(batch, start), extra)
+                )
+            if self._trim:
+                T = hidden.shape[1]
+                keep = torch.tensor(sorted({p % T for p in self.metric.positions}))
+                stack.enter_context(trimmed_mlp(model.blocks[-1].mlp, keep, T))
             for l in range(start, L):
-                args, kwargs = _expand_call(batch.calls[l], b, rep)
+                args, kwargs = expand_call(batch.calls[l], self._plans[l], rep)
                 out = model.blocks[l](hidden, *args, **kwargs)
                 hidden = out[0] if isinstance(out, (tuple, list)) else out
                 release_kept_pattern(model, l)  # the bridge would keep [rep * batch, head, T, T] alive
@@ -151,27 +210,104 @@ class Sweeper:
                 picked = model.unembed(model.ln_final(picked))
         return picked
 
+    def _per_head(self, batch: CleanBatch, layer: int) -> Tensor:
+        """Each head's change of ``layer``'s attention output on ablation (kept for the last batch and layer)."""
+        cached_batch, cached_layer, _ = self._head_cache
+        if cached_batch is not batch or cached_layer != layer:
+            r = self.ablation.replacement(layer, batch.rows)
+            z = batch.z[layer]
+            W_O = self.model.W_O[layer].detach().to(device=z.device)
+            self._head_cache = (batch, layer, head_outputs(z, r.to(device=z.device, dtype=z.dtype), W_O))
+        return self._head_cache[2]
+
+    def _can_reuse(self) -> bool:
+        """Are the stacked ``W_O`` weights readable (not offloaded to the meta device or disk)?"""
+        try:
+            W_O = getattr(self.model, "W_O", None)
+        except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
+            return False
+        shape = (self.info.n_layers, self.info.n_heads)
+        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape and W_O.device.type != "meta"
+
+    def _can_trim(self) -> bool:
+        positions, T = self.metric.positions, self.probe.seq_len
+        mlp = getattr(self.model.blocks[-1], "mlp", None) if getattr(self.model, "blocks", None) else None
+        return positions is not None and isinstance(mlp, torch.nn.Module) and len({p % T for p in positions}) < T
+
     def _self_check(self) -> str | None:
-        """Replay the first minibatch from block 0 (two copies): does it give the model's own output?"""
-        batch = self._batches[0]
-        if any(r is None for r in batch.resid):
-            return "the model does not call its `blocks` one after another"
+        """Can replaying this model's blocks stand in for running it? ``None`` if so, else why not.
+
+        On two probe sequences: every block argument is classified by recording the calls again for
+        three; the replay from block 0 must give the model's own output (two batched copies); and
+        replays *under ablation* -- every head of the lowest and the highest layer together, one head
+        of the lowest layer alone (batched with it), every head of the highest layer alone -- must
+        give what a plain ``run_with_hooks`` with the same heads ablated gives. That error is
+        measured against the ablation's own effect on the output, so it means the same in fp32 and in
+        bf16: a model whose blocks take inputs computed by earlier blocks (which the replay would
+        take from the clean pass) fails it.
+        """
+        if getattr(self.model, "blocks", None) is None:
+            return "the model has no `blocks` to replay"
         if self.metric.reads == "logits" and not (hasattr(self.model, "ln_final") and hasattr(self.model, "unembed")):
             return "the model has no ln_final/unembed to read logits with"
+        B = self.probe.batch
+        check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
+        if any(r is None for r in check.resid):
+            return "the model does not call its `blocks` one after another"
+        wider = torch.tensor([0, 1, 0]) if B >= 2 else torch.tensor([0, 0, 0])
+        _, _, calls3, _, _ = self._record(self.probe.tokens[wider.to(self.probe.tokens.device)], self.base, wider)
         try:
-            got = self._replay(batch, 0, self.base[None].expand(2, -1, -1))
+            self._plans = [call_plan(calls3[l], check.calls[l], 3, 2) for l in range(self.info.n_layers)]
+        except UnreplayableCall as e:
+            return f"a block argument cannot be replayed: {e}"
+        try:
+            got = self._replay(check, 0, self.base[None].expand(2, -1, -1))
         except Exception as e:  # an architecture whose blocks need more than the recorded call
             return f"replaying its blocks failed ({type(e).__name__}: {e})"
-        want = batch.out.repeat(2, *[1] * (batch.out.ndim - 1))
+        want = check.out.repeat(2, *[1] * (check.out.ndim - 1))
         if got.shape != want.shape:
             return f"replayed output has shape {list(got.shape)}, the model's {list(want.shape)}"
         scale = float(want.abs().max()) + 1e-6
-        err = float((got - want).abs().max())
+        noise = float((got - want).abs().max())
         # batched and unbatched matmuls round differently: allow that much in low precision
-        tol = max(1e-4, 16 * torch.finfo(want.dtype).eps) if want.is_floating_point() else 1e-4
-        if err > tol * scale:
-            return f"replaying its blocks does not reproduce its output (max error {err:.2e} of {scale:.2e})"
+        eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
+        if noise > max(1e-4, 16 * eps) * scale:
+            return f"replaying its blocks does not reproduce its output (max error {noise:.2e} of {scale:.2e})"
+        rtol = 1e-3 if eps <= torch.finfo(torch.float32).eps else 0.05
+        for start, masks in self._check_masks():
+            try:
+                got = self._replay(check, start, masks).chunk(masks.shape[0])
+            except Exception as e:
+                return f"replaying its blocks under ablation failed ({type(e).__name__}: {e})"
+            for mask, replayed in zip(masks, got):
+                want = self._run(check.tokens, mask, check.rows)
+                effect = float((want - check.out).abs().max())
+                err = float((replayed - want).abs().max())
+                if err > rtol * effect + 2 * noise + 1e-6 * scale:
+                    heads = ", ".join(head_labels(mask & ~self.base))
+                    return (
+                        f"replaying its blocks under {self.ablation.kind} ablation of {heads} does not reproduce "
+                        f"a plain run (max error {err:.2e}, the ablation's effect {effect:.2e}): its blocks may "
+                        "take inputs computed by earlier blocks, which the replay takes from the clean pass"
+                    )
         return None
+
+    def _check_masks(self) -> list[tuple[int, Bool[Tensor, "rep layer head"]]]:
+        """Head sets for the self-check, grouped by the block their replay starts at."""
+        free = ~self.base
+        layers = free.any(-1).nonzero().squeeze(-1).tolist()
+        if not layers:
+            return []
+        lo, hi = layers[0], layers[-1]
+        both, one, top = self.base.clone(), self.base.clone(), self.base.clone()
+        both[lo] |= free[lo]
+        both[hi] |= free[hi]
+        one[lo, int(free[lo].nonzero()[0])] = True
+        top[hi] |= free[hi]
+        groups = [(lo, torch.stack([both, one]))]
+        if hi != lo:
+            groups.append((hi, top[None]))
+        return groups
 
     # ---- evaluation ---------------------------------------------------------------------------
 
@@ -196,17 +332,36 @@ class Sweeper:
             else:
                 todo.append((int(extra[i].any(-1).nonzero()[0]), i))
         todo.sort()
-        groups = self._groups(todo)
-        self.interrupted = False
-        bar = tqdm(groups, desc=desc, disable=not self.progress, unit="batch")
-        try:
-            for start, idx in bar:
-                result[idx] = self._evaluate_group(start, effective[idx])
-        except KeyboardInterrupt:
-            self.interrupted = True
-        finally:
-            bar.close()
+        mine = distributed.shard(todo)  # under torchrun: every world-th head set, balanced over layers
+
+        def evaluate_mine() -> tuple[list[int], Tensor, bool]:
+            values = torch.full((n, self.probe.batch), float("nan"))
+            stopped = False
+            bar = tqdm(
+                self._groups(mine), desc=desc, disable=not (self.progress and distributed.is_main()), unit="batch"
+            )
+            try:
+                for start, idx in bar:
+                    values[idx] = self._evaluate_group(start, effective[idx])
+            except KeyboardInterrupt:
+                stopped = True
+            finally:
+                bar.close()
+            rows = [i for _, i in mine]
+            return rows, values[rows], stopped
+
+        parts = distributed.run_sharded(evaluate_mine, desc)
+        for rows, values, _ in parts:
+            result[rows] = values
+        self.interrupted = any(stopped for _, _, stopped in parts)
         return result
+
+    @property
+    def shortcuts(self) -> list[str]:
+        """The exact shortcuts the fast engine takes on this model (see :mod:`interp.ablation.shortcuts`)."""
+        if self.engine != "fast":
+            return []
+        return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]
 
     @property
     def batches(self) -> tuple[CleanBatch, ...]:
@@ -258,35 +413,3 @@ def read_out(model: Any, tokens: Tensor, metric: Metric, hooks: list, n_layers: 
 
     run_with_reducers(model, tokens, [*hooks, (last, grab)], stop_after=last, grad=grad)
     return metric.read(seen["hidden"])
-
-
-def _is_cache(x: Any) -> bool:
-    return type(x).__name__.endswith("Cache")
-
-
-def _detach_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A block call to replay later: the residual first, KV caches dropped, ``use_cache`` off."""
-    if args:
-        hidden, rest = args[0], args[1:]
-    else:
-        kwargs = dict(kwargs)
-        hidden, rest = kwargs.pop("hidden_states"), ()
-    rest = tuple(None if _is_cache(a) else a for a in rest)
-    kw = {k: (None if _is_cache(v) else v) for k, v in kwargs.items()}
-    if "use_cache" in kw:
-        kw["use_cache"] = False
-    return (hidden.detach(), *rest), kw
-
-
-def _expand_call(call: tuple[tuple, dict], batch: int, rep: int) -> tuple[tuple, dict]:
-    """Repeat every per-sequence tensor of a recorded block call ``rep`` times along the batch."""
-
-    def grow(x: Any) -> Any:
-        if isinstance(x, Tensor) and x.ndim >= 2 and x.shape[0] == batch and batch > 1 and rep > 1:
-            return x.repeat(rep, *[1] * (x.ndim - 1))
-        if isinstance(x, tuple):
-            return tuple(grow(v) for v in x)
-        return x
-
-    args, kwargs = call
-    return tuple(grow(a) for a in args), {k: grow(v) for k, v in kwargs.items()}

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
 from interp.ablation.engine import read_out
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, head_labels, head_mask
 from interp.ablation.sweep import scores_meta
+from interp.errors import AblationError, MetricError
 from interp.hooks import z_hook
 from interp.models import describe
 from interp.probes import TokenProbe
@@ -48,7 +50,7 @@ def gated_forward(
 
     def gate_hook(layer: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> Tensor:
-            g = gates[layer]
+            g = gates[layer].to(z.device)  # blocks may live on different devices
             g = g[..., None] if g.ndim == 3 else g[:, None, :, None]
             g = torch.where(base[layer].to(z.device)[:, None], torch.zeros((), device=z.device, dtype=g.dtype), g)
             return ablation.mix(z, layer, g.to(z.dtype), rows)
@@ -67,22 +69,33 @@ def gradient_importance(
     ablation: str | HeadAblation = "zero",
     base: Any = None,
     normalize: bool = False,
+    per: Literal["example", "token"] = "example",
     minibatch: int | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> HeadScores:
-    """Michel et al.'s head importance ``I_h = E_x |A_h(x)^T dL/dA_h(x)|``.
+    """Michel et al.'s head importance ``I_h = E_x |A_h(x)^T dL(x)/dA_h(x)|``.
 
-    ``A_h(x)`` is head ``h``'s output (``hook_z``) at one token and ``L`` the metric's loss (the
-    metric, negated when higher is better, summed over sequences). The product is taken per token,
-    its absolute value averaged over every token of the probe. This is the gradient of ``L`` with
-    respect to a per-token gate ``g`` on the head (``z' = g z``), at ``g = 1``. With mean or resample
-    ablation the gate mixes towards the ablated value instead (``z' = r + g (z - r)``), so
-    ``A_h - r`` takes the place of ``A_h``. One forward and backward per minibatch; the model's
-    weights are frozen meanwhile. ``normalize`` divides each layer's scores by their L2 norm
-    (Michel et al.'s option). Heads in ``base`` stay ablated and get NaN.
+    ``A_h(x)`` is head ``h``'s output (``hook_z``) on sequence ``x`` and ``L(x)`` the metric's loss
+    on it (the metric, negated when higher is better). This is the gradient of ``L(x)`` with respect
+    to a gate ``g`` on the head (``z' = g z``) at ``g = 1``; as in Michel et al. the gate is one per
+    sequence (``per="example"``): the product is summed over the sequence's tokens, its absolute
+    value averaged over the sequences. ``per="token"`` gates every token separately (absolute value
+    per token, averaged over every token). With mean or resample ablation the gate mixes towards the
+    ablated value instead (``z' = r + g (z - r)``), so ``A_h - r`` takes the place of ``A_h``. One
+    forward and backward per minibatch; the model's weights are frozen meanwhile. ``normalize``
+    divides each layer's scores by their L2 norm (Michel et al.'s option). Heads in ``base`` stay
+    ablated and get NaN.
+
+    A metric at its optimum on the unablated run (``flat_at_clean``, e.g. the pooled cosine to the
+    clean output) has no gradient there and is refused, as is any metric whose gradient comes out
+    as rounding noise: the ranking would mean nothing. Use :func:`exact_sweep` for those.
     """
     metric = as_metric(metric)
+    if per not in ("example", "token"):
+        raise AblationError(f"per must be 'example' or 'token', got {per!r}")
+    if metric.flat_at_clean:
+        raise MetricError(_flat_message(metric.name, "it is at its optimum on the unablated run"))
     info = describe(model)
     L, H = info.n_layers, info.n_heads
     abl = (
@@ -92,27 +105,47 @@ def gradient_importance(
     )
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
     step = minibatch or probe.batch
-    total = torch.zeros(L, H, dtype=torch.float64)
-    count = 0
-    values = []
-    for start in tqdm(range(0, probe.batch, step), desc="gradient importance", disable=not progress):
-        rows = torch.arange(start, min(start + step, probe.batch))
-        tokens = probe.tokens[rows.to(probe.tokens.device)]
-        reference = None
-        if metric.needs_clean:
-            with torch.no_grad():
-                reference = read_out(model, tokens, metric, [], L)
-        b, T = tokens.shape
-        gates = [torch.ones(b, T, H, device=tokens.device, requires_grad=True) for _ in range(L)]
-        with frozen(model):
-            value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference)
-            grads = torch.autograd.grad(metric.badness(value).sum(), gates, allow_unused=True)
-        for l, g in enumerate(grads):
-            if g is not None:
-                total[l] += g.detach().abs().sum((0, 1)).double().cpu()
-        count += b * T
-        values.append(value.detach().cpu())
+
+    def accumulate(block: range) -> tuple[Tensor, int, Tensor]:
+        """Sum of |gate gradient| per head over the sequences in ``block``, gates counted, metric values."""
+        total = torch.zeros(L, H, dtype=torch.float64)
+        count = 0
+        values = [torch.zeros(0)]
+        starts = range(block.start, block.stop, step)
+        for start in tqdm(starts, desc="gradient importance", disable=not (progress and distributed.is_main())):
+            rows = torch.arange(start, min(start + step, block.stop))
+            tokens = probe.tokens[rows.to(probe.tokens.device)]
+            reference = None
+            if metric.needs_clean:
+                with torch.no_grad():
+                    reference = read_out(model, tokens, metric, [], L)
+            b, T = tokens.shape
+            shape = (b, H) if per == "example" else (b, T, H)
+            gates = [torch.ones(*shape, device=tokens.device, requires_grad=True) for _ in range(L)]
+            with frozen(model):
+                value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference)
+                grads = torch.autograd.grad(metric.badness(value).sum(), gates, allow_unused=True)
+            for l, g in enumerate(grads):
+                if g is not None:
+                    total[l] += g.detach().double().abs().reshape(-1, H).sum(0).cpu()
+            count += b if per == "example" else b * T
+            values.append(value.detach().float().cpu())
+        return total, count, torch.cat(values)
+
+    # under torchrun each rank takes a block of sequences; the sums are added up in rank order
+    parts = distributed.run_sharded(lambda: accumulate(distributed.row_block(probe.batch)), "gradient importance")
+    total = torch.stack([p[0] for p in parts]).sum(0)
+    count = sum(p[1] for p in parts)
+    values = [p[2] for p in parts]
     imp = (total / count).float()
+    value = float(torch.cat(values).mean())
+    largest = float(imp[~base_mask].max()) if bool((~base_mask).any()) else 0.0
+    if largest <= 1e-6 * max(abs(value), 1e-6):
+        raise MetricError(
+            _flat_message(
+                metric.name, f"its gradient vanishes there (largest importance {largest:.1e}, metric {value:.3g})"
+            )
+        )
     if normalize:
         imp = imp / imp.norm(dim=-1, keepdim=True).clamp_min(1e-20)
     imp[base_mask] = float("nan")
@@ -125,7 +158,16 @@ def gradient_importance(
             abl,
             method="gradient",
             normalized=normalize,
-            metric_value=float(torch.cat(values).mean()),
+            metric_value=value,
+            per=per,
             base=head_labels(base_mask),
         ),
+    )
+
+
+def _flat_message(name: str, why: str) -> str:
+    return (
+        f"gradient importance cannot rank heads by metric {name!r} at the unablated run: {why}, so the "
+        "ranking would be rounding noise. Use the exact sweep (--method exact), or a metric with a "
+        "gradient there (a loss or a logit difference)"
     )

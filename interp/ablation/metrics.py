@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.errors import AblationError, MetricError
@@ -31,6 +31,7 @@ class Metric:
     reads: Literal["logits", "hidden"] = "logits"
     higher_is_better: bool = False
     needs_clean: bool = False  # compares with the unablated output (``clean`` must be passed)
+    flat_at_clean: bool = False  # at its optimum on the unablated run: its gradient there is zero
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def read(self, out: Float[Tensor, "batch pos ..."]) -> Tensor:
@@ -87,9 +88,10 @@ def _next_token_metric(name: str, predicted: Sequence[int], probe: TokenProbe) -
     target_pos = torch.tensor(predicted)
 
     def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
-        targets = tokens[:, target_pos.to(tokens.device)]
-        logp = out.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
-        return -logp.mean(-1)
+        targets = tokens[:, target_pos.to(tokens.device)].to(out.device)  # logits: the last block's device
+        logits = out.float()
+        # -log_softmax at the target, without writing out the whole log-softmax
+        return (logits.logsumexp(-1) - logits.gather(-1, targets[..., None]).squeeze(-1)).mean(-1)
 
     return Metric(name, fn, positions=read, meta={"scored_positions": len(predicted)})
 
@@ -99,12 +101,30 @@ def _need_causal(probe: TokenProbe, what: str) -> None:
         raise AblationError(f"{what} needs a causal (decoder) model; for an encoder use the pooled-cosine metric")
 
 
+def predictable_mask(tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+    """Positions whose token an induction head can predict: the pair (previous token, token) occurred
+    earlier in the sequence. On a repeated-token probe: every later repeat but the first token of the
+    second repeat (nothing before it was followed by it)."""
+    prev, cur = tokens[:, :-1], tokens[:, 1:]
+    same = (prev[:, :, None] == prev[:, None, :]) & (cur[:, :, None] == cur[:, None, :])  # [batch, p, q]
+    n = prev.shape[1]
+    earlier = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril(-1)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 1:] = (same & earlier).any(-1)
+    return mask
+
+
 def incontext_loss(probe: TokenProbe) -> Metric:
-    """Next-token loss on the second (and later) repeats of a repeated-token probe."""
+    """Next-token loss on the tokens of a repeated-token probe that in-context copying can predict.
+
+    Those are the positions where the pair (previous token, token) occurred earlier, in every
+    sequence (:func:`predictable_mask`): the later repeats, less the first token of the second repeat,
+    which no head can predict (it would only add a constant to every score).
+    """
     _need_causal(probe, "the in-context loss")
     if probe.block_len is None:
         raise AblationError("the in-context loss needs a repeated-token probe (interp.probes.repeated_tokens)")
-    positions = probe.second_repeat_mask().all(0).nonzero().squeeze(-1).tolist()
+    positions = predictable_mask(probe.tokens).all(0).nonzero().squeeze(-1).tolist()
     return _next_token_metric("incontext_loss", positions, probe)
 
 
@@ -164,7 +184,15 @@ def pooled_cosine(probe: TokenProbe) -> Metric:
             raise MetricError("the pooled-cosine metric needs the unablated output")
         return F.cosine_similarity(out.float().mean(1), clean.float().mean(1), dim=-1)
 
-    return Metric("pooled_cosine", fn, positions=body, reads="hidden", higher_is_better=True, needs_clean=True)
+    return Metric(
+        "pooled_cosine",
+        fn,
+        positions=body,
+        reads="hidden",
+        higher_is_better=True,
+        needs_clean=True,
+        flat_at_clean=True,  # cosine 1 is its maximum: ablation can only lower it, the gradient is 0
+    )
 
 
 METRICS = ("incontext", "lm", "logit-diff", "pooled-cos")

@@ -46,7 +46,7 @@ from interp.ablation import (
 )
 from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
 from interp.models import describe
-from interp.plots import curves, heatmap, save_figure
+from interp.plots import curves, heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores
 
@@ -110,9 +110,21 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     )
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward")
     p.add_argument("--normalize", action="store_true", help="gradient: divide each layer's scores by their L2 norm")
+    p.add_argument(
+        "--per",
+        choices=("example", "token"),
+        default="example",
+        help="gradient: absolute value of the gate gradient per sequence (Michel et al.) or per token",
+    )
     p.add_argument("--step", type=_fraction, default=0.1, help="prune: fraction of heads removed per step")
     p.add_argument("--reestimate", action="store_true", help="prune: re-estimate importance after every step")
-    p.add_argument("--orders", type=_orders, default=list(ORDERS), help="prune: orders to compare")
+    p.add_argument(
+        "--orders",
+        type=_orders,
+        default=None,
+        help="prune: orders to compare; None: gradient,exact,random (exact,random for a metric with no "
+        "gradient at the clean point, e.g. pooled-cos)",
+    )
     p.add_argument("--random-seeds", type=positive_int, default=3, help="prune: random orders (seeds 0..n-1)")
     p.add_argument(
         "--tolerance", type=_non_negative, default=0.1, help="prune/gates: the metric may degrade by this fraction"
@@ -161,18 +173,23 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
             scores = exact_sweep(model, probe, metric, base=base, engine=args.engine, progress=progress, **common)
         else:
             scores = gradient_importance(
-                model, probe, metric, base=base, normalize=args.normalize, progress=progress, **common
+                model, probe, metric, base=base, normalize=args.normalize, per=args.per, progress=progress, **common
             )
         scores.meta["model_spec"] = args.model
         return _write_scores(args, scores, out, time.perf_counter() - t0)
     if base is not None:
         raise AblationError(f"--ablated applies to --method exact or gradient, not {args.method}")
     if args.method == "prune":
+        orders = args.orders
+        if orders is None:
+            orders = [o for o in ORDERS if not (o == "gradient" and metric.flat_at_clean)]
+            if len(orders) < len(ORDERS):
+                print(f"orders: {', '.join(orders)} ({metric.name} has no gradient at the clean point)")
         frame = pruning_curves(
             model,
             probe,
             metric,
-            orders=args.orders,
+            orders=orders,
             random_seeds=range(args.random_seeds),
             step=args.step,
             reestimate=args.reestimate,
@@ -225,7 +242,7 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     print(format_table(ranked, columns, fmt=".4g"))
     stem = _stem(args.method, partial)
     written = scores.save(out, stem)
-    title = f"{meta['model']}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
+    title = f"{short_name(meta['model'])}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
     written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
     return _finish(written, partial)
 
@@ -287,7 +304,15 @@ def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float
     written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
     if len(sweep.summary):
         written += save_figure(
-            heatmap(sweep.grids(), title=f"{meta['model']}: Hard-Concrete gates per lambda", zmin=0, zmax=1), out, stem
+            heatmap(
+                sweep.grids(),
+                title=f"{short_name(meta['model'])}: Hard-Concrete gates per lambda",
+                zmin=0,
+                zmax=1,
+                value_name="gate",
+            ),
+            out,
+            stem,
         )
         written += save_figure(_gate_curves(sweep.summary, meta["metric"]), out, f"{stem}_curves")
     return _finish(written, partial)

@@ -18,8 +18,9 @@ from interp.cli.common import add_engine_flag, base_parser, format_table, positi
 from interp.errors import UsageError
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baseline
 from interp.models import describe
-from interp.plots import heatmap, save_figure
+from interp.plots import heatmap, save_figure, short_name
 from interp.probes import repeated_tokens
+from interp.report.roles import uniform_baselines
 
 STEM = "induction"
 
@@ -69,7 +70,10 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
 
     written = scores.save(out, STEM)
     fig = heatmap(
-        scores, [*ATTENTION_SCORES, "copying"], title=f"{info.name}: head scores on repeated random tokens", zmin=None
+        scores,
+        [*ATTENTION_SCORES, "copying"],
+        title=f"{short_name(info.name)}: head scores on repeated random tokens",
+        baselines=uniform_baselines(probe),
     )
     written += save_figure(fig, out, STEM)
     return written

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from interp.plots import bars, curves, heatmap
+from interp.plots import bars, curves, heatmap, short_name
 
 if TYPE_CHECKING:
     from interp.sinks.report import SinkReport
@@ -19,9 +19,8 @@ def first_mass_heatmap(report: SinkReport) -> go.Figure:
     return heatmap(
         report.heads,
         cols,
-        zmin=0.0,
-        zmax=1.0,
-        title=f"{report.meta['model']}: attention mass on the first token ({first})"
+        baselines={"first_mass": report.meta["uniform_first_mass"]},
+        title=f"{short_name(report.meta['model'])}: attention mass on the first token ({first})"
         + (" and on [SEP]" if len(cols) > 1 else ""),
     )
 
@@ -33,7 +32,7 @@ def sink_rate_bars(report: SinkReport) -> go.Figure:
         report.layers,
         "layer",
         "sink_share",
-        title=f"{report.meta['model']}: Sink^eps per layer (eps = {eps}; model: {report.sink_rate:.0%})",
+        title=f"{short_name(report.meta['model'])}: Sink^eps per layer (eps = {eps}; model: {report.sink_rate:.0%})",
         y_title=f"share of heads with mass > {eps}",
     )
     fig.data[0].name = f"first token ({first})"
@@ -41,6 +40,7 @@ def sink_rate_bars(report: SinkReport) -> go.Figure:
         fig.add_trace(go.Bar(x=report.layers["layer"], y=report.layers["sep_sink_share"], name="[SEP]"))
         fig.update_layout(barmode="group", showlegend=True)
     fig.update_yaxes(range=[0, 1])
+    fig.update_xaxes(dtick=1)
     return fig
 
 
@@ -58,5 +58,5 @@ def residual_curves(report: SinkReport) -> go.Figure:
         "magnitude",
         log_y=True,
         y_title="|residual| (mean over sequences)",
-        title=f"{report.meta['model']}: largest residual-stream magnitudes by layer",
+        title=f"{short_name(report.meta['model'])}: largest residual-stream magnitudes by layer",
     )

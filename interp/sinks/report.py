@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from interp import distributed
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 from interp.models import describe
@@ -22,6 +23,7 @@ from interp.sinks.stats import (
     MIN_QUERIES,
     REL_THRESHOLD,
     SINK_RATIO,
+    concat_statistics,
     queries_per_key,
     sink_statistics,
     uniform_mass,
@@ -162,15 +164,20 @@ def sink_scores(
         probe = random_tokens(model, seed=seed)
     info = describe(model)
     engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
-    stats = sink_statistics(
-        model,
+    stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
+        lambda p: sink_statistics(
+            model,
+            p,
+            abs_threshold=abs_threshold,
+            rel_threshold=rel_threshold,
+            max_massive=max_massive,
+            minibatch=minibatch,
+            progress=progress and distributed.is_main(),
+            engine=engine,
+        ),
         probe,
-        abs_threshold=abs_threshold,
-        rel_threshold=rel_threshold,
-        max_massive=max_massive,
-        minibatch=minibatch,
-        progress=progress,
-        engine=engine,
+        merge=lambda parts: concat_statistics(parts, max_massive),
+        what="finding sinks",
     )
     T, causal, L, H = probe.seq_len, info.is_causal, info.n_layers, info.n_heads
     n_k = queries_per_key(T, causal)

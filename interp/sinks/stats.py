@@ -185,6 +185,30 @@ def cap_massive(stats: SinkStatistics, max_massive: int) -> SinkStatistics:
     return stats
 
 
+def concat_statistics(parts: list[SinkStatistics], max_massive: int = MAX_MASSIVE_PER_LAYER) -> SinkStatistics:
+    """The statistics of consecutive blocks of a probe's sequences, as one pass over the whole probe
+    would have made them (massive activations renumbered, re-ranked and capped per layer again)."""
+    offsets = [0]
+    for p in parts:
+        offsets.append(offsets[-1] + p.received.shape[0])
+    cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    massive = [(m[0], m[1] + off, *m[2:]) for p, off in zip(parts, offsets) for m in p.massive]
+    massive.sort(key=lambda m: -abs(m[4]))
+    by_layer: dict[int, int] = {}
+    kept = []
+    for m in massive:
+        by_layer[m[0]] = by_layer.get(m[0], 0) + 1
+        if by_layer[m[0]] <= max_massive:
+            kept.append(m)
+    names = ("received", "confidence", "confidence_no_first", "value_norm")
+    names += ("resid_max", "resid_median", "resid_top", "resid_seq_median")
+    return SinkStatistics(
+        **{n: cat(n) for n in names},
+        massive=kept,
+        max_row_deviation=max(p.max_row_deviation for p in parts),
+    )
+
+
 def scored_queries(T: int, causal: bool) -> slice:
     """Queries that see at least two keys: all of an encoder's, ``i >= 1`` of a causal model's."""
     return slice(1 if causal else 0, T)

@@ -301,6 +301,8 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from interp.plots import save_png
+
     steps = [r["step"] for r in history]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=steps, y=[r["in_context_loss"] for r in history], name="in-context loss"))
@@ -319,13 +321,9 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
 
     written = [directory / "training.html"]
     atomic_write(written[0], fig.to_html(include_plotlyjs="cdn", full_html=True))
-    try:
-        atomic_write(directory / "training.png", fig.to_image(format="png", width=900, height=500))
-        written.append(directory / "training.png")
-    except Exception as error:  # no image exporter (kaleido + a browser) here: HTML only
-        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
-        print(f"PNG export skipped ({type(error).__name__}: {reason})")
-    return written
+    fig.update_layout(width=900, height=500)
+    png = save_png(fig, directory / "training.png")  # through a Chrome/Chromium, when one is found
+    return written + ([png] if png else [])
 
 
 def main(argv: list[str] | None = None) -> None:
