@@ -16,7 +16,7 @@ import torch
 
 from interp.errors import UsageError
 from interp.heads import attention_scores, head_scores
-from interp.models import from_hf_model, load_model
+from interp.models import describe, from_hf_model, load_model
 from interp.probes import TokenProbe, random_tokens, repeated_tokens
 from interp.sinks import sink_scores
 from interp.sinks.stats import sink_statistics
@@ -189,6 +189,8 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     formed: list[int] = []
     logits = toy_attention.attention_logits
     monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
+    for model in (llama_tiny, gpt2_tiny, bert_tiny, toy):
+        describe(model)  # once per model, describe() looks at a 4-token pattern to see causality
     for model in (llama_tiny, gpt2_tiny, bert_tiny):
         model.blocks[0].attn.hook_pattern.register_forward_hook(lambda *_: formed.append(1))
     try:
@@ -203,6 +205,23 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     finally:
         for model in (llama_tiny, gpt2_tiny, bert_tiny):
             model.blocks[0].attn.hook_pattern._forward_hooks.clear()
+
+
+def test_a_toy_built_without_flash_streams_on_its_flash_path(monkeypatch):
+    import interp.toy.attention as toy_attention
+    from interp.toy import ToyConfig, ToyTransformer
+
+    torch.manual_seed(0)
+    model = ToyTransformer(ToyConfig(d_model=32, n_heads=2, n_ctx=64, d_vocab=50, use_flash=False)).eval()
+    probe = repeated_tokens(model, batch=2, block_len=20)
+    want, _ = attention_scores(model, probe, engine="pattern")
+    formed: list[int] = []
+    logits = toy_attention.attention_logits
+    monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
+    got, _ = attention_scores(model, probe, engine="stream")
+    assert formed == [] and not any(block.attn.use_flash for block in model.blocks)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=TOL)
 
 
 def test_the_model_is_unchanged_after_streaming(llama_tiny):
