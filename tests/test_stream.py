@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from interp.errors import UsageError
-from interp.heads import attention_scores, head_scores
+from interp.heads import attention_scores, head_scores, uniform_baseline
 from interp.models import describe, from_hf_model, load_model
 from interp.probes import TokenProbe, random_tokens, repeated_tokens
+from interp.report.roles import uniform_baselines
 from interp.sinks import sink_scores
 from interp.sinks.stats import sink_statistics
 from interp.stream.blockwise import column_sums, gathered_weights, row_stats
@@ -113,6 +114,17 @@ def test_target_pairs_are_the_masks(causal, vocab):
     assert torch.equal(prev[:, rows, rows - 1], probe.prev_query_mask()[:, 1:])
     assert prev.sum() == probe.prev_query_mask()[:, 1:].sum()
     assert len(probe.prev_pairs(every_query=True)) == 3 * (probe.seq_len - 1)
+    # the uniform baselines, read from the pairs, equal the mask computation
+    keys = torch.arange(1, 183).float() if causal else torch.full((182,), 182.0)
+    for name, mask in (
+        ("prev_token", prev),
+        ("duplicate", probe.duplicate_mask()),
+        ("induction", probe.induction_mask()),
+    ):
+        has = mask.any(-1)
+        want = float((mask.sum(-1) / keys)[has].mean())
+        assert uniform_baselines(probe)[name] == pytest.approx(want, rel=1e-6)
+    assert uniform_baseline(probe) == pytest.approx(uniform_baselines(probe)["induction"], rel=1e-6)
 
 
 def test_long_blocks_draw_without_replacement_when_the_vocabulary_allows(llama_tiny):
