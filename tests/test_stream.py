@@ -294,6 +294,21 @@ def test_clis_take_the_engine_and_say_which_ran(gpt2_dir, tmp_path, capsys):
     assert "argument --engine: invalid choice: 'flash'" in capsys.readouterr().err
 
 
+def test_stream_runs_form_no_query_by_key_mask(gpt2_dir, tmp_path, monkeypatch):
+    """At long T a [batch, T, T] target mask is as big as a pattern: the stream path never builds one."""
+    from interp.cli.induction import cli as induction
+    from interp.cli.sinks import cli as sinks
+
+    def refuse(*_):
+        raise AssertionError("a [batch, T, T] mask was built")
+
+    for name in ("duplicate_mask", "induction_mask", "second_repeat_mask"):
+        monkeypatch.setattr(TokenProbe, name, refuse)
+    common = ["--model", str(gpt2_dir), "--batch", "2", "--device", "cpu", "--no-progress", "--engine", "stream"]
+    assert induction([*common, "--seq-len", "20", "--out", str(tmp_path / "i")]) == 0
+    assert sinks([*common, "--seq-len", "20", "--out", str(tmp_path / "s")]) == 0
+
+
 def test_a_sliding_window_is_refused_with_a_clear_error():
     from transformers import MistralConfig, MistralForCausalLM
 
