@@ -3,8 +3,10 @@
 CPU (always): peak memory and time of one causal attention forward pass, n = 1,024 .. 8,192 tokens,
 for the reference path (explicit n x n scores and pattern), the blockwise online softmax, and
 torch's scaled_dot_product_attention. Each measurement runs in a fresh subprocess; its peak memory is
-the growth of the process's peak resident set (resource.getrusage) over the call, so the inputs and
-the interpreter do not count. Expect the reference to grow ~n^2 and the blockwise path ~n.
+the process's peak resident set during the call over its resident set before it (the high-water
+mark is reset just before the call, Linux ``/proc/self/clear_refs``), so the inputs, the interpreter
+and any earlier transient peak do not count. The blockwise path runs at the tile the toy model uses
+(``blockwise_attention``'s default). Expect the reference to grow ~n^2 and the blockwise path ~n.
 
 CUDA (when a GPU is present): our Triton kernel vs SDPA's FlashAttention backend, forward TFLOP/s,
 n = 1K .. 16K, head dim 64 and 128, fp16, causal and not.
@@ -16,22 +18,33 @@ n = 1K .. 16K, head dim 64 and 128, fp16, causal and not.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from interp.toy.flash import blockwise_attention
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU_SHAPE = dict(batch=1, heads=4, d_head=64)  # fp32
-BLOCK = 256  # the blockwise path's tile for the benchmark (fewer Python steps than the default 64)
+BLOCK = inspect.signature(blockwise_attention).parameters["block_size"].default  # the tile the model uses
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident set
 
 
 def cpu_worker(method: str, n: int, repeats: int, threads: int) -> dict:
@@ -41,20 +54,20 @@ def cpu_worker(method: str, n: int, repeats: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     from interp.toy.attention import reference_attention
-    from interp.toy.flash import blockwise_attention
 
     torch.manual_seed(0)
     b, h, d = CPU_SHAPE["batch"], CPU_SHAPE["heads"], CPU_SHAPE["d_head"]
     q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
     run = {
         "reference": lambda: reference_attention(q, k, v, causal=True)[0],
-        "blockwise": lambda: blockwise_attention(q, k, v, causal=True, block_size=BLOCK)[0],
+        "blockwise": lambda: blockwise_attention(q, k, v, causal=True)[0],
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }[method]
     with torch.no_grad():
-        baseline = _peak_rss_bytes()
+        _reset_peak()
+        baseline = _status_bytes("VmRSS")
         out = run()  # the first call sets the peak
-        peak = _peak_rss_bytes() - baseline
+        peak = _status_bytes("VmHWM") - baseline
         times = []
         for _ in range(repeats):
             del out

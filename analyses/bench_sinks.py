@@ -57,13 +57,30 @@ def build(n_layer: int | None):
     return from_hf_model(GPT2LMHeadModel(cfg).eval(), name="gpt2-small-random")
 
 
+class _Stop(Exception):
+    pass
+
+
+def _bare(model, tokens, last: str) -> None:
+    """A plain forward stopped at ``last`` by one hook that raises: nothing else hooked."""
+
+    def stop(x, hook):
+        raise _Stop
+
+    try:
+        with torch.no_grad():
+            model.run_with_hooks(tokens, fwd_hooks=[(last, stop)])
+    except _Stop:
+        pass
+
+
 def run_method(method: str, model, probe) -> object:
-    from interp.hooks import resid_post_hook, run_with_reducers
+    from interp.hooks import resid_post_hook
     from interp.sinks import sink_scores
 
     L = model.cfg.n_layers
-    if method == "bare":
-        return run_with_reducers(model, probe.tokens, [], stop_after=resid_post_hook(L - 1))
+    if method == "bare":  # no hook of ours (run_with_reducers would add the pattern-release hooks)
+        return _bare(model, probe.tokens, resid_post_hook(L - 1))
     if method.startswith("sinks"):
         return sink_scores(model, probe, n_boot=100)
     with torch.no_grad():

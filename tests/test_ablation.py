@@ -185,6 +185,7 @@ def test_fast_sweep_equals_loop_on_gpt2(gpt2_loud, which, ablation):
     fast = exact_sweep(gpt2_loud, probe, metric, ablation=ablation, engine="fast", chunk=3)
     loop = loop_sweep(gpt2_loud, probe, metric, ablation=ablation)
     assert fast.meta["engine"] == "fast" and loop.meta["engine"] == "loop"
+    assert fast.meta["shortcuts"] == ["reused_attention", "trimmed_mlp"]  # both exact shortcuts in play
     _close(fast, loop)
     assert fast.meta["clean_metric"] == pytest.approx(loop.meta["clean_metric"], rel=1e-6)
 
@@ -196,6 +197,9 @@ def test_fast_sweep_equals_loop_on_bert_with_pooled_cosine(bert_loud, ablation):
     fast = exact_sweep(bert_loud, p, metric, ablation=ablation, engine="fast")
     loop = loop_sweep(bert_loud, p, metric, ablation=ablation)
     assert fast.meta["engine"] == "fast"
+    # BERT's attention module adds the residual and normalises: not linear in hook_z, so the
+    # self-check turns the attention shortcut down (and the pooled metric reads every position)
+    assert fast.meta["shortcuts"] == []
     _close(fast, loop)
     assert fast.meta["clean_metric"] == pytest.approx(1.0, abs=1e-6)
     assert (fast.table["importance"] > 0).all()  # any change moves the pooled output

@@ -106,7 +106,7 @@ def _fast_equals_loop(model, probe, ablation):
     for metric in (incontext_loss(probe), incontext_logit_diff(probe)):
         fast = exact_sweep(model, probe, metric, ablation=ablation, engine="fast")
         loop = loop_sweep(model, probe, metric, ablation=ablation)
-        assert fast.meta["engine"] == "fast"
+        assert fast.meta["engine"] == "fast" and "reused_attention" in fast.meta["shortcuts"]
         a, b = torch.tensor(fast.grid("metric_ablated")), torch.tensor(loop.grid("metric_ablated"))
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
 

@@ -39,7 +39,8 @@ on ablation; for a higher-is-better metric, the decrease.
 
 The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, ablation modes,
 :func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.engine` (the replay engine,
-:class:`Sweeper`), :mod:`~interp.ablation.sweep` (exact sweeps), :mod:`~interp.ablation.gradient`,
+:class:`Sweeper`), :mod:`~interp.ablation.calls` (recorded block calls),
+:mod:`~interp.ablation.shortcuts` (the engine's exact shortcuts), :mod:`~interp.ablation.sweep` (exact sweeps), :mod:`~interp.ablation.gradient`,
 :mod:`~interp.ablation.pruning` and :mod:`~interp.ablation.gates`.
 """
 

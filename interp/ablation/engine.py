@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from interp import distributed
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, head_labels, head_mask
+from interp.ablation.shortcuts import head_outputs, reused_attention, trimmed_mlp
 from interp.errors import AblationError
 from interp.hooks import release_kept_pattern, resid_post_hook, run_with_reducers, z_hook
 from interp.models import describe
@@ -38,6 +40,8 @@ class CleanBatch:
     calls: list[Call]  # how each block was called (besides the residual)
     out: Tensor  # the metric's read-out of this pass
     reference: Tensor  # the unablated read-out (== out without a base ablation)
+    z: list[Tensor | None] = field(default_factory=list)  # each layer's hook_z
+    attn_out: list[tuple[Tensor, int | None] | None] = field(default_factory=list)  # each attention's output
 
 
 class Sweeper:
@@ -94,21 +98,36 @@ class Sweeper:
             for s in range(0, probe.batch, self.minibatch)
         ]
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
+        # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
+        self._trim = self.engine == "fast" and self._can_trim()
+        self._reuse = self.engine == "fast" and self._can_reuse()
+        self._head_cache: tuple[Any, int, Any] = (None, -1, None)
         if self.engine == "fast":
             why = self._self_check()
+            if why is not None and self._reuse:  # without the shortcuts, one at a time, before giving up
+                self._reuse = False
+                why = self._self_check()
+            if why is not None and self._trim:
+                self._trim = False
+                why = self._self_check()
             if why is not None:
                 if engine == "fast":
                     raise AblationError(f"the fast engine cannot run this model: {why}")
                 warnings.warn(f"falling back to the run_with_hooks loop: {why}", stacklevel=2)
                 self.engine = "loop"
+                for b in self._batches:  # the loop needs none of the shortcuts' captures
+                    b.z, b.attn_out = [], []
 
     # ---- capture and replay -------------------------------------------------------------------
 
-    def _record(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> tuple[Tensor, list, list]:
-        """A plain forward with ``mask`` ablated: its read-out, and each block's residual and call."""
+    def _record(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> tuple[Tensor, list, list, list, list]:
+        """A plain forward with ``mask`` ablated: its read-out, and each block's residual and call,
+        ``hook_z`` (after the ablation) and attention output."""
         L, blocks = self.info.n_layers, getattr(self.model, "blocks", None)
         calls: list[Any] = [None] * L
-        handles = []
+        zs: list[Any] = [None] * L
+        attn_out: list[Any] = [None] * L
+        handles, extra = [], []
         if blocks is not None and len(blocks) == L:
 
             def record(layer: int) -> Callable:
@@ -117,35 +136,70 @@ class Sweeper:
 
                 return pre
 
+            def keep_attn(layer: int) -> Callable:
+                def post(module: Any, args: tuple, out: Any) -> None:
+                    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                        attn_out[layer] = (out[0].detach(), len(out))
+                    elif isinstance(out, Tensor):
+                        attn_out[layer] = (out.detach(), None)
+
+                return post
+
+            def keep_z(layer: int) -> Callable:
+                def hook(z: Tensor, hook: Any) -> None:
+                    zs[layer] = z.detach()
+
+                return hook
+
             handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
+            if self.engine == "fast":  # what the attention shortcut needs; the loop needs none of it
+                handles += [
+                    b.attn.register_forward_hook(keep_attn(l))
+                    for l, b in enumerate(blocks)
+                    if isinstance(getattr(b, "attn", None), torch.nn.Module)
+                ]
+                extra = [(z_hook(l), keep_z(l)) for l in range(L)]
         try:
-            out = self._run(tokens, mask, rows)
+            out = self._run(tokens, mask, rows, extra)
         finally:
             for h in handles:
                 h.remove()
-        return out, [c and c[0] for c in calls], [c and c[1] for c in calls]
+        return out, [c and c[0] for c in calls], [c and c[1] for c in calls], zs, attn_out
 
     def _capture(self, rows: Tensor) -> CleanBatch:
         tokens = self.probe.tokens[rows.to(self.probe.tokens.device)]
-        out, resid, calls = self._record(tokens, self.base, rows)
+        out, resid, calls, zs, attn_out = self._record(tokens, self.base, rows)
         reference = out if not bool(self.base.any()) else self._run(tokens, None, rows)
-        return CleanBatch(rows, tokens, resid, calls, out, reference)
+        return CleanBatch(rows, tokens, resid, calls, out, reference, zs, attn_out)
 
-    def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> Tensor:
-        """One plain forward with ``mask``'s heads ablated; the metric's read-out."""
+    def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor, extra: list | None = None) -> Tensor:
+        """One plain forward with ``mask``'s heads ablated (then ``extra`` hooks); the metric's read-out."""
         hooks = [] if mask is None else self.ablation.hooks(mask, rows)
-        return read_out(self.model, tokens, self.metric, hooks, self.info.n_layers)
+        return read_out(self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers)
 
     def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head"]) -> Tensor:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
         rep, model, L = masks.shape[0], self.model, self.info.n_layers
         hidden = batch.resid[start].repeat(rep, 1, 1)
+        reuse = self._reuse and batch.attn_out[start] is not None and batch.z[start] is not None
         hooks = [
             (z_hook(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
-            for l in range(start, L)
+            for l in range(start + 1 if reuse else start, L)
             if bool(masks[:, l].any())
         ]
-        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        with ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(model.hooks(fwd_hooks=hooks))
+            if reuse:
+                clean, n_out = batch.attn_out[start]
+                extra = masks[:, start] & ~self.base[start]
+                stack.enter_context(
+                    reused_attention(model.blocks[start].attn, clean, n_out, self._per_head(batch, start), extra)
+                )
+            if self._trim:
+                T = hidden.shape[1]
+                keep = torch.tensor(sorted({p % T for p in self.metric.positions}))
+                stack.enter_context(trimmed_mlp(model.blocks[-1].mlp, keep, T))
             for l in range(start, L):
                 args, kwargs = expand_call(batch.calls[l], self._plans[l], rep)
                 out = model.blocks[l](hidden, *args, **kwargs)
@@ -155,6 +209,26 @@ class Sweeper:
             if self.metric.reads == "logits":
                 picked = model.unembed(model.ln_final(picked))
         return picked
+
+    def _per_head(self, batch: CleanBatch, layer: int) -> Tensor:
+        """Each head's change of ``layer``'s attention output on ablation (kept for the last batch and layer)."""
+        cached_batch, cached_layer, _ = self._head_cache
+        if cached_batch is not batch or cached_layer != layer:
+            r = self.ablation.replacement(layer, batch.rows)
+            z = batch.z[layer]
+            W_O = self.model.W_O[layer].detach().to(device=z.device)
+            self._head_cache = (batch, layer, head_outputs(z, r.to(device=z.device, dtype=z.dtype), W_O))
+        return self._head_cache[2]
+
+    def _can_reuse(self) -> bool:
+        W_O = getattr(self.model, "W_O", None)
+        shape = (self.info.n_layers, self.info.n_heads)
+        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape
+
+    def _can_trim(self) -> bool:
+        positions, T = self.metric.positions, self.probe.seq_len
+        mlp = getattr(self.model.blocks[-1], "mlp", None) if getattr(self.model, "blocks", None) else None
+        return positions is not None and isinstance(mlp, torch.nn.Module) and len({p % T for p in positions}) < T
 
     def _self_check(self) -> str | None:
         """Can replaying this model's blocks stand in for running it? ``None`` if so, else why not.
@@ -177,7 +251,7 @@ class Sweeper:
         if any(r is None for r in check.resid):
             return "the model does not call its `blocks` one after another"
         wider = torch.tensor([0, 1, 0]) if B >= 2 else torch.tensor([0, 0, 0])
-        _, _, calls3 = self._record(self.probe.tokens[wider.to(self.probe.tokens.device)], self.base, wider)
+        _, _, calls3, _, _ = self._record(self.probe.tokens[wider.to(self.probe.tokens.device)], self.base, wider)
         try:
             self._plans = [call_plan(calls3[l], check.calls[l], 3, 2) for l in range(self.info.n_layers)]
         except UnreplayableCall as e:
@@ -197,7 +271,10 @@ class Sweeper:
             return f"replaying its blocks does not reproduce its output (max error {noise:.2e} of {scale:.2e})"
         rtol = 1e-3 if eps <= torch.finfo(torch.float32).eps else 0.05
         for start, masks in self._check_masks():
-            got = self._replay(check, start, masks).chunk(masks.shape[0])
+            try:
+                got = self._replay(check, start, masks).chunk(masks.shape[0])
+            except Exception as e:
+                return f"replaying its blocks under ablation failed ({type(e).__name__}: {e})"
             for mask, replayed in zip(masks, got):
                 want = self._run(check.tokens, mask, check.rows)
                 effect = float((want - check.out).abs().max())
@@ -274,6 +351,13 @@ class Sweeper:
             result[rows] = values
         self.interrupted = any(stopped for _, _, stopped in parts)
         return result
+
+    @property
+    def shortcuts(self) -> list[str]:
+        """The exact shortcuts the fast engine takes on this model (see :mod:`interp.ablation.shortcuts`)."""
+        if self.engine != "fast":
+            return []
+        return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]
 
     @property
     def batches(self) -> tuple[CleanBatch, ...]:

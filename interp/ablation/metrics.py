@@ -89,8 +89,9 @@ def _next_token_metric(name: str, predicted: Sequence[int], probe: TokenProbe) -
 
     def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
         targets = tokens[:, target_pos.to(tokens.device)].to(out.device)  # logits: the last block's device
-        logp = out.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
-        return -logp.mean(-1)
+        logits = out.float()
+        # -log_softmax at the target, without writing out the whole log-softmax
+        return (logits.logsumexp(-1) - logits.gather(-1, targets[..., None]).squeeze(-1)).mean(-1)
 
     return Metric(name, fn, positions=read, meta={"scored_positions": len(predicted)})
 

@@ -90,6 +90,7 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
             method="exact",
             clean_metric=clean,
             engine=sweeper.engine,
+            shortcuts=sweeper.shortcuts,
             base=head_labels(sweeper.base),
         ),
     )

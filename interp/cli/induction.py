@@ -55,7 +55,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         f"seed {args.seed}; scored in {elapsed:.2f}s"
     )
     print(f"engine: {scores.meta['engine_reason']}")
-    if not probe.meta["distinct_in_block"]:
+    if not probe.meta.get("distinct_in_block", True):
         print(
             f"note: the model has fewer ordinary tokens than the block's {args.seq_len}: tokens repeat "
             "inside a block, and every earlier occurrence counts as a target"

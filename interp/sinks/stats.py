@@ -65,6 +65,8 @@ def sink_statistics(
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+    if engine not in ("pattern", "stream"):
+        raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     if engine == "stream":
         from interp.stream.engine import stream_sink_statistics
 

@@ -23,7 +23,7 @@ def pattern_bytes(n_seqs: int, n_heads: int, seq_len: int) -> int:
 
 
 def gib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:.4g} GiB" if n_bytes >= 2**27 else f"{n_bytes / 2**20:.3g} MiB"
+    return f"{n_bytes / 2**30:.5g} GiB" if n_bytes >= 2**27 else f"{n_bytes / 2**20:.3g} MiB"
 
 
 def choose_engine(
