@@ -221,7 +221,10 @@ class Sweeper:
         return self._head_cache[2]
 
     def _can_reuse(self) -> bool:
-        W_O = getattr(self.model, "W_O", None)
+        try:
+            W_O = getattr(self.model, "W_O", None)
+        except NotImplementedError:  # weights offloaded by a device map: TransformerLens cannot read them
+            return False
         shape = (self.info.n_layers, self.info.n_heads)
         return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape
 
