@@ -221,12 +221,13 @@ class Sweeper:
         return self._head_cache[2]
 
     def _can_reuse(self) -> bool:
+        """Are the stacked ``W_O`` weights readable (not offloaded to the meta device or disk)?"""
         try:
             W_O = getattr(self.model, "W_O", None)
-        except NotImplementedError:  # weights offloaded by a device map: TransformerLens cannot read them
+        except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
             return False
         shape = (self.info.n_layers, self.info.n_heads)
-        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape
+        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape and W_O.device.type != "meta"
 
     def _can_trim(self) -> bool:
         positions, T = self.metric.positions, self.probe.seq_len
