@@ -261,3 +261,26 @@ def test_clis_take_the_engine_and_say_which_ran(gpt2_dir, tmp_path, capsys):
         induction([*common, "--engine", "flash"])
     assert e.value.code == 2
     assert "argument --engine: invalid choice: 'flash'" in capsys.readouterr().err
+
+
+def test_a_sliding_window_is_refused_with_a_clear_error():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        num_hidden_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        sliding_window=8,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = from_hf_model(MistralForCausalLM(cfg).eval())
+    probe = repeated_tokens(model, batch=1, block_len=20)
+    with pytest.raises(UsageError, match=r"attends through an explicit mask \(padding, a sliding window, ...\)"):
+        attention_scores(model, probe, engine="stream")
+    assert model.original_model.config._attn_implementation == "eager"  # restored after the error

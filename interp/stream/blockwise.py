@@ -86,13 +86,13 @@ def row_stats(
         for k0 in range(0, _key_end(q1, k.shape[2], causal), block):
             s = _tile(qb, k[:, :, k0 : k0 + block], q0, k0, causal)
             tile_max = s.amax(-1)
-            m_new = torch.maximum(m, tile_max)  # finite from the first tile on: key 0 is seen
-            total = total * torch.exp(m - m_new) + torch.exp(s - m_new[..., None]).sum(-1)
-            m = m_new
             if k0 > 0:
                 m_rest = torch.maximum(m_rest, tile_max)
             elif s.shape[-1] > 1:
                 m_rest = torch.maximum(m_rest, s[..., 1:].amax(-1))
+            m_new = torch.maximum(m, tile_max)  # finite from the first tile on: key 0 is seen
+            total = total * torch.exp(m - m_new) + s.sub_(m_new[..., None]).exp_().sum(-1)  # s is spent
+            m = m_new
         flat = lambda t: rearrange(t, "b v g q -> b (v g) q")  # noqa: E731
         lse[..., q0:q1] = flat(m + torch.log(total))
         mx[..., q0:q1] = flat(m)
@@ -118,7 +118,7 @@ def column_sums(
         q1 = min(q0 + block, T)
         for k0 in range(0, _key_end(q1, k.shape[2], causal), block):
             s = _tile(qg[..., q0:q1, :], k[:, :, k0 : k0 + block], q0, k0, causal)
-            p = torch.exp(s - lse_g[..., q0:q1, None])
+            p = s.sub_(lse_g[..., q0:q1, None]).exp_()  # in place: one tile of memory traffic less
             received[..., k0 : k0 + p.shape[-1]] += p.sum(-2)
             rows[..., q0:q1] += p.sum(-1)
     flat = lambda t: rearrange(t, "b v g n -> b (v g) n")  # noqa: E731

@@ -14,7 +14,8 @@ runs fused: the ``[T, T]`` pattern is formed neither by the model nor by us.
   ``hook_k`` and ``hook_v`` fire before it (the toy has learned positions, no rotary), so the
   callback runs from the ``hook_v`` hook, with ``q`` and ``k`` caught just before.
 
-Only unpadded batches are supported: a padding mask would be ``[T, T]`` again.
+Only plain causal or full attention is supported: an explicit mask (padding, a sliding window)
+would be ``[T, T]`` again, and raises :class:`UsageError`.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def _capture_forward(
     layers, on_attention = _ACTIVE[-1]
     if attention_mask is not None:
         raise UsageError(
-            "the stream engine needs unpadded sequences (no attention mask); this batch has one: use --engine pattern"
+            "the stream engine handles plain causal or full attention, but this model attends through "
+            "an explicit mask (padding, a sliding window, ...): use --engine pattern"
         )
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
     scale = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
