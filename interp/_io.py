@@ -1,4 +1,4 @@
-"""Atomic output files and early checks on output folders.
+"""Files: where the bundled data lives, atomic output files, and early checks on output folders.
 
 Every file the toolkit writes goes through :func:`atomic_write`: the content is written to a
 temporary file in the same folder and moved into place with :func:`os.replace`, so a reader never
@@ -10,15 +10,58 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from interp.errors import OutputError
 
+DATA_ENV = "INTERP_DATA_DIR"
+
+
+def bundled(name: str) -> Path:
+    """A folder of the bundled data (``"toy"``, ``"text"``): ``$INTERP_DATA_DIR/<name>`` when set, else
+    the copy installed with the package (``interp.data``), else ``data/<name>`` of a source checkout."""
+    override = os.environ.get(DATA_ENV)
+    if override:
+        return Path(override) / name
+    try:
+        installed = Path(str(resources.files("interp.data") / name))
+    except ModuleNotFoundError:
+        installed = None
+    if installed is not None and installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parents[1] / "data" / name
+
+
+_WRITING: ContextVar[bool] = ContextVar("interp_writing", default=True)
+
+
+def writing() -> bool:
+    """Does :func:`atomic_write` write here (False inside :func:`writes_skipped`)?"""
+    return _WRITING.get()
+
+
+@contextmanager
+def writes_skipped(skip: bool = True) -> Iterator[None]:
+    """Inside the block (when ``skip``), :func:`atomic_write` writes nothing and returns the path it
+    would have written: the ranks of a ``torchrun`` run other than rank 0 compute the same results
+    and leave the files to rank 0."""
+    token = _WRITING.set(not skip and _WRITING.get())
+    try:
+        yield
+    finally:
+        _WRITING.reset(token)
+
 
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, then rename)."""
     path = Path(path)
+    if not _WRITING.get():
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

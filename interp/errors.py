@@ -42,3 +42,7 @@ class AblationError(InterpError, ValueError):
 
 class MetricError(AblationError):
     """A metric that cannot be used here (wrong probe, wrong model kind, vanishing gradient)."""
+
+
+class RankFailedError(InterpError, RuntimeError):
+    """Another rank of a ``torchrun`` run failed; the message names it and its error (exit 1)."""

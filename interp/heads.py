@@ -35,15 +35,17 @@ from typing import Any, Literal
 
 import einops
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook, run_with_reducers
 from interp.models import describe
 from interp.probes import TokenProbe, repeated_tokens
 from interp.scores import HeadScores, bootstrap_ratio
+from interp.stream.budget import PATTERN_BUDGET, choose_engine
 
 ATTENTION_SCORES = ("prev_token", "duplicate", "induction")
 
@@ -73,11 +75,13 @@ def attention_scores(
     queries: Literal["targets", "all"] = "targets",
     minibatch: int | None = None,
     progress: bool = False,
+    engine: Literal["pattern", "stream"] = "pattern",
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Per-sequence numerators and denominators of the attention scores, for every head.
 
     Only ``blocks.{l}.attn.hook_pattern`` is captured; each pattern is reduced to ``[batch, head]``
-    numbers inside its hook, and the pass stops after the last layer's pattern.
+    numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
+    gathers the same weights from q, k and the log-sum-exp instead (:mod:`interp.stream`).
     """
     unknown = set(scores) - set(ATTENTION_SCORES)
     if unknown:
@@ -87,6 +91,12 @@ def attention_scores(
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+    if engine == "stream":
+        from interp.stream.engine import stream_attention_scores
+
+        return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
+    if engine != "pattern":
+        raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     targets = {k: v for k, v in _targets(probe, queries).items() if k in scores}
     counts = _query_counts(targets, queries, probe.seq_len)
     if queries == "targets":
@@ -111,6 +121,7 @@ def attention_scores(
                     f"in {info.name}'s dtype on this input: try --dtype float32"
                 )
             for name, mask in chunk_targets.items():
+                mask = mask.to(pattern.device)  # blocks may live on different devices
                 num[name][sl, layer] = einops.einsum(pattern, mask, "b h q k, b q k -> b h").cpu()
                 if queries == "all":  # detect_head divides by the pattern's total mass
                     den[name][sl, layer] = einops.reduce(pattern, "b h q k -> b h", "sum").cpu()
@@ -133,11 +144,18 @@ def copying_scores(model: Any) -> Float[Tensor, "layer head"]:
     See the module docstring for the exact definition.
     """
     info = describe(model)
+    try:
+        weights = [model.W_E, model.W_U, model.W_V, model.W_O]
+    except NotImplementedError as e:  # TransformerLens cannot read weights offloaded to disk / meta
+        raise UsageError(
+            f"the copying score reads W_E, W_U, W_V and W_O, and this model's are offloaded ({e}): "
+            "pass copying=False, or load the model without disk offload"
+        ) from None
     with torch.no_grad():
-        W_E = model.W_E.detach().double()  # [vocab, d_model]
-        W_U = model.W_U.detach().double()  # [d_model, vocab]
-        W_V = _per_query_head(model.W_V.detach().double(), info.n_heads)  # [layer, head, d_model, d_head]
-        W_O = _per_query_head(model.W_O.detach().double(), info.n_heads)  # [layer, head, d_head, d_model]
+        dev = weights[0].device  # a model spread over devices: the embedding's (the unembedding may be elsewhere)
+        W_E, W_U, W_V, W_O = (w.detach().to(dev).double() for w in weights)
+        W_V = _per_query_head(W_V, info.n_heads)  # [layer, head, d_model, d_head]
+        W_O = _per_query_head(W_O, info.n_heads)  # [layer, head, d_head, d_model]
         vocab = min(W_E.shape[0], W_U.shape[1])
         UE = W_U[:, :vocab] @ W_E[:vocab]  # [d_model, d_model]
         small = W_O @ UE @ W_V  # [layer, head, d_head, d_head]: same non-zero spectrum as F
@@ -165,17 +183,37 @@ def head_scores(
     seed: int = 0,
     minibatch: int | None = None,
     progress: bool = False,
+    engine: str = "auto",
+    budget: int = PATTERN_BUDGET,
 ) -> HeadScores:
     """Score every head of ``model`` as previous-token, duplicate-token, induction and copying head.
 
     ``probe`` defaults to ``repeated_tokens(model, seed=seed)`` (10 sequences, 50 tokens x 2).
     Returns a :class:`HeadScores` with columns ``prev_token``, ``duplicate``, ``induction`` (each
     with ``_lo``/``_hi`` bootstrap bounds at ``level``) and ``copying``.
+
+    ``engine``: ``"pattern"`` reduces each layer's pattern in its hook; ``"stream"`` never forms it
+    (memory linear in the probe's length, same numbers to float rounding); ``"auto"`` streams when
+    one layer's pattern for a forward pass would exceed ``budget`` bytes. ``meta["engine"]`` says
+    which ran and why.
     """
     if probe is None:
         probe = repeated_tokens(model, seed=seed)
     info = describe(model)
-    num, den = attention_scores(model, probe, scores=scores, queries=queries, minibatch=minibatch, progress=progress)
+    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
+    num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
+        lambda p: attention_scores(
+            model,
+            p,
+            scores=scores,
+            queries=queries,
+            minibatch=minibatch,
+            progress=progress and distributed.is_main(),
+            engine=engine,
+        ),
+        probe,
+        what="scoring heads",
+    )
     grids: dict[str, Tensor] = {}
     for name in scores:
         point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=n_boot, level=level, seed=seed)
@@ -192,6 +230,8 @@ def head_scores(
         "ci_level": level,
         "n_boot": n_boot,
         "seed": seed,
+        "engine": engine,
+        "engine_reason": why,
     }
     return HeadScores.from_grids(grids, meta)
 
@@ -203,12 +243,13 @@ def uniform_baseline(probe: TokenProbe) -> float:
     ``(#targets) / (q + 1)``; averaged over the queries that have a target. Random-weight models
     sit near this value, which is the floor any claim of an induction head must clear.
     """
-    mask: Bool[Tensor, "b q k"] = probe.induction_mask()
+    b, q, _ = probe.induction_pairs().unbind(-1)  # index rows, no [q, k] mask: fine at long context
+    targets = torch.zeros(probe.batch, probe.seq_len).index_put_((b, q), torch.ones(len(b)), accumulate=True)
     n_keys = (
-        torch.arange(1, probe.seq_len + 1, device=mask.device).float()
+        torch.arange(1, probe.seq_len + 1).float()
         if probe.causal
-        else torch.full((probe.seq_len,), float(probe.seq_len), device=mask.device)
+        else torch.full((probe.seq_len,), float(probe.seq_len))
     )
-    per_q = mask.sum(-1).float() / n_keys
-    has = mask.any(-1)
+    per_q = targets / n_keys
+    has = targets > 0
     return float(per_q[has].mean())

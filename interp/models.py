@@ -14,6 +14,7 @@ GPT-2 and BERT go through the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -89,22 +90,43 @@ def load_model(
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    device_map: str | dict[str, str | int] | None = None,
+    n_devices: int | None = None,
 ) -> Any:
     """Load a hooked model by spec (``"toy"``, a local HF directory, or a Hub name).
 
     Returns a TransformerLens ``TransformerBridge`` (or the toy's ``HookedRootModule``) in eval mode
     on ``device``. Raises :class:`ModelLoadError` with a one-paragraph explanation when the model
     cannot be had, and ``ValueError`` for a bad device or dtype.
+
+    A model too large for one device is spread over several, by TransformerLens 4 and accelerate:
+    ``n_devices=4`` splits its blocks evenly over ``cuda:0..3``; ``device_map`` is any Hugging Face
+    device map (``"auto"``, ``"balanced"``, or ``{"transformer.h.0": "cuda:0", ...}`` by module name).
+    Both exclude ``device``, and neither applies to the toy.
     """
-    dev = resolve_device(device)
     dt = resolve_dtype(dtype)
+    spread = device_map is not None or (n_devices is not None and n_devices != 1)
+    placement: dict[str, Any] = {"device_map": device_map, "n_devices": n_devices} if spread else {}
+    if spread:
+        if device not in (None, "auto"):
+            raise UsageError("device and device_map/n_devices are exclusive: a spread model has no one device")
+        if n_devices is not None and n_devices < 1:
+            raise UsageError(f"n_devices must be >= 1, got {n_devices}")
+        if n_devices is not None and n_devices > 1 and n_devices > torch.cuda.device_count():
+            raise UsageError(
+                f"n_devices={n_devices} asked for, but this machine has {torch.cuda.device_count()} CUDA "
+                "device(s): pass fewer, or an explicit device_map"
+            )
+    dev = resolve_device(device)
     spec_str = os.fspath(spec)
     if spec_str == TOY:
+        if spread:
+            raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
         return _load_toy(dev, dt)
     path = Path(spec_str).expanduser()
     if path.exists() or _looks_like_path(spec_str):
-        return _load_local_dir(path, dev, dt)
-    return _load_hub(spec_str, dev, dt)
+        return _load_local_dir(path, dev, dt, placement)
+    return _load_hub(spec_str, dev, dt, placement)
 
 
 def _looks_like_path(spec: str) -> bool:
@@ -121,7 +143,7 @@ def _load_toy(dev: torch.device, dt: torch.dtype) -> Any:
         raise ModelLoadError(str(e)) from None
 
 
-def _load_local_dir(path: Path, dev: torch.device, dt: torch.dtype) -> Any:
+def _load_local_dir(path: Path, dev: torch.device, dt: torch.dtype, placement: dict[str, Any]) -> Any:
     if not path.exists():
         raise ModelLoadError(f"no such directory: {path}. Pass an existing folder, a Hub name, or 'toy'.")
     if not path.is_dir():
@@ -136,10 +158,10 @@ def _load_local_dir(path: Path, dev: torch.device, dt: torch.dtype) -> Any:
             f"{path} has a config.json but no weights ({', '.join(_WEIGHT_FILES[:2])}): "
             "save the model with model.save_pretrained(dir), or pass a Hub name."
         )
-    return _boot(str(path), dev, dt, what=f"the local directory {path}")
+    return _boot(str(path), dev, dt, placement, what=f"the local directory {path}")
 
 
-def _load_hub(name: str, dev: torch.device, dt: torch.dtype) -> Any:
+def _load_hub(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, Any]) -> Any:
     if not _HUB_NAME.match(name):
         raise ModelLoadError(
             f"{name!r} is neither an existing directory nor a valid Hugging Face model name "
@@ -147,7 +169,7 @@ def _load_hub(name: str, dev: torch.device, dt: torch.dtype) -> Any:
         )
     cached = _in_hf_cache(name)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    if not cached and (offline or not _hub_reachable()):
+    if not cached and (offline or not hub_reachable()):
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
         raise ModelLoadError(
             f"model {name!r} is not in the local Hugging Face cache and {why}. "
@@ -159,10 +181,10 @@ def _load_hub(name: str, dev: torch.device, dt: torch.dtype) -> Any:
         # Everything is local: do not let the loader spend a minute retrying the network.
         os.environ["HF_HUB_OFFLINE"] = "1"
         try:
-            return _boot(name, dev, dt, what=f"the cached model {name!r}")
+            return _boot(name, dev, dt, placement, what=f"the cached model {name!r}")
         finally:
             os.environ.pop("HF_HUB_OFFLINE", None)
-    return _boot(name, dev, dt, what=f"the Hub model {name!r}")
+    return _boot(name, dev, dt, placement, what=f"the Hub model {name!r}")
 
 
 def _in_hf_cache(name: str) -> bool:
@@ -175,7 +197,7 @@ def _in_hf_cache(name: str) -> bool:
     return isinstance(hit, str)
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def hub_reachable(timeout: float = 3.0) -> bool:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     host = re.sub(r"^https?://", "", endpoint).split("/")[0].split(":")[0]
     try:
@@ -185,13 +207,14 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _boot(name: str, dev: torch.device, dt: torch.dtype, *, what: str) -> Any:
+def _boot(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, Any], *, what: str) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
     try:
-        model = TransformerBridge.boot_transformers(name, device=str(dev), dtype=dt)
+        where = placement or {"device": str(dev)}
+        model = TransformerBridge.boot_transformers(name, dtype=dt, **where)
     except Exception as e:  # the loaders raise OSError, ValueError, KeyError, HTTP errors, ...
         kind = type(e).__name__
         msg = str(e).strip().splitlines()[0] if str(e).strip() else kind
@@ -259,10 +282,14 @@ class ModelInfo:
 
 
 def describe(model: Any) -> ModelInfo:
-    """Read a model's shape, special tokens and causality (observed once, then remembered)."""
+    """Read a model's shape, special tokens and causality (observed once, then remembered).
+
+    The device is read afresh on every call, so the answer follows ``model.to(device)``.
+    """
     cached = getattr(model, "_interp_info", None)
     if cached is not None:
-        return cached
+        device = _model_device(model)
+        return cached if cached.device == device else dataclasses.replace(cached, device=device)
     cfg = model.cfg
     tok = getattr(model, "tokenizer", None)
     special: set[int] = set()
@@ -304,6 +331,9 @@ def describe(model: Any) -> ModelInfo:
 
 
 def _model_device(model: Any) -> torch.device:
+    """Where inputs go: the embedding's device (``cfg.device``) for a model spread over devices."""
+    if int(getattr(model.cfg, "n_devices", 1) or 1) > 1 and getattr(model.cfg, "device", None) is not None:
+        return torch.device(str(model.cfg.device))
     try:
         return next(model.parameters()).device
     except (StopIteration, AttributeError):

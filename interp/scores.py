@@ -23,6 +23,7 @@ from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 
 CI_SUFFIXES = ("_lo", "_hi")
+STEM = "head_scores"  # file stem of a saved table when none is given
 
 
 def bootstrap_ratio(
@@ -117,7 +118,7 @@ class HeadScores:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def save(self, out_dir: str | Path, stem: str) -> list[Path]:
+    def save(self, out_dir: str | Path, stem: str = STEM) -> list[Path]:
         """Write ``<stem>.csv`` and ``<stem>.json`` (table records + meta), each atomically."""
         out_dir = Path(out_dir)
         csv = atomic_write(out_dir / f"{stem}.csv", self.table.to_csv(index=False))
@@ -128,9 +129,14 @@ class HeadScores:
         return [csv, js]
 
     @classmethod
-    def load(cls, path: str | Path) -> HeadScores:
-        """Read back a ``.json`` written by :meth:`save` (or a bare ``.csv``, without meta)."""
+    def load(cls, path: str | Path, stem: str = STEM) -> HeadScores:
+        """Read back what :meth:`save` wrote: its ``.json`` (or a bare ``.csv``, without meta), or the
+        folder it wrote into (then ``<stem>.json`` there)."""
         path = Path(path)
+        if path.is_dir():
+            path = path / f"{stem}.json"
+        if not path.is_file():
+            raise UsageError(f"no saved scores at {path}: pass the .json (or .csv) that save() wrote")
         if path.suffix == ".csv":
             return cls(pd.read_csv(path, dtype={"label": str}))
         blob = json.loads(path.read_text(encoding="utf-8"))

@@ -6,6 +6,7 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("INTERP_PNG", "0")  # PNG export is tested on its own (tests/test_browser.py)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

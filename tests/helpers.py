@@ -93,3 +93,38 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(n)
+
+
+def llama_model(
+    n_layers: int = 2,
+    d_model: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    n_positions: int = 2048,
+    vocab: int = VOCAB,
+    seed: int = 0,
+):
+    """A random-weight Llama-style decoder: rotary positions, grouped K/V heads, RMSNorm, gated MLP."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        num_hidden_layers=n_layers,
+        hidden_size=d_model,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        intermediate_size=2 * d_model,
+        max_position_embeddings=n_positions,
+        vocab_size=vocab,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=None,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def save_tiny_llama(directory: Path, **kw) -> Path:
+    """:func:`llama_model` and a word-level tokenizer, saved as a Hugging Face model directory."""
+    llama_model(**kw).save_pretrained(directory)
+    word_tokenizer(kw.get("vocab", VOCAB)).save_pretrained(directory)
+    return Path(directory)

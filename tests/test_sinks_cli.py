@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from interp.sinks import cli
+from interp.cli.sinks import cli
 
 
 def _run(argv, capsys):

@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
+from interp.errors import DatasetLoadError
 from interp.models import load_model
-from interp.probes import DatasetLoadError, TokenProbe, text_dir, text_probe
+from interp.probes import TokenProbe, text_probe
+from interp.texts import text_dir
 from tests.helpers import gpt2_model
 
 
@@ -117,7 +119,7 @@ def test_hub_dataset_offline_fails_fast_and_clearly(gpt2_text, monkeypatch):
     import interp.models
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(interp.models, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(interp.models, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DatasetLoadError, match="the Hugging Face Hub cannot be reached"):
         text_probe(gpt2_text, dataset="someone/no-such-set")
 

@@ -8,7 +8,7 @@ import torch
 from interp.toy import ToyConfig, ToyTransformer, load_toy, toy_dir
 from interp.toy.train import (
     TrainConfig,
-    head_scores,
+    circuit_scores,
     induction_probe,
     induction_targets,
     repeated_blocks,
@@ -67,7 +67,7 @@ def test_head_scores_read_the_pattern():
 
     for hp in (model.blocks[0].attn.hook_pattern, model.blocks[1].attn.hook_pattern):
         hp.add_hook(set_pattern, is_permanent=True)
-    scores = head_scores(model, induction_probe(2, half, 20, torch.Generator().manual_seed(0)), half)
+    scores = circuit_scores(model, induction_probe(2, half, 20, torch.Generator().manual_seed(0)), half)
     torch.testing.assert_close(scores["previous_token"][:, 0], torch.ones(2))
     torch.testing.assert_close(scores["induction"][:, 1], torch.ones(2))
     assert scores["induction"][:, 0].max() < 0.2 and scores["previous_token"][:, 1].max() < 0.5
@@ -100,7 +100,7 @@ def toy():
 def test_bundled_toy_has_induction_and_previous_token_heads(toy):
     half = 50
     probe = induction_probe(16, half, toy.cfg.d_vocab, torch.Generator().manual_seed(12345))
-    scores = head_scores(toy, probe, half)
+    scores = circuit_scores(toy, probe, half)
     assert scores["induction"][1].max() > 0.8
     layer, _head = divmod(scores["previous_token"].argmax().item(), toy.cfg.n_heads)
     assert layer == 0
@@ -110,12 +110,12 @@ def test_bundled_toy_has_induction_and_previous_token_heads(toy):
 def test_ablating_the_top_induction_head_breaks_in_context_copying(toy):
     half = 50
     probe = induction_probe(16, half, toy.cfg.d_vocab, torch.Generator().manual_seed(54321))
-    head = head_scores(toy, probe, half)["induction"][1].argmax().item()
+    head = circuit_scores(toy, probe, half)["induction"][1].argmax().item()
     clean = second_repeat_loss(toy, probe, half)
     ablated = second_repeat_loss(toy, probe, half, silence=(1, head))
     assert ablated >= 3 * clean, (clean, ablated)
     # the induction head needs the layer-0 previous-token head (K-composition): zeroing that breaks it too
-    prev_head = head_scores(toy, probe, half)["previous_token"][0].argmax().item()
+    prev_head = circuit_scores(toy, probe, half)["previous_token"][0].argmax().item()
     assert second_repeat_loss(toy, probe, half, silence=(0, prev_head)) >= 3 * clean
 
 
@@ -144,7 +144,7 @@ def test_zeroing_the_top_induction_head_multiplies_the_second_repeat_loss(toy):
     stored figures are what the checkpoint gives on the card's own probe."""
     tc = TrainConfig()
     probe = induction_probe(tc.probe_batch, tc.probe_half, toy.cfg.d_vocab, torch.Generator().manual_seed(7))
-    induction = head_scores(toy, probe, tc.probe_half)["induction"]
+    induction = circuit_scores(toy, probe, tc.probe_half)["induction"]
     top = divmod(int(induction.argmax()), induction.shape[1])
     clean = second_repeat_loss(toy, probe, tc.probe_half)
     assert top[0] == 1 and second_repeat_loss(toy, probe, tc.probe_half, top) > 3 * clean

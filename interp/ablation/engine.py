@@ -13,6 +13,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, head_labels, head_mask
@@ -220,9 +221,13 @@ class Sweeper:
         return self._head_cache[2]
 
     def _can_reuse(self) -> bool:
-        W_O = getattr(self.model, "W_O", None)
+        """Are the stacked ``W_O`` weights readable (not offloaded to the meta device or disk)?"""
+        try:
+            W_O = getattr(self.model, "W_O", None)
+        except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
+            return False
         shape = (self.info.n_layers, self.info.n_heads)
-        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape
+        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape and W_O.device.type != "meta"
 
     def _can_trim(self) -> bool:
         positions, T = self.metric.positions, self.probe.seq_len
@@ -327,16 +332,28 @@ class Sweeper:
             else:
                 todo.append((int(extra[i].any(-1).nonzero()[0]), i))
         todo.sort()
-        groups = self._groups(todo)
-        self.interrupted = False
-        bar = tqdm(groups, desc=desc, disable=not self.progress, unit="batch")
-        try:
-            for start, idx in bar:
-                result[idx] = self._evaluate_group(start, effective[idx])
-        except KeyboardInterrupt:
-            self.interrupted = True
-        finally:
-            bar.close()
+        mine = distributed.shard(todo)  # under torchrun: every world-th head set, balanced over layers
+
+        def evaluate_mine() -> tuple[list[int], Tensor, bool]:
+            values = torch.full((n, self.probe.batch), float("nan"))
+            stopped = False
+            bar = tqdm(
+                self._groups(mine), desc=desc, disable=not (self.progress and distributed.is_main()), unit="batch"
+            )
+            try:
+                for start, idx in bar:
+                    values[idx] = self._evaluate_group(start, effective[idx])
+            except KeyboardInterrupt:
+                stopped = True
+            finally:
+                bar.close()
+            rows = [i for _, i in mine]
+            return rows, values[rows], stopped
+
+        parts = distributed.run_sharded(evaluate_mine, desc)
+        for rows, values, _ in parts:
+            result[rows] = values
+        self.interrupted = any(stopped for _, _, stopped in parts)
         return result
 
     @property

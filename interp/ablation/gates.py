@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp._io import atomic_write, atomic_write_json
 from interp.ablation.engine import Sweeper
 from interp.ablation.gradient import frozen, gated_forward
 from interp.ablation.metrics import Metric, as_metric
@@ -60,6 +63,11 @@ class GateSweep:
         part = self.gates[(self.gates["lambda"] == lam) & self.gates["kept"]]
         return part["label"].tolist()
 
+    @property
+    def table(self) -> pd.DataFrame:
+        """The tidy per-head table: a row per (lambda, layer, head) with its gate and whether it is kept."""
+        return self.gates
+
     def grids(self) -> HeadScores:
         """The binarised-before gate values as one HeadScores column per lambda (for a heatmap)."""
         grids = {}
@@ -68,6 +76,37 @@ class GateSweep:
             grid[part["layer"], part["head"]] = part["gate"]
             grids[f"lambda={lam:g}"] = grid
         return HeadScores.from_grids(grids, self.meta)
+
+    def grid(self, lam: float | str) -> np.ndarray:
+        """The ``[n_layers, n_heads]`` gate values trained with one lambda (``0.1`` or ``"lambda=0.1"``)."""
+        return self.grids().grid(lam if isinstance(lam, str) else f"lambda={lam:g}")
+
+    def save(self, out_dir: str | Path, stem: str = "gates", *, meta: dict[str, Any] | None = None) -> list[Path]:
+        """Write ``<stem>.csv`` (a row per lambda), ``<stem>_heads.csv`` (a row per lambda and head)
+        and ``<stem>.json`` (``meta``, updated with ``meta``, and both tables), each atomically."""
+        out_dir = Path(out_dir)
+        return [
+            atomic_write(out_dir / f"{stem}.csv", self.summary.to_csv(index=False)),
+            atomic_write(out_dir / f"{stem}_heads.csv", self.gates.to_csv(index=False)),
+            atomic_write_json(
+                out_dir / f"{stem}.json",
+                {
+                    "meta": {**self.meta, **(meta or {})},
+                    "summary": self.summary.to_dict(orient="records"),
+                    "gates": self.gates.to_dict(orient="records"),
+                },
+            ),
+        ]
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = "gates") -> GateSweep:
+        """Read back what :meth:`save` wrote: its ``.json``, or the folder (then ``<stem>.json``)."""
+        path = Path(path)
+        path = path / f"{stem}.json" if path.is_dir() else path
+        if not path.is_file():
+            raise AblationError(f"no saved gate sweep at {path}: pass the .json that save() wrote")
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        return cls(pd.DataFrame.from_records(blob["summary"]), pd.DataFrame.from_records(blob["gates"]), blob["meta"])
 
 
 def train_gates(

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp import distributed
 from interp.ablation.engine import read_out
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, head_labels, head_mask
@@ -49,7 +50,7 @@ def gated_forward(
 
     def gate_hook(layer: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> Tensor:
-            g = gates[layer]
+            g = gates[layer].to(z.device)  # blocks may live on different devices
             g = g[..., None] if g.ndim == 3 else g[:, None, :, None]
             g = torch.where(base[layer].to(z.device)[:, None], torch.zeros((), device=z.device, dtype=g.dtype), g)
             return ablation.mix(z, layer, g.to(z.dtype), rows)
@@ -104,27 +105,38 @@ def gradient_importance(
     )
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
     step = minibatch or probe.batch
-    total = torch.zeros(L, H, dtype=torch.float64)
-    count = 0
-    values = []
-    for start in tqdm(range(0, probe.batch, step), desc="gradient importance", disable=not progress):
-        rows = torch.arange(start, min(start + step, probe.batch))
-        tokens = probe.tokens[rows.to(probe.tokens.device)]
-        reference = None
-        if metric.needs_clean:
-            with torch.no_grad():
-                reference = read_out(model, tokens, metric, [], L)
-        b, T = tokens.shape
-        shape = (b, H) if per == "example" else (b, T, H)
-        gates = [torch.ones(*shape, device=tokens.device, requires_grad=True) for _ in range(L)]
-        with frozen(model):
-            value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference)
-            grads = torch.autograd.grad(metric.badness(value).sum(), gates, allow_unused=True)
-        for l, g in enumerate(grads):
-            if g is not None:
-                total[l] += g.detach().double().abs().reshape(-1, H).sum(0).cpu()
-        count += b if per == "example" else b * T
-        values.append(value.detach().cpu())
+
+    def accumulate(block: range) -> tuple[Tensor, int, Tensor]:
+        """Sum of |gate gradient| per head over the sequences in ``block``, gates counted, metric values."""
+        total = torch.zeros(L, H, dtype=torch.float64)
+        count = 0
+        values = [torch.zeros(0)]
+        starts = range(block.start, block.stop, step)
+        for start in tqdm(starts, desc="gradient importance", disable=not (progress and distributed.is_main())):
+            rows = torch.arange(start, min(start + step, block.stop))
+            tokens = probe.tokens[rows.to(probe.tokens.device)]
+            reference = None
+            if metric.needs_clean:
+                with torch.no_grad():
+                    reference = read_out(model, tokens, metric, [], L)
+            b, T = tokens.shape
+            shape = (b, H) if per == "example" else (b, T, H)
+            gates = [torch.ones(*shape, device=tokens.device, requires_grad=True) for _ in range(L)]
+            with frozen(model):
+                value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference)
+                grads = torch.autograd.grad(metric.badness(value).sum(), gates, allow_unused=True)
+            for l, g in enumerate(grads):
+                if g is not None:
+                    total[l] += g.detach().double().abs().reshape(-1, H).sum(0).cpu()
+            count += b if per == "example" else b * T
+            values.append(value.detach().float().cpu())
+        return total, count, torch.cat(values)
+
+    # under torchrun each rank takes a block of sequences; the sums are added up in rank order
+    parts = distributed.run_sharded(lambda: accumulate(distributed.row_block(probe.batch)), "gradient importance")
+    total = torch.stack([p[0] for p in parts]).sum(0)
+    count = sum(p[1] for p in parts)
+    values = [p[2] for p in parts]
     imp = (total / count).float()
     value = float(torch.cat(values).mean())
     largest = float(imp[~base_mask].max()) if bool((~base_mask).any()) else 0.0

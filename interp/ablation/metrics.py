@@ -88,7 +88,7 @@ def _next_token_metric(name: str, predicted: Sequence[int], probe: TokenProbe) -
     target_pos = torch.tensor(predicted)
 
     def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
-        targets = tokens[:, target_pos.to(tokens.device)]
+        targets = tokens[:, target_pos.to(tokens.device)].to(out.device)  # logits: the last block's device
         logits = out.float()
         # -log_softmax at the target, without writing out the whole log-softmax
         return (logits.logsumexp(-1) - logits.gather(-1, targets[..., None]).squeeze(-1)).mean(-1)

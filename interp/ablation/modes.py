@@ -102,7 +102,7 @@ class HeadAblation:
             raise AblationError("resample ablation needs a probe of at least 2 sequences (one is the donor)")
         zs = _clean_z(model, tokens, minibatch)
         if kind == "mean":
-            mean = torch.stack([_mean_output(z) for z in zs])
+            mean = torch.stack([_mean_output(z).to(zs[0].device) for z in zs])  # layers may sit on several devices
             return cls(kind, mean=mean)
         donors = derangement(tokens.shape[0], seed)
         return cls(kind, source=[z[donors] for z in zs], donors=donors.tolist())

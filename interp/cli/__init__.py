@@ -16,6 +16,7 @@ COMMANDS = {
     "induction": "score heads as previous-token, duplicate-token and induction heads",
     "sinks": "attention sinks: first-token heads, sink tokens, massive activations",
     "ablate": "ablation sweeps: exact, gradient importance, pruning curves, L0 gates",
+    "report": "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns",
 }
 _MODULES = {name: f"interp.cli.{name}" for name in COMMANDS}
 

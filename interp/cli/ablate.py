@@ -46,7 +46,7 @@ from interp.ablation import (
 )
 from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
 from interp.models import describe
-from interp.plots import curves, heatmap, save_figure
+from interp.plots import curves, heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores
 
@@ -242,7 +242,7 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     print(format_table(ranked, columns, fmt=".4g"))
     stem = _stem(args.method, partial)
     written = scores.save(out, stem)
-    title = f"{meta['model']}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
+    title = f"{short_name(meta['model'])}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
     written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
     return _finish(written, partial)
 
@@ -301,21 +301,18 @@ def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float
     if best is not None:
         print(f"\nlargest lambda within {args.tolerance:.0%}: {best:g}, keeping {', '.join(sweep.kept(best))}")
     stem = _stem("gates", partial)
-    written = [
-        _write_frame(out, stem, sweep.summary),
-        _write_frame(out, _stem("gates_heads", partial), sweep.gates),
-        atomic_write_json(
-            out / f"{stem}.json",
-            {
-                "meta": {**meta, "model_spec": args.model, "largest_lambda_within_tolerance": best},
-                "summary": sweep.summary.to_dict(orient="records"),
-                "gates": sweep.gates.to_dict(orient="records"),
-            },
-        ),
-    ]
+    written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
     if len(sweep.summary):
         written += save_figure(
-            heatmap(sweep.grids(), title=f"{meta['model']}: Hard-Concrete gates per lambda", zmin=0, zmax=1), out, stem
+            heatmap(
+                sweep.grids(),
+                title=f"{short_name(meta['model'])}: Hard-Concrete gates per lambda",
+                zmin=0,
+                zmax=1,
+                value_name="gate",
+            ),
+            out,
+            stem,
         )
         written += save_figure(_gate_curves(sweep.summary, meta["metric"]), out, f"{stem}_curves")
     return _finish(written, partial)

@@ -7,16 +7,20 @@ input (argparse's convention), with nothing written; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from interp._io import ensure_writable_dir
-from interp.errors import InterpError, ModelLoadError
+from interp import distributed
+from interp._io import ensure_writable_dir, writes_skipped
+from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
 from interp.models import load_model, resolve_device, resolve_dtype
 
 EXIT_MODEL = 1
@@ -30,6 +34,19 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _device_map(text: str) -> str | dict[str, Any]:
+    """An argparse type: a device-map strategy name, or a JSON object of module name -> device."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
+    if not all(isinstance(v, (str, int)) for v in value.values()):
+        raise argparse.ArgumentTypeError('a device map\'s values are device names or indices, e.g. "cuda:0" or 0')
     return value
 
 
@@ -52,12 +69,37 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    p.add_argument(
+        "--n-devices",
+        type=positive_int,
+        default=None,
+        help="spread the model's blocks evenly over this many CUDA devices (a model too large for one)",
+    )
+    p.add_argument(
+        "--device-map",
+        type=_device_map,
+        default=None,
+        help="spread the model as a Hugging Face device map: auto, balanced, sequential, or JSON such as "
+        '\'{"transformer.h.0": "cuda:0", ...}\' (default: one device)',
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for probes and bootstrap")
     p.add_argument("--batch", type=positive_int, default=10, help="probe sequences")
     p.add_argument("--out", default=None, help="output folder (default: a folder named after the model)")
     p.add_argument("--top", type=positive_int, default=10, help="rows in the printed summary")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p
+
+
+def add_engine_flag(p: argparse.ArgumentParser) -> None:
+    """``--engine {auto,pattern,stream}``: how attention statistics are computed."""
+    p.add_argument(
+        "--engine",
+        choices=["auto", "pattern", "stream"],
+        default="auto",
+        help="pattern: reduce each layer's attention pattern in its hook; stream: never form the "
+        "T x T pattern (memory linear in T, for long probes); auto (default): stream when one "
+        "layer's pattern for a forward pass would exceed 1 GiB",
+    )
 
 
 def default_out(model_spec: str, analysis: str) -> Path:
@@ -77,35 +119,91 @@ def run_cli(
 
     ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Errors that
     ``interp`` raises on purpose (:class:`~interp.errors.InterpError`) end the run with one line on
-    stderr: exit 1 when the model cannot be had, 2 for bad usage or input (nothing written). Any
-    other exception is a bug and keeps its traceback (exit 1).
+    stderr: exit 1 when the model cannot be had (or another rank failed), 2 for bad usage or input
+    (nothing written). Any other exception is a bug and keeps its traceback (exit 1).
+
+    Under ``torchrun`` every rank runs this: each loads a replica and runs ``main``, the analyses
+    share the work out (:mod:`interp.distributed`), and only rank 0 prints, shows progress and
+    writes files; the other ranks skip their writes and keep quiet. A failure on any rank, while
+    loading or analysing, stops every rank with that rank's error.
     """
-    args = parser.parse_args(argv)
+    lead = distributed.is_main()
+    with _quiet(not lead):
+        args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
+    if not lead and hasattr(args, "no_progress"):
+        args.no_progress = True
     try:
-        resolve_device(args.device)
+        device = distributed.rank_device(args.device)
+        resolve_device(device)
         resolve_dtype(args.dtype)
-        out = ensure_writable_dir(args.out or default_out(args.model, analysis))
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
-        written = main(args, model, out)
-    except ModelLoadError as e:
-        return fail(parser, e, EXIT_MODEL)
+        placement = _placement(args)
+        distributed.start(device if placement is None else "cpu")
+        with distributed.interrupt_once(), _quiet(not lead, stderr=False), writes_skipped(not lead):
+            with distributed.checked("checking --out and loading the model"):
+                target = args.out or default_out(args.model, analysis)
+                out = ensure_writable_dir(target) if lead else Path(target)
+                kwargs = {"device": device} if placement is None else placement
+                model = load_model(args.model, dtype=args.dtype, **kwargs)
+            with distributed.checked(f"running {analysis}"):
+                written = main(args, model, out)
+    except (ModelLoadError, RankFailedError) as e:
+        return fail(parser, e, EXIT_MODEL, quiet=not lead)
     except InterpError as e:
-        return fail(parser, e, EXIT_USAGE)
+        return fail(parser, e, EXIT_USAGE, quiet=not lead)
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        if lead:
+            print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
-    print("\nwrote:")
-    for path in written:
-        print(f"  {path}")
+    finally:
+        distributed.stop()
+    if lead:
+        print("\nwrote:")
+        for path in written:
+            print(f"  {path}")
     return 0
 
 
-def fail(parser: argparse.ArgumentParser, error: BaseException, code: int) -> int:
-    """One line on stderr, ``prog: error: ...``; exit ``code`` (2 raises SystemExit as argparse does)."""
+def _placement(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``load_model`` keywords for a model spread over devices (--device-map / --n-devices), or None."""
+    device_map = getattr(args, "device_map", None)
+    n_devices = getattr(args, "n_devices", None)
+    if device_map is None and (n_devices is None or n_devices == 1):
+        return None
+    if args.device not in ("auto", None):
+        raise UsageError("--device and --device-map/--n-devices are exclusive: a spread model has no one device")
+    if distributed.launched() and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        raise UsageError(
+            "--device-map/--n-devices with several processes per node would put every rank on the same "
+            "devices: run torchrun with --nproc-per-node 1 (one spread replica per node)"
+        )
+    return {"device_map": device_map, "n_devices": n_devices}
+
+
+@contextmanager
+def _quiet(on: bool, *, stderr: bool = True) -> Iterator[None]:
+    """Silence stdout (and stderr) inside the block when ``on``: ranks other than 0 under torchrun."""
+    if not on:
+        yield
+        return
+    with open(os.devnull, "w") as sink, redirect_stdout(sink):
+        if stderr:
+            with redirect_stderr(sink):
+                yield
+        else:
+            yield
+
+
+def fail(parser: argparse.ArgumentParser, error: BaseException, code: int, *, quiet: bool = False) -> int:
+    """One line on stderr, ``prog: error: ...``; exit ``code`` (2 raises SystemExit as argparse does).
+
+    ``quiet``: say nothing (the other ranks of a torchrun run: rank 0 reports for all)."""
     message = " ".join(str(error).split())
     if code == EXIT_USAGE:
+        if quiet:
+            raise SystemExit(code)
         parser.exit(code, f"{parser.prog}: error: {message}\n")
-    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    if not quiet:
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return code
 
 

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.cli.common import base_parser, format_table, positive_int, run_cli
+from interp.cli.common import add_engine_flag, base_parser, format_table, positive_int, run_cli
 from interp.errors import UsageError
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baseline
 from interp.models import describe
-from interp.plots import heatmap, save_figure
+from interp.plots import heatmap, save_figure, short_name
 from interp.probes import repeated_tokens
+from interp.report.roles import uniform_baselines
 
 STEM = "induction"
 
@@ -33,6 +34,7 @@ def build_parser(prog: str = "python -m interp.induction") -> argparse.ArgumentP
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
     p.add_argument("--ci", type=float, default=0.95, help="confidence level of the bootstrap intervals")
+    add_engine_flag(p)
     return p
 
 
@@ -42,7 +44,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()
-    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=not args.no_progress)
+    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=not args.no_progress, engine=args.engine)
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
 
@@ -52,6 +54,12 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         f"{args.batch} x ({'+'.join(probe.meta['framing'] + [f'{args.repeats}x{args.seq_len}'])}) tokens, "
         f"seed {args.seed}; scored in {elapsed:.2f}s"
     )
+    print(f"engine: {scores.meta['engine_reason']}")
+    if not probe.meta.get("distinct_in_block", True):
+        print(
+            f"note: the model has fewer ordinary tokens than the block's {args.seq_len}: tokens repeat "
+            "inside a block, and every earlier occurrence counts as a target"
+        )
     print(f"uniform-attention induction baseline: {uniform_baseline(probe):.3f}\n")
     ranked = scores.rank("induction", top=args.top)
     print(f"top {len(ranked)} heads by induction score ({args.ci:.0%} bootstrap CI over sequences):")
@@ -62,7 +70,10 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
 
     written = scores.save(out, STEM)
     fig = heatmap(
-        scores, [*ATTENTION_SCORES, "copying"], title=f"{info.name}: head scores on repeated random tokens", zmin=None
+        scores,
+        [*ATTENTION_SCORES, "copying"],
+        title=f"{short_name(info.name)}: head scores on repeated random tokens",
+        baselines=uniform_baselines(probe),
     )
     written += save_figure(fig, out, STEM)
     return written

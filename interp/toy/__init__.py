@@ -11,21 +11,20 @@ online softmax and the Triton kernel), `interp.toy.model` (the decoder), `interp
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from interp._io import bundled
 from interp.toy.model import ToyConfig, ToyTransformer
 
 __all__ = ["ToyConfig", "ToyTransformer", "load_toy", "toy_dir"]
 
 
 def toy_dir() -> Path:
-    """Where the bundled toy lives: $INTERP_DATA_DIR/toy, else data/toy in this repository."""
-    data_dir = os.environ.get("INTERP_DATA_DIR")
-    data = Path(data_dir) if data_dir else Path(__file__).resolve().parents[2] / "data"
-    return data / "toy"
+    """Where the bundled toy lives: $INTERP_DATA_DIR/toy, else the installed ``interp.data/toy``
+    (``data/toy`` in a source checkout)."""
+    return bundled("toy")
 
 
 def load_toy(device: str | None = None, dtype: torch.dtype | None = None) -> ToyTransformer:

@@ -38,7 +38,7 @@ from interp.toy.flash import flash_attention
 # ---------------------------------------------------------------------------------------------
 
 
-def attention_scores(
+def attention_logits(
     q: Float[Tensor, "batch head q_pos d_head"],
     k: Float[Tensor, "batch kv_head k_pos d_head"],
     causal: bool,
@@ -81,7 +81,7 @@ def reference_attention(
     Computes in fp32 and returns the output in the input dtype; the log-sum-exp is fp32.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = attention_scores(q.float(), k.float(), causal, scale)
+    scores = attention_logits(q.float(), k.float(), causal, scale)
     out = apply_pattern(scores.softmax(dim=-1), v.float())
     return out.to(q.dtype), scores.logsumexp(dim=-1)
 
@@ -151,7 +151,7 @@ class _HookedAttention(nn.Module):
         if self.use_flash and not self.pattern_requested:
             z, _lse = flash_attention(q, k, v, self.causal, self.scale, impl=self.flash_impl)
         else:
-            scores = self.hook_attn_scores(attention_scores(q, k, self.causal, self.scale))
+            scores = self.hook_attn_scores(attention_logits(q, k, self.causal, self.scale))
             pattern = self.hook_pattern(scores.float().softmax(dim=-1).to(v.dtype))
             z = apply_pattern(pattern, v)
         return rearrange(z, "b h p d -> b p h d")

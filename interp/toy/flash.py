@@ -48,6 +48,7 @@ except ImportError:  # Triton is an optional extra
     tl = None
 
 HAS_TRITON = triton is not None
+TRITON_MISSING = "triton_attention needs Triton, which is not installed: pip install triton (the 'gpu' extra of interp)"
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[int, int]:
@@ -288,7 +289,7 @@ def _block_config(d_head: int, dtype: torch.dtype, interpret: bool) -> tuple[int
 
 def _triton_forward(q, k, v, causal, scale, block_size):
     if not HAS_TRITON:
-        raise ImportError("triton_attention needs Triton: pip install -e '.[gpu]'")
+        raise ImportError(TRITON_MISSING)
     n_kv_heads, group = _check_shapes(q, k, v, causal)
     b, n_heads, n_q, d_head = q.shape
     if not 16 <= d_head <= 128:

@@ -114,7 +114,7 @@ def induction_probe(
 # ---------------------------------------------------------------------------------------------
 
 
-def head_scores(
+def circuit_scores(
     model: ToyTransformer, probe: Int[Tensor, "batch pos"], half: int
 ) -> dict[str, Float[Tensor, "layer head"]]:
     """Induction and previous-token scores of every head on a repeated-token probe.
@@ -191,7 +191,7 @@ def _train(cfg: ToyConfig, tc: TrainConfig, progress: bool) -> tuple[ToyTransfor
     for step in bar:
         if step % tc.eval_every == 0 or step == tc.steps:
             model.eval()
-            scores = head_scores(model, probe, tc.probe_half)
+            scores = circuit_scores(model, probe, tc.probe_half)
             row = {"step": step, **evaluate(model, cfg, tc, torch.Generator().manual_seed(tc.seed + 3))}
             row["best_induction_score"] = scores["induction"].max().item()
             row["best_previous_token_score"] = scores["previous_token"].max().item()
@@ -259,7 +259,7 @@ def second_repeat_loss(
 def make_card(model: ToyTransformer, tc: TrainConfig, history: list[dict], seconds: float, probe_seed: int) -> dict:
     cfg = model.cfg
     probe = induction_probe(tc.probe_batch, tc.probe_half, cfg.d_vocab, torch.Generator().manual_seed(probe_seed))
-    scores = head_scores(model, probe, tc.probe_half)
+    scores = circuit_scores(model, probe, tc.probe_half)
     phase_change = next((r["step"] for r in history if r["best_induction_score"] > tc.induction_threshold), None)
     induction_heads = head_table(scores["induction"], tc.induction_threshold)
     top = (induction_heads[0]["layer"], induction_heads[0]["head"])
@@ -301,6 +301,8 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from interp.plots import save_png
+
     steps = [r["step"] for r in history]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=steps, y=[r["in_context_loss"] for r in history], name="in-context loss"))
@@ -319,13 +321,9 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
 
     written = [directory / "training.html"]
     atomic_write(written[0], fig.to_html(include_plotlyjs="cdn", full_html=True))
-    try:
-        atomic_write(directory / "training.png", fig.to_image(format="png", width=900, height=500))
-        written.append(directory / "training.png")
-    except Exception as error:  # no image exporter (kaleido + a browser) here: HTML only
-        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
-        print(f"PNG export skipped ({type(error).__name__}: {reason})")
-    return written
+    fig.update_layout(width=900, height=500)
+    png = save_png(fig, directory / "training.png")  # through a Chrome/Chromium, when one is found
+    return written + ([png] if png else [])
 
 
 def main(argv: list[str] | None = None) -> None:

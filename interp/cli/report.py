@@ -1,0 +1,117 @@
+"""``python -m interp.report`` / ``interp report``: a one-page head atlas of a model.
+
+A thin layer over :func:`interp.report.head_atlas`: it prints the heads that earned a role and
+writes ``atlas.html`` (self-contained and offline: plotly.js inlined), ``atlas_roles.csv`` (a row
+per head) and ``atlas.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.models import describe
+from interp.report.atlas import PARTS, head_atlas
+from interp.report.roles import ROLES, THRESHOLD
+
+STEM = "atlas"
+
+
+def _parts(text: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(bad)}: choose from {', '.join(PARTS)}")
+    return parts
+
+
+def _heads(text: str) -> list[str]:
+    heads = [h.strip() for h in text.split(",") if h.strip()]
+    for h in heads:
+        layer, dot, head = h.partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise argparse.ArgumentTypeError(f"heads are LAYER.HEAD separated by commas (e.g. 1.2,0.1), got {h!r}")
+    return heads
+
+
+def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentParser:
+    p = base_parser(
+        prog,
+        "Write a one-page head atlas: each head's scores and role, heatmaps, sinks, ablation importance, "
+        "pruning curves and an attention-pattern viewer, as one offline HTML file.",
+    )
+    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block of the score probe")
+    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
+    p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
+    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="mean", help="how heads are ablated")
+    p.add_argument(
+        "--threshold",
+        type=float_in(0, 1, low_open=True, high_open=True),
+        default=THRESHOLD,
+        help="a role also needs at least this score (besides a CI above the uniform baseline)",
+    )
+    p.add_argument(
+        "--skip",
+        type=_parts,
+        default=[],
+        help=f"parts to leave out, comma-separated: {', '.join(PARTS)} (e.g. exact,pruning for a large model)",
+    )
+    p.add_argument(
+        "--view-heads", type=_heads, default=None, help="heads shown first in the pattern viewer, e.g. 1.2,0.1"
+    )
+    p.add_argument("--view-len", type=positive_int, default=12, help="tokens per block of the viewer's sequence")
+    return p
+
+
+def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+    info = describe(model)
+    t0 = time.perf_counter()
+    atlas = head_atlas(
+        model,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        repeats=args.repeats,
+        sink_seq_len=args.sink_seq_len,
+        ablation=args.ablation,
+        threshold=args.threshold,
+        view_len=args.view_len,
+        view_heads=args.view_heads,
+        skip=args.skip,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    atlas.meta["model_spec"] = args.model
+    elapsed = time.perf_counter() - t0
+    print(
+        f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads); "
+        f"atlas in {elapsed:.1f}s" + (f"; skipped {', '.join(args.skip)}" if args.skip else "")
+    )
+    base = ", ".join(f"{ROLES[c]} {v:.3f}" for c, v in atlas.baselines.items() if c in ROLES)
+    print(f"uniform baselines: {base}\n")
+    for col, role in ROLES.items():
+        if col in atlas.roles:
+            named = atlas.named(role)
+            print(f"{role} heads: {', '.join(named[: args.top]) if named else 'none'}")
+    named = atlas.roles[atlas.roles["role"] != ""]
+    if len(named):
+        cols = [c for c in ROLES if c in named]
+        print(f"\nheads with a role ({len(named)} of {len(atlas.roles)}; score [{atlas.meta['ci_level']:.0%} CI]):")
+        table = format_table(named.head(args.top), cols, ci=cols)
+        lines = table.splitlines()
+        print("\n".join(f"{line}  {role}" for line, role in zip(lines, ["role", *named["role"].head(args.top)])))
+    else:
+        print(f"\nno head's CI clears the uniform baseline with a score of at least {args.threshold:g}: no role named")
+    return atlas.save(out, STEM)
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.report") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,171 @@
+"""TokenProbe: token sequences that know where their structure lies (framing, previous tokens,
+duplicates, induction targets), as masks and as target pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from interp.errors import UsageError
+
+
+@dataclass
+class TokenProbe:
+    """A batch of token sequences plus where their body (non-framing tokens) lies."""
+
+    tokens: Int[Tensor, "batch pos"]
+    body_start: int  # first position after the framing prefix (BOS / [CLS])
+    body_end: int  # one past the last body position (a trailing [SEP] sits at body_end)
+    causal: bool
+    special_token_ids: frozenset[int] = frozenset()
+    block_len: int | None = None
+    n_repeats: int | None = None
+    seed: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def to(self, device: torch.device | str) -> TokenProbe:
+        self.tokens = self.tokens.to(device)
+        return self
+
+    def select(self, rows: Sequence[int] | Tensor) -> TokenProbe:
+        """The same probe restricted to the sequences ``rows`` (in that order)."""
+        index = torch.as_tensor(list(rows) if not isinstance(rows, Tensor) else rows, dtype=torch.long)
+        return replace(self, tokens=self.tokens[index.to(self.tokens.device)], meta=dict(self.meta))
+
+    @classmethod
+    def from_tokens(cls, model: Any, tokens: Any, *, framed: bool = False) -> TokenProbe:
+        """Your own token ids as a probe: ``[batch, pos]``, or one ``[pos]`` sequence.
+
+        The ids are the body, and the model's framing is added around them as for every built-in
+        probe (a BOS for decoders that expect one, ``[CLS] ... [SEP]`` for encoders). Ids that
+        already carry it (``model.to_tokens(text)`` prepends a BOS) take ``framed=True``: the framing
+        is then checked, not added. Scores read the duplicate and induction targets from the ids.
+        """
+        from interp.probes.user import tokens_probe
+
+        return tokens_probe(model, tokens, framed=framed)
+
+    @classmethod
+    def from_texts(cls, model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
+        """Your own prompts as a probe: each text tokenized (no special tokens), framed for the model.
+
+        Sequences in a batch share one length: every text is cut to ``seq_len`` tokens, by default
+        the shortest text's length (with a warning when that cuts others). A model without a
+        tokenizer (the toy) reads UTF-8 bytes mapped onto its ordinary vocabulary, as
+        :func:`text_probe` does.
+        """
+        from interp.probes.user import texts_probe
+
+        return texts_probe(model, texts, seq_len=seq_len)
+
+    # ---- structural masks -------------------------------------------------------------------
+
+    def _body(self) -> Bool[Tensor, " pos"]:
+        pos = torch.arange(self.seq_len, device=self.tokens.device)
+        return (pos >= self.body_start) & (pos < self.body_end)
+
+    def _ordinary(self) -> Bool[Tensor, "batch pos"]:
+        ordinary = torch.ones_like(self.tokens, dtype=torch.bool)
+        for t in self.special_token_ids:
+            ordinary &= self.tokens != t
+        return ordinary & self._body()
+
+    def prev_query_mask(self) -> Bool[Tensor, "batch pos"]:
+        """Queries that have a previous token: every body position (position 0 never)."""
+        pos = torch.arange(self.seq_len, device=self.tokens.device)
+        return (self._body() & (pos >= 1)).expand(self.batch, -1)
+
+    def duplicate_mask(self) -> Bool[Tensor, "batch q k"]:
+        """``[b, q, k]`` is True when ``k != q`` holds the same ordinary token (``k < q`` if causal)."""
+        ordinary = self._ordinary()
+        same = self.tokens[:, :, None] == self.tokens[:, None, :]
+        same &= ordinary[:, :, None] & ordinary[:, None, :]
+        n = self.seq_len
+        allowed = torch.ones(n, n, dtype=torch.bool, device=self.tokens.device)
+        allowed = (
+            torch.tril(allowed, diagonal=-1)
+            if self.causal
+            else allowed & ~torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        )
+        return same & allowed
+
+    def induction_mask(self) -> Bool[Tensor, "batch q k"]:
+        """``[b, q, k]`` is True when ``k - 1`` is another occurrence of the token at ``q``.
+
+        Equivalently the duplicate mask shifted one key to the right: the head should attend to
+        the token that *followed* the earlier occurrence, which is what it will predict.
+        """
+        dup = self.duplicate_mask()
+        target = torch.zeros_like(dup)
+        target[:, :, 1:] = dup[:, :, :-1]
+        target &= self._ordinary()[:, None, :]  # the target itself must be a body token
+        return target
+
+    # ---- the same targets as (batch, q, k) index rows: no [q, k] mask, for long probes ---------
+
+    def duplicate_pairs(self) -> Int[Tensor, "n 3"]:
+        """The True entries of :meth:`duplicate_mask` as ``(batch, q, k)`` rows, found by sorting.
+
+        Memory is the number of pairs (``n_repeats - 1`` per repeated token on a probe drawn
+        without replacement), never ``T x T``; exact when tokens repeat inside a block too.
+        """
+        ordinary = self._ordinary().cpu()
+        tokens = self.tokens.cpu()
+        out = [torch.zeros(0, 3, dtype=torch.long)]
+        for b in range(self.batch):
+            pos = ordinary[b].nonzero().squeeze(-1)
+            order = torch.argsort(tokens[b, pos], stable=True)  # equal tokens: ascending positions
+            pos, tok = pos[order], tokens[b, pos[order]]
+            new = torch.ones_like(tok, dtype=torch.bool)
+            new[1:] = tok[1:] != tok[:-1]
+            starts = new.nonzero().squeeze(-1)
+            lengths = torch.diff(starts, append=torch.tensor([len(tok)]))
+            for r in lengths.unique().tolist():
+                if r < 2:
+                    continue
+                members = pos[starts[lengths == r][:, None] + torch.arange(r)]  # [runs, r]
+                q, k = members[:, :, None].expand(-1, r, r), members[:, None, :].expand(-1, r, r)
+                keep = k < q if self.causal else k != q
+                out.append(torch.stack([torch.full_like(q[keep], b), q[keep], k[keep]], -1))
+        return torch.cat(out)
+
+    def induction_pairs(self) -> Int[Tensor, "n 3"]:
+        """The True entries of :meth:`induction_mask` as ``(batch, q, k)`` rows."""
+        dup = self.duplicate_pairs()
+        dup = dup[dup[:, 2] + 1 < self.seq_len]
+        b, q, k = dup.unbind(-1)
+        keep = self._ordinary().cpu()[b, k + 1]
+        return torch.stack([b, q, k + 1], -1)[keep]
+
+    def prev_pairs(self, every_query: bool = False) -> Int[Tensor, "n 3"]:
+        """``(batch, q, q - 1)`` for the queries of :meth:`prev_query_mask` (every ``q >= 1`` if asked)."""
+        q = torch.arange(1, self.seq_len)
+        if not every_query:
+            q = q[self.prev_query_mask()[0, 1:].cpu()]
+        b = torch.arange(self.batch).repeat_interleave(len(q))
+        q = q.repeat(self.batch)
+        return torch.stack([b, q, q - 1], -1)
+
+    def second_repeat_mask(self) -> Bool[Tensor, "batch pos"]:
+        """Positions whose token already occurred earlier in the sequence (the in-context part)."""
+        return self.duplicate_mask().any(-1) if self.causal else self._repeat_index() >= 1
+
+    def _repeat_index(self) -> Int[Tensor, "batch pos"]:
+        pos = torch.arange(self.seq_len, device=self.tokens.device)
+        if self.block_len is None:
+            raise UsageError("this probe has no repeat structure")
+        idx = torch.where(self._body(), (pos - self.body_start) // self.block_len, -1)
+        return idx.expand(self.batch, -1)

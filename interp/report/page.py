@@ -1,0 +1,231 @@
+""":func:`render_atlas`: the head atlas as one self-contained HTML page (plotly.js inlined, offline)."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from interp.plots import PRETTY, Scale, curves, heatmap, short_name
+from interp.report.roles import ROLES
+from interp.report.viewer import VIEWER_JS
+from interp.scores import HeadScores
+
+if TYPE_CHECKING:
+    from interp.report.atlas import Atlas
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; padding: 24px;
+       max-width: 1400px; color: #1f2933; }
+h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin-top: 36px; border-bottom: 1px solid #d9e2ec; }
+.meta { color: #52606d; margin: 0 0 12px; } nav a { margin-right: 14px; }
+.glance { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0; }
+.glance div { border: 1px solid #d9e2ec; border-radius: 6px; padding: 10px 14px; min-width: 180px; }
+.glance b { display: block; font-size: 13px; color: #52606d; font-weight: 600; }
+.glance span { font-size: 20px; }
+.table-wrap { max-height: 560px; overflow: auto; border: 1px solid #d9e2ec; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+th, td { padding: 4px 10px; text-align: right; white-space: nowrap; border-bottom: 1px solid #eef2f6; }
+th { position: sticky; top: 0; background: #f5f7fa; } td.role, th.role { text-align: left; }
+tr.baseline td { color: #52606d; font-style: italic; background: #fbfcfd; }
+td.clear { font-weight: 700; } td.role { color: #0b6e4f; font-weight: 600; }
+.note { color: #52606d; font-size: 14px; max-width: 900px; }
+#head-picker button { margin: 1px; padding: 3px 6px; border: 1px solid #bcccdc; background: white;
+                      border-radius: 4px; font-size: 12px; cursor: pointer; }
+#head-picker button.has-role { border-color: #0b6e4f; }
+#head-picker button[aria-pressed="true"] { background: #0b6e4f; color: white; }
+#pattern-view { display: flex; flex-wrap: wrap; gap: 8px; margin-top: 12px; }
+"""
+
+
+def render_atlas(atlas: Atlas) -> str:
+    """The whole page: header, roles at a glance, the role table, heatmaps, sinks, ablation, patterns."""
+    from plotly.offline import get_plotlyjs
+
+    m = atlas.meta
+    name = short_name(m["model"])
+    sections = [
+        ("roles", "What each head is", _roles_section(atlas)),
+        ("heatmaps", "Scores of every head", _heatmaps_section(atlas)),
+    ]
+    if atlas.sinks is not None:
+        sections.append(("sinks", "Attention sinks", _sinks_section(atlas)))
+    if atlas.exact is not None or atlas.gradient is not None or atlas.pruning is not None:
+        sections.append(("ablation", "Which heads matter: ablation", _ablation_section(atlas)))
+    if atlas.pattern:
+        sections.append(("patterns", "Attention patterns", _patterns_section(atlas)))
+    nav = " ".join(f'<a href="#{key}">{html.escape(title)}</a>' for key, title, _ in sections)
+    body = "\n".join(
+        f'<section id="{key}"><h2>{html.escape(t)}</h2>\n{content}</section>' for key, t, content in sections
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Head atlas: {html.escape(name)}</title>
+<style>{STYLE}</style>
+<script>{get_plotlyjs()}</script>
+</head><body>
+<h1>Head atlas: {html.escape(name)}</h1>
+<p class="meta">{html.escape(_describe_run(atlas))}</p>
+<nav>{nav}</nav>
+{body}
+</body></html>
+"""
+
+
+def _describe_run(atlas: Atlas) -> str:
+    m = atlas.meta
+    p = m["probe"]
+    parts = [
+        f"{m['n_layers']} layers x {m['n_heads']} heads, {'causal' if m['causal'] else 'encoder'}",
+        f"head scores on {p.get('batch', '?')} sequences of {p.get('n_repeats', '?')} x {p.get('block_len', '?')} "
+        f"repeated random tokens, seed {m['seed']}, {m['ci_level']:.0%} bootstrap CIs",
+    ]
+    if "sink_probe" in m:
+        sp = m["sink_probe"]
+        parts.append(f"sinks on {sp.get('batch', '?')} x {sp.get('seq_len', '?')} random tokens")
+    if "metric" in m:
+        parts.append(f"ablation: {m['ablation']} ablation, {m['metric']}")
+    if m.get("skipped"):
+        parts.append(f"skipped: {', '.join(m['skipped'])}")
+    return "; ".join(parts)
+
+
+def _roles_section(atlas: Atlas) -> str:
+    m = atlas.meta
+    cards = []
+    for col, role in ROLES.items():
+        if col not in atlas.roles:
+            continue
+        named = atlas.named(role)
+        shown = ", ".join(named[:8]) + (f" (+{len(named) - 8})" if len(named) > 8 else "") if named else "none"
+        cards.append(f"<div><b>{html.escape(role)} heads</b><span>{html.escape(shown)}</span></div>")
+    rule = (
+        f"A head is named for a role only when its score's {m['ci_level']:.0%} CI lies wholly above what a head "
+        f"attending uniformly would score (the <i>uniform</i> row) and the score is at least {m['threshold']:g}. "
+        "Bold: the CI clears the uniform baseline. The copying score (Olsson et al., -1..1) has no CI and names no "
+        "role. Importances: how much worse the metric gets when the head alone is ablated (exact) and "
+        "Michel et al.'s first-order estimate of it (gradient)."
+    )
+    return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas)}'
+
+
+def _role_html(atlas: Atlas) -> str:
+    t = atlas.roles
+    cols = [c for c in (*ROLES, "copying", "exact_importance", "gradient_importance") if c in t]
+    names = {
+        **{c: PRETTY.get(c, c) for c in cols},
+        "first_mass": "sink (first-token mass)",
+        "exact_importance": "exact importance",
+        "gradient_importance": "gradient importance",
+    }
+    head = "<tr><th>head</th><th class='role'>role</th>" + "".join(f"<th>{html.escape(names[c])}</th>" for c in cols)
+    rows = ["<tr class='baseline'><td>uniform</td><td class='role'></td>"]
+    rows[0] += "".join(f"<td>{atlas.baselines[c]:.3f}</td>" if c in atlas.baselines else "<td></td>" for c in cols)
+    for _, r in t.iterrows():
+        cells = [f"<td>{html.escape(str(r['label']))}</td>", f"<td class='role'>{html.escape(r['role'])}</td>"]
+        for c in cols:
+            v = r[c]
+            if pd.isna(v):
+                cells.append("<td>-</td>")
+            elif f"{c}_lo" in t:
+                clear = c in atlas.baselines and r[f"{c}_lo"] > atlas.baselines[c]
+                cells.append(
+                    f"<td{' class=clear' if clear else ''}>{v:.3f} [{r[f'{c}_lo']:.3f}, {r[f'{c}_hi']:.3f}]</td>"
+                )
+            else:
+                cells.append(f"<td>{v:.3g}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<div class='table-wrap'><table><thead>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+
+
+def _figure(fig: go.Figure, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False})
+
+
+def _heatmaps_section(atlas: Atlas) -> str:
+    cols = [c for c in ("prev_token", "duplicate", "induction", "first_mass", "copying") if c in atlas.roles]
+    scores = HeadScores(atlas.roles)
+    fig = heatmap(scores, cols, baselines=atlas.baselines, title=None)
+    return (
+        "<p class='note'>One colour scale per family: attention masses on 0..1, copying on -1..1 centred on 0. "
+        "Hover a cell for the head, its score, CI and the uniform baseline.</p>" + _figure(fig, "atlas-heatmaps")
+    )
+
+
+def _sinks_section(atlas: Atlas) -> str:
+    from interp.sinks import sink_rate_bars
+
+    rep = atlas.sinks
+    m = rep.meta
+    fig = sink_rate_bars(rep)
+    fig.update_layout(title=f"Sink^eps per layer (eps = {m['epsilon']}); model: {rep.sink_rate:.0%} of heads")
+    text = (
+        f"Sink^eps: the share of a layer's heads that put more than eps = {m['epsilon']} of their attention on the "
+        f"first token ({html.escape(str(m['first_token']))}); a uniform head gives it {m['uniform_first_mass']:.3f}. "
+        f"{m['n_massive']} massive activations (|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the "
+        "median of their hidden state)."
+    )
+    return f"<p class='note'>{text}</p>" + _figure(fig, "atlas-sinks")
+
+
+def _ablation_section(atlas: Atlas) -> str:
+    parts = []
+    cols = [c for c in ("exact_importance", "gradient_importance") if c in atlas.roles]
+    if cols:
+        scales = {
+            "exact_importance": Scale("exact importance", anchor=0.0),
+            "gradient_importance": Scale("gradient importance", colorscale="Cividis", anchor=0.0),
+        }
+        scores = HeadScores(atlas.roles[["layer", "head", "label", *cols]])
+        fig = heatmap(scores, cols, scales=scales)
+        for ann, c in zip(fig.layout.annotations, cols):
+            metric = atlas.meta.get("metric", "the metric")
+            ann.text = f"exact: how much worse {metric} gets" if c.startswith("exact") else "gradient importance"
+        parts.append(_figure(fig, "atlas-importance"))
+    if atlas.pruning is not None:
+        fig = curves(
+            atlas.pruning,
+            "n_pruned",
+            "metric",
+            "label",
+            title="pruning: heads removed in increasing order of importance",
+            x_title="heads pruned",
+            y_title=atlas.meta.get("metric", "metric"),
+        )
+        parts.append(_figure(fig, "atlas-pruning"))
+    note = (
+        f"{atlas.meta.get('ablation', '')} ablation at hook_z, metric {atlas.meta.get('metric', '')}"
+        + (f" (unablated {atlas.meta['clean_metric']:.4f})" if atlas.meta.get("clean_metric") is not None else "")
+        + "; importance anchored at 0 (a diverging scale when some ablations help)."
+    )
+    return f"<p class='note'>{html.escape(note)}</p>" + "".join(parts)
+
+
+def _patterns_section(atlas: Atlas) -> str:
+    p = atlas.pattern
+    t = atlas.roles
+    data: dict[str, Any] = {
+        "tokens": p["tokens"],
+        "layers": list(range(atlas.meta["n_layers"])),
+        "heads": list(range(atlas.meta["n_heads"])),
+        "order": t["label"].tolist(),
+        "roles": {lab: role for lab, role in zip(t["label"], t["role"]) if role},
+        "selected": p["selected"],
+        "patterns": {
+            lab: np.asarray(p["patterns"][l, h]).tolist() for lab, l, h in zip(t["label"], t["layer"], t["head"])
+        },
+    }
+    blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    note = (
+        f"Every head's attention on one sequence of {len(p['tokens'])} tokens (a random block repeated twice). "
+        "Click heads on the grid (rows: layers) to show or hide them; the strongest head of each role is shown first. "
+        "Induction heads light the diagonal stripe one past each earlier copy of the current token."
+    )
+    return (
+        f"<p class='note'>{html.escape(note)}</p><div id='head-picker'></div><div id='pattern-view'></div>"
+        f'<script type="application/json" id="atlas-patterns">{blob}</script><script>{VIEWER_JS}</script>'
+    )

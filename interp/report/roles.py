@@ -1,0 +1,86 @@
+"""What each head *is*: uniform baselines and the role table of the head atlas.
+
+A head earns a role label only when its score for that role clears what a head attending
+uniformly over the keys it may see would score (the *uniform baseline*) beyond its bootstrap CI,
+that is ``lo > baseline``, and carries at least ``threshold`` (default 0.3, Gu et al.'s Sink^eps
+epsilon) of its attention there: a head that puts 15% on the previous token, three times the
+uniform share, is recorded in the table but not named a previous-token head. The copying score has
+no CI and no uniform baseline (a random OV circuit scores near 0 with a spread that depends on
+the model's width), so it is shown but never a label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from interp.probes import TokenProbe
+from interp.scores import HeadScores
+
+ROLES = {  # score column -> role label
+    "induction": "induction",
+    "prev_token": "previous-token",
+    "duplicate": "duplicate-token",
+    "first_mass": "sink",
+}
+THRESHOLD = 0.3
+
+
+def _uniform_mass(mask: Bool[Tensor, "batch q k"], causal: bool) -> float:
+    """Mean over the queries with a target of the mass a uniform head puts on the targets."""
+    n = mask.shape[-1]
+    keys: Float[Tensor, " q"] = (
+        torch.arange(1, n + 1, device=mask.device).float() if causal else torch.full((n,), float(n), device=mask.device)
+    )
+    per_query = mask.sum(-1).float() / keys
+    has = mask.any(-1)
+    return float(per_query[has].mean()) if bool(has.any()) else float("nan")
+
+
+def uniform_baselines(probe: TokenProbe) -> dict[str, float]:
+    """What a uniformly attending head scores on ``probe`` for previous-token, duplicate and induction."""
+    n = probe.seq_len
+    prev = torch.zeros(probe.batch, n, n, dtype=torch.bool, device=probe.tokens.device)
+    rows = torch.arange(1, n, device=probe.tokens.device)
+    prev[:, rows, rows - 1] = probe.prev_query_mask()[:, 1:]
+    return {
+        "prev_token": _uniform_mass(prev, probe.causal),
+        "duplicate": _uniform_mass(probe.duplicate_mask(), probe.causal),
+        "induction": _uniform_mass(probe.induction_mask(), probe.causal),
+    }
+
+
+def role_table(
+    scores: HeadScores,
+    baselines: Mapping[str, float],
+    *,
+    threshold: float = THRESHOLD,
+    extra: Mapping[str, HeadScores] | None = None,
+) -> pd.DataFrame:
+    """A row per head: every score with its CI, ``role`` (labels joined by ", "; "" for none).
+
+    ``scores`` holds the attention scores (and ``copying``); ``extra`` adds columns from other
+    tables by name, e.g. ``{"": sink_report.heads}`` for ``first_mass`` or ``{"exact_": sweep}``
+    for ``exact_importance`` (prefix -> table; every score column and CI bound is copied).
+    ``baselines`` gives each role score's uniform value (missing: that role is never labelled).
+    """
+    table = scores.table.copy()
+    for prefix, other in (extra or {}).items():
+        keep = [c for c in other.table.columns if c not in ("layer", "head", "label")]
+        renamed = other.table[["layer", "head", *keep]].rename(columns={c: prefix + c for c in keep})
+        dup = [c for c in renamed.columns if c in table.columns and c not in ("layer", "head")]
+        table = table.merge(renamed.drop(columns=dup), on=["layer", "head"], how="left")
+    labels = [[] for _ in range(len(table))]
+    for col, role in ROLES.items():
+        base = baselines.get(col)
+        if col not in table or f"{col}_lo" not in table or base is None:
+            continue
+        clears = (table[f"{col}_lo"] > base) & (table[col] >= threshold)
+        for i in clears.to_numpy().nonzero()[0]:
+            labels[i].append(role)
+    table.insert(3, "role", [", ".join(r) for r in labels])
+    return table

@@ -1,0 +1,86 @@
+"""Attention sinks: which heads dump attention, on which tokens, and the massive activations behind them.
+
+Definitions (``A`` is a head's attention pattern on one sequence of ``T`` tokens, rows are queries
+``i``, columns keys ``k``; a query *sees* key ``k`` when ``k <= i`` for causal models, always for
+encoders; ``n_k`` is how many queries see ``k``: ``T - k`` causal, ``T`` encoder):
+
+- **sink mass** of key ``k`` (Gu et al. 2024, ``alpha_k``): the mean attention the queries that see
+  ``k`` give it, ``alpha_k = sum_i A[i, k] / n_k``, averaged over the probe's sequences.
+  ``first_mass`` is ``alpha_0``: the first token, which is the BOS of a causal model that has one
+  and ``[CLS]`` for an encoder; ``sep_mass`` (encoders) is ``alpha`` at the ``[SEP]`` position.
+  ``top_other_mass`` / ``top_other_pos`` are the largest ``alpha_k`` over the other positions seen
+  by at least ``min_queries`` queries, and the ``positions`` table summarises ``alpha_k`` over heads
+  for every position of every layer.
+- **Sink_k^eps** (Gu et al.): the share of heads whose ``alpha_k`` exceeds ``epsilon`` (0.3), per
+  layer and for the whole model (the mean over layers of the per-layer share).
+- **sink discovery**: for every token occurrence, the attention it draws relative to a head that
+  attends uniformly over what each query sees (``alpha_k`` over its uniform value
+  ``mean_{i sees k} 1 / (#keys i sees)``), averaged over all heads of all layers; occurrences are
+  grouped by token and *role* (``first``, ``BOS``, ``[CLS]``, ``[SEP]``, ``punctuation``,
+  ``newline``, ``space``, ``special``, ``word``) and ranked. Only keys seen by at least
+  ``min_queries`` queries count: the last few keys of a causal sequence are seen by so few queries
+  that a local (previous-token) head makes them look like sinks. ``sink_head_share`` is the share
+  of heads that *dump* on the occurrence: ``alpha_k > epsilon`` and ``alpha_k >= sink_ratio`` times
+  the uniform value. An occurrence (or, on average, a token) is a sink when its attention ratio
+  reaches ``sink_ratio`` (3) or at least one head dumps on it (a share of at least ``1 / #heads``):
+  averaged over all heads, one dumping head among many is diluted below any ratio.
+- **sink positions** of a sequence: the first position, the ``[SEP]`` of an encoder, and every
+  occurrence that is a sink.
+- **value norms**: ``value_norm_first`` is the mean ``||v_0||`` of the head's value vector at the
+  first position, ``value_norm_other`` its mean over the other body positions, and
+  ``value_norm_ratio`` their ratio. ``first_mass_by_norm`` is ``first_mass * value_norm_ratio``:
+  the first token's attention weighted by how much its value carries, in units of an ordinary
+  token's value (the norm-based view of Kobayashi et al. 2020, before ``W_O``). A head that *parks*
+  attention has a large ``first_mass`` but a small ``value_norm_ratio`` and ``first_mass_by_norm``;
+  a head that reads the first token's content has both large.
+- **confidence** (Voita et al. 2019): the mean over queries of the largest attention weight;
+  ``confidence_no_first`` takes the largest weight among keys other than the first position (not
+  renormalised). Both average over the queries that see at least two keys (causal: ``i >= 1``).
+- **massive activations** (Sun et al. 2024): residual-stream entries (``blocks.{l}.hook_resid_post``,
+  so ``layer`` is the block whose output holds them) with ``|x| > abs_threshold`` (100) and
+  ``|x| > rel_threshold`` (1000) times the median ``|x|`` of their own hidden state. Per layer the
+  *outlier ratio* ``max|x| / median|x|`` of each hidden state is averaged over sink positions and
+  over the other positions, next to the largest three magnitudes and the median of each sequence.
+
+Memory: the hooks reduce each layer's ``[batch, head, T, T]`` pattern to per-key sums and per-query
+maxima as it is produced, value vectors to their norms and residuals to per-position maxima and
+medians (plus the few massive entries): everything kept across layers is linear in ``T``. The
+forward pass stops after the last layer's residual output. (The TransformerBridge itself keeps
+each layer's pattern on its attention module; :func:`interp.hooks.run_with_reducers` drops it once the layer
+is done, see ``analyses/bench_sinks.py``.)
+"""
+
+from interp.sinks.figures import first_mass_heatmap, residual_curves, sink_rate_bars
+from interp.sinks.report import SinkReport, sink_scores
+from interp.sinks.stats import (
+    ABS_THRESHOLD,
+    EPSILON,
+    MAX_MASSIVE_PER_LAYER,
+    MIN_QUERIES,
+    REL_THRESHOLD,
+    SINK_RATIO,
+    SinkStatistics,
+    queries_per_key,
+    sink_statistics,
+    uniform_mass,
+)
+from interp.sinks.tables import token_texts
+
+__all__ = [
+    "ABS_THRESHOLD",
+    "EPSILON",
+    "MAX_MASSIVE_PER_LAYER",
+    "MIN_QUERIES",
+    "REL_THRESHOLD",
+    "SINK_RATIO",
+    "SinkReport",
+    "SinkStatistics",
+    "first_mass_heatmap",
+    "queries_per_key",
+    "residual_curves",
+    "sink_rate_bars",
+    "sink_scores",
+    "sink_statistics",
+    "token_texts",
+    "uniform_mass",
+]

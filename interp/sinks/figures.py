@@ -1,0 +1,62 @@
+"""Sink figures: first-token mass heatmap, Sink^eps per layer, residual magnitudes by layer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+
+from interp.plots import bars, curves, heatmap, short_name
+
+if TYPE_CHECKING:
+    from interp.sinks.report import SinkReport
+
+
+def first_mass_heatmap(report: SinkReport) -> go.Figure:
+    """Layer x head heatmap of first-token mass (and [SEP] mass for encoders), on a 0..1 scale."""
+    first = report.meta["first_token"]
+    cols = ["first_mass"] + (["sep_mass"] if "sep_mass" in report.heads.table else [])
+    return heatmap(
+        report.heads,
+        cols,
+        baselines={"first_mass": report.meta["uniform_first_mass"]},
+        title=f"{short_name(report.meta['model'])}: attention mass on the first token ({first})"
+        + (" and on [SEP]" if len(cols) > 1 else ""),
+    )
+
+
+def sink_rate_bars(report: SinkReport) -> go.Figure:
+    """Sink_k^eps per layer: the share of heads whose mass on the first token (and [SEP]) exceeds eps."""
+    eps, first = report.meta["epsilon"], report.meta["first_token"]
+    fig = bars(
+        report.layers,
+        "layer",
+        "sink_share",
+        title=f"{short_name(report.meta['model'])}: Sink^eps per layer (eps = {eps}; model: {report.sink_rate:.0%})",
+        y_title=f"share of heads with mass > {eps}",
+    )
+    fig.data[0].name = f"first token ({first})"
+    if "sep_sink_share" in report.layers:
+        fig.add_trace(go.Bar(x=report.layers["layer"], y=report.layers["sep_sink_share"], name="[SEP]"))
+        fig.update_layout(barmode="group", showlegend=True)
+    fig.update_yaxes(range=[0, 1])
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def residual_curves(report: SinkReport) -> go.Figure:
+    """The largest three residual magnitudes and the median, by layer (Sun et al.'s figure), log scale."""
+    cols = ["resid_top1", "resid_top2", "resid_top3", "resid_median"]
+    long = report.layers.melt(id_vars="layer", value_vars=cols, var_name="magnitude", value_name="value")
+    long["magnitude"] = long["magnitude"].map(
+        {"resid_top1": "top 1", "resid_top2": "top 2", "resid_top3": "top 3", "resid_median": "median"}
+    )
+    return curves(
+        long,
+        "layer",
+        "value",
+        "magnitude",
+        log_y=True,
+        y_title="|residual| (mean over sequences)",
+        title=f"{short_name(report.meta['model'])}: largest residual-stream magnitudes by layer",
+    )

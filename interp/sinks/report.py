@@ -1,0 +1,225 @@
+""":func:`sink_scores` and the :class:`SinkReport` it returns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from interp import distributed
+from interp._io import atomic_write, atomic_write_json
+from interp.errors import UsageError
+from interp.models import describe
+from interp.probes import TokenProbe, random_tokens
+from interp.scores import HeadScores
+from interp.sinks.stats import (
+    ABS_THRESHOLD,
+    EPSILON,
+    MAX_MASSIVE_PER_LAYER,
+    MIN_QUERIES,
+    REL_THRESHOLD,
+    SINK_RATIO,
+    concat_statistics,
+    queries_per_key,
+    sink_statistics,
+    uniform_mass,
+)
+from interp.sinks.tables import (
+    first_label,
+    head_table,
+    layer_table,
+    massive_table,
+    occurrences,
+    position_table,
+    sep_position,
+    sink_positions,
+    token_table,
+)
+from interp.stream.budget import PATTERN_BUDGET, choose_engine
+
+
+@dataclass
+class SinkReport:
+    """Everything :func:`sink_scores` found: one per-head table and four tidy tables.
+
+    - ``heads``: a :class:`HeadScores`, a row per (layer, head) (see the module docstring);
+    - ``layers``: a row per layer: Sink^eps of the first token (and of ``[SEP]``), residual
+      magnitudes, outlier ratios at sink positions and elsewhere, massive-activation counts;
+    - ``positions``: a row per (layer, position): ``alpha_k`` summarised over the layer's heads;
+    - ``tokens``: sink discovery, a row per (token, role), ranked by attention ratio;
+    - ``massive``: a row per massive activation, largest first.
+    """
+
+    heads: HeadScores
+    layers: pd.DataFrame
+    positions: pd.DataFrame
+    tokens: pd.DataFrame
+    massive: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The per-head table (a row per (layer, head)), as every result object has."""
+        return self.heads.table
+
+    def grid(self, score: str) -> np.ndarray:
+        """The ``[n_layers, n_heads]`` matrix of one per-head score (``first_mass``, ...)."""
+        return self.heads.grid(score)
+
+    @property
+    def sink_rate(self) -> float:
+        """Model-level Sink_0^eps: the share of all heads whose first-token mass exceeds epsilon."""
+        return float(self.meta["sink_rate"])
+
+    def roles(self) -> pd.DataFrame:
+        """Sink discovery summarised by role (first, BOS, [SEP], punctuation, newline, word, ...)."""
+        t = self.tokens
+        if t.empty:
+            return pd.DataFrame(columns=["role", "occurrences", "attention_ratio", "sink_head_share"])
+        w = t["occurrences"]
+        out = (
+            t.assign(r=t["attention_ratio"] * w, s=t["sink_head_share"] * w)
+            .groupby("role", sort=False)
+            .agg(occurrences=("occurrences", "sum"), r=("r", "sum"), s=("s", "sum"))
+        )
+        out["attention_ratio"] = out.pop("r") / out["occurrences"]
+        out["sink_head_share"] = out.pop("s") / out["occurrences"]
+        return out.reset_index().sort_values("attention_ratio", ascending=False, kind="mergesort")
+
+    def save(self, out: str | Path, stem: str = "sinks") -> list[Path]:
+        """Write ``<stem>.csv/.json`` (heads), ``<stem>_{layers,positions,tokens,massive}.csv`` and
+        ``<stem>_summary.json`` (meta, layers, roles, the top tokens and massive activations), atomically."""
+        out = Path(out)
+        written = self.heads.save(out, stem)
+        for name in TABLES:
+            frame: pd.DataFrame = getattr(self, name)
+            written.append(atomic_write(out / f"{stem}_{name}.csv", frame.to_csv(index=False)))
+        records = lambda f: json.loads(f.to_json(orient="records"))  # noqa: E731
+        written.append(
+            atomic_write_json(
+                out / f"{stem}_summary.json",
+                {
+                    "meta": self.meta,
+                    "layers": records(self.layers),
+                    "roles": records(self.roles()),
+                    "top_tokens": records(self.tokens.head(50)),
+                    "top_massive": records(self.massive.head(50)),
+                },
+            )
+        )
+        return written
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = "sinks") -> SinkReport:
+        """Read back what :meth:`save` wrote: the folder (and ``stem``), or its ``<stem>.json``."""
+        path = Path(path)
+        folder, stem = (path, stem) if path.is_dir() else (path.parent, path.stem)
+        files = [folder / f"{stem}.json", folder / f"{stem}_summary.json"]
+        files += [folder / f"{stem}_{name}.csv" for name in TABLES]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UsageError(f"no saved sink report in {folder}: missing {', '.join(missing)}")
+        frames = {name: pd.read_csv(folder / f"{stem}_{name}.csv") for name in TABLES}
+        meta = json.loads((folder / f"{stem}_summary.json").read_text(encoding="utf-8"))["meta"]
+        return cls(heads=HeadScores.load(files[0]), meta=meta, **frames)
+
+
+TABLES = ("layers", "positions", "tokens", "massive")
+
+
+def sink_scores(
+    model: Any,
+    probe: TokenProbe | None = None,
+    *,
+    epsilon: float = EPSILON,
+    abs_threshold: float = ABS_THRESHOLD,
+    rel_threshold: float = REL_THRESHOLD,
+    sink_ratio: float = SINK_RATIO,
+    min_queries: int = MIN_QUERIES,
+    max_massive: int = MAX_MASSIVE_PER_LAYER,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+    minibatch: int | None = None,
+    progress: bool = False,
+    engine: str = "auto",
+    budget: int = PATTERN_BUDGET,
+) -> SinkReport:
+    """Find attention sinks and massive activations in ``model`` on ``probe``.
+
+    ``probe`` defaults to Gu et al.'s: ``random_tokens(model, seed=seed)`` (16 x 64 random tokens).
+    ``first_mass`` carries a bootstrap interval over sequences at ``level``. ``engine`` and
+    ``budget`` choose the pattern or the stream engine as in :func:`interp.heads.head_scores`.
+    """
+    if not 0 < epsilon < 1:
+        raise UsageError(f"epsilon must be between 0 and 1, got {epsilon}")
+    for name, value in (("abs_threshold", abs_threshold), ("rel_threshold", rel_threshold), ("sink_ratio", sink_ratio)):
+        if not value > 0:
+            raise UsageError(f"{name} must be > 0, got {value}")
+    if probe is None:
+        probe = random_tokens(model, seed=seed)
+    info = describe(model)
+    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
+    stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
+        lambda p: sink_statistics(
+            model,
+            p,
+            abs_threshold=abs_threshold,
+            rel_threshold=rel_threshold,
+            max_massive=max_massive,
+            minibatch=minibatch,
+            progress=progress and distributed.is_main(),
+            engine=engine,
+        ),
+        probe,
+        merge=lambda parts: concat_statistics(parts, max_massive),
+        what="finding sinks",
+    )
+    T, causal, L, H = probe.seq_len, info.is_causal, info.n_layers, info.n_heads
+    n_k = queries_per_key(T, causal)
+    alpha_seq = stats.received / n_k  # [B, L, H, T]
+    alpha = alpha_seq.mean(0)  # [L, H, T]
+    sep = sep_position(info, probe)
+    eligible = n_k >= min(min_queries, T)
+    first = first_label(info, probe)
+
+    heads = head_table(stats, alpha, sep, eligible, probe, causal, n_boot, level, seed)
+    occ = occurrences(alpha_seq, probe, info, model, eligible, epsilon, sink_ratio)
+    is_sink = lambda f: (f["attention_ratio"] >= sink_ratio) | (f["sink_head_share"] >= 0.999 / (L * H))  # noqa: E731
+    sink_pos = sink_positions(occ[is_sink(occ)], probe, sep)
+    tokens = token_table(occ, is_sink)
+    massive = massive_table(stats, probe, model, info, sink_pos)
+    layers = layer_table(alpha, stats, sep, sink_pos, massive, epsilon, info)
+    positions = position_table(alpha, epsilon, sep, n_k, first)
+
+    shares = (alpha[:, :, 0] > epsilon).float()
+    meta = {
+        "model": info.name,
+        "n_layers": info.n_layers,
+        "n_heads": info.n_heads,
+        "causal": causal,
+        "first_token": first,
+        "sep_position": sep,
+        "probe": probe.meta,
+        "epsilon": epsilon,
+        "sink_rate": float(shares.mean()),
+        "sep_sink_rate": None if sep is None else float((alpha[:, :, sep] > epsilon).float().mean()),
+        "uniform_first_mass": float(uniform_mass(T, causal)[0]),
+        "abs_threshold": abs_threshold,
+        "rel_threshold": rel_threshold,
+        "sink_ratio": sink_ratio,
+        "min_queries": min_queries,
+        "n_massive": len(massive),
+        "max_row_sum_deviation": stats.max_row_deviation,
+        "ci_level": level,
+        "n_boot": n_boot,
+        "seed": seed,
+        "engine": engine,
+        "engine_reason": why,
+    }
+    heads.meta.update(meta)
+    return SinkReport(heads=heads, layers=layers, positions=positions, tokens=tokens, massive=massive, meta=meta)

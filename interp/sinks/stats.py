@@ -1,0 +1,228 @@
+"""The sink pass: each layer's pattern, values and residual reduced inside its hook to statistics
+linear in ``T`` (see :mod:`interp.sinks` for the definitions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.errors import NonFiniteAttentionError, UsageError
+from interp.hooks import layer_of, pattern_hook, resid_post_hook, run_with_reducers, v_hook
+from interp.models import describe
+from interp.probes import TokenProbe
+
+EPSILON = 0.3
+ABS_THRESHOLD = 100.0
+REL_THRESHOLD = 1000.0
+SINK_RATIO = 3.0
+MIN_QUERIES = 8
+MAX_MASSIVE_PER_LAYER = 1000
+
+
+# --------------------------------------------------------------------------------------------
+# the pass: reduce inside the hooks
+
+
+@dataclass
+class SinkStatistics:
+    """What the hooks keep: per-key and per-position reductions, all linear in ``T``."""
+
+    received: Float[Tensor, "batch layer head k"]  # sum_i A[i, k]
+    confidence: Float[Tensor, "batch layer head"]  # sum over scored queries of max_k A[i, k]
+    confidence_no_first: Float[Tensor, "batch layer head"]  # ... of max_{k >= 1} A[i, k]
+    value_norm: Float[Tensor, "batch layer k head"]  # ||v_k|| (NaN if hook_v never fired)
+    resid_max: Float[Tensor, "batch layer pos"]  # max_d |x|
+    resid_median: Float[Tensor, "batch layer pos"]  # median_d |x|
+    resid_top: Float[Tensor, "batch layer 3"]  # the 3 largest |x| of each sequence's layer output
+    resid_seq_median: Float[Tensor, "batch layer"]  # median |x| over the whole layer output
+    massive: list[tuple[int, int, int, int, float, float]]  # layer, seq, pos, dim, value, |x|/median
+    max_row_deviation: float  # max |sum_k A[i, k] - 1| seen
+
+
+def sink_statistics(
+    model: Any,
+    probe: TokenProbe,
+    *,
+    abs_threshold: float = ABS_THRESHOLD,
+    rel_threshold: float = REL_THRESHOLD,
+    max_massive: int = MAX_MASSIVE_PER_LAYER,
+    minibatch: int | None = None,
+    progress: bool = False,
+    engine: str = "pattern",
+) -> SinkStatistics:
+    """Run ``probe`` through ``model`` once, reducing patterns, values and residuals in their hooks.
+
+    Hooks: ``blocks.{l}.attn.hook_v``, ``blocks.{l}.attn.hook_pattern`` and
+    ``blocks.{l}.hook_resid_post``; the pass stops after the last layer's residual output.
+    ``engine="stream"`` computes the same statistics without forming any pattern
+    (:mod:`interp.stream`).
+    """
+    info = describe(model)
+    if probe.seq_len > info.n_ctx:
+        raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+    if engine not in ("pattern", "stream"):
+        raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
+    if engine == "stream":
+        from interp.stream.engine import stream_sink_statistics
+
+        return stream_sink_statistics(
+            model,
+            probe,
+            abs_threshold=abs_threshold,
+            rel_threshold=rel_threshold,
+            max_massive=max_massive,
+            minibatch=minibatch,
+            progress=progress,
+        )
+    B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
+    scored = scored_queries(T, info.is_causal)
+    stats = empty_statistics(B, L, H, T)
+    step = minibatch or B
+    chunks = range(0, B, step)
+    for start in tqdm(chunks, desc="sink pass", disable=not progress or len(chunks) == 1):
+        sl = slice(start, start + step)
+
+        def values(v: Float[Tensor, "batch pos kv_head d_head"], hook: Any) -> None:
+            record_value_norms(stats, v.detach().float().norm(dim=-1), layer_of(hook), sl)
+
+        def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
+            layer = layer_of(hook)
+            a = a.detach().float()
+            rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
+            check_finite(rows, layer, info.name)
+            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
+            stats.received[sl, layer] = a.sum(-2).cpu()
+            stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
+            stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
+
+        def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
+            reduce_residual(stats, x, layer_of(hook), sl, abs_threshold, rel_threshold, max_massive)
+
+        hooks = []
+        for layer in range(L):
+            hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
+        run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
+    return cap_massive(stats, max_massive)
+
+
+def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
+    """Zeroed statistics for ``B`` sequences of ``T`` tokens through ``L`` layers of ``H`` heads."""
+    return SinkStatistics(
+        received=torch.zeros(B, L, H, T),
+        confidence=torch.zeros(B, L, H),
+        confidence_no_first=torch.zeros(B, L, H),
+        value_norm=torch.full((B, L, T, H), float("nan")),
+        resid_max=torch.zeros(B, L, T),
+        resid_median=torch.zeros(B, L, T),
+        resid_top=torch.zeros(B, L, 3),
+        resid_seq_median=torch.zeros(B, L),
+        massive=[],
+        max_row_deviation=0.0,
+    )
+
+
+def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
+    if not torch.isfinite(rows).all():
+        raise NonFiniteAttentionError(
+            f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
+            f"in {model_name}'s dtype on this input: try --dtype float32"
+        )
+
+
+def record_value_norms(
+    stats: SinkStatistics, norm: Float[Tensor, "batch pos kv_head"], layer: int, rows: slice
+) -> None:
+    """Store ``||v||`` per position and query head (grouped K/V: one value head serves several)."""
+    H = stats.value_norm.shape[-1]
+    if norm.shape[-1] != H:
+        norm = norm.repeat_interleave(H // norm.shape[-1], dim=-1)
+    stats.value_norm[rows, layer] = norm.cpu()
+
+
+def reduce_residual(
+    stats: SinkStatistics,
+    x: Float[Tensor, "batch pos d_model"],
+    layer: int,
+    rows: slice,
+    abs_threshold: float,
+    rel_threshold: float,
+    max_massive: int,
+) -> None:
+    """Reduce one layer's residual output of sequences ``rows`` into magnitudes and massive activations."""
+    x = x.detach().float()
+    mag = x.abs()
+    med = mag.median(-1).values
+    stats.resid_max[rows, layer] = mag.amax(-1).cpu()
+    stats.resid_median[rows, layer] = med.cpu()
+    flat = mag.flatten(1)
+    stats.resid_top[rows, layer] = flat.topk(min(3, flat.shape[1]), dim=-1).values.cpu()
+    stats.resid_seq_median[rows, layer] = flat.median(-1).values.cpu()
+    hits = (mag > abs_threshold) & (mag > rel_threshold * med[..., None])
+    if hits.any():
+        idx = hits.nonzero()
+        vals = x[hits]
+        ratio = mag[hits] / med[idx[:, 0], idx[:, 1]].clamp_min(1e-30)
+        keep = vals.abs().argsort(descending=True)[:max_massive]
+        for (b, t, d), v, r in zip(idx[keep].tolist(), vals[keep].tolist(), ratio[keep].tolist()):
+            stats.massive.append((layer, (rows.start or 0) + b, t, d, v, r))
+
+
+def cap_massive(stats: SinkStatistics, max_massive: int) -> SinkStatistics:
+    """Sort the massive activations largest first and keep at most ``max_massive`` per layer."""
+    stats.massive.sort(key=lambda m: -abs(m[4]))
+    by_layer: dict[int, int] = {}
+    kept = []
+    for m in stats.massive:  # cap per layer across minibatches
+        by_layer[m[0]] = by_layer.get(m[0], 0) + 1
+        if by_layer[m[0]] <= max_massive:
+            kept.append(m)
+    stats.massive = kept
+    return stats
+
+
+def concat_statistics(parts: list[SinkStatistics], max_massive: int = MAX_MASSIVE_PER_LAYER) -> SinkStatistics:
+    """The statistics of consecutive blocks of a probe's sequences, as one pass over the whole probe
+    would have made them (massive activations renumbered, re-ranked and capped per layer again)."""
+    offsets = [0]
+    for p in parts:
+        offsets.append(offsets[-1] + p.received.shape[0])
+    cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    massive = [(m[0], m[1] + off, *m[2:]) for p, off in zip(parts, offsets) for m in p.massive]
+    massive.sort(key=lambda m: -abs(m[4]))
+    by_layer: dict[int, int] = {}
+    kept = []
+    for m in massive:
+        by_layer[m[0]] = by_layer.get(m[0], 0) + 1
+        if by_layer[m[0]] <= max_massive:
+            kept.append(m)
+    names = ("received", "confidence", "confidence_no_first", "value_norm")
+    names += ("resid_max", "resid_median", "resid_top", "resid_seq_median")
+    return SinkStatistics(
+        **{n: cat(n) for n in names},
+        massive=kept,
+        max_row_deviation=max(p.max_row_deviation for p in parts),
+    )
+
+
+def scored_queries(T: int, causal: bool) -> slice:
+    """Queries that see at least two keys: all of an encoder's, ``i >= 1`` of a causal model's."""
+    return slice(1 if causal else 0, T)
+
+
+def queries_per_key(T: int, causal: bool) -> Float[Tensor, " k"]:
+    """``n_k``: how many queries see key ``k``."""
+    return torch.arange(T, 0, -1).float() if causal else torch.full((T,), float(T))
+
+
+def uniform_mass(T: int, causal: bool) -> Float[Tensor, " k"]:
+    """``alpha_k`` of a head that spreads each query's attention evenly over the keys it sees."""
+    if not causal:
+        return torch.full((T,), 1.0 / T)
+    inv = 1.0 / torch.arange(1, T + 1).double()  # query i sees i + 1 keys
+    tail = inv.flip(0).cumsum(0).flip(0)  # sum_{i >= k} 1 / (i + 1)
+    return (tail / queries_per_key(T, True).double()).float()

@@ -1,0 +1,45 @@
+"""Which engine scores a probe: the pattern engine (hooks on ``hook_pattern``) or the stream engine.
+
+``"auto"`` keeps the pattern engine, the reference, while one layer's pattern for a forward pass
+(``sequences x heads x T x T`` float32 weights) fits the budget, 1 GiB by default, and streams
+beyond it. The model's own attention needs about as much again, so the budget is about half of
+what the pattern engine really takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interp.errors import UsageError
+from interp.models import describe
+
+ENGINES = ("auto", "pattern", "stream")
+PATTERN_BUDGET = 1 << 30  # bytes
+
+
+def pattern_bytes(n_seqs: int, n_heads: int, seq_len: int) -> int:
+    """Bytes of one layer's float32 pattern for ``n_seqs`` sequences."""
+    return 4 * n_seqs * n_heads * seq_len * seq_len
+
+
+def gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.5g} GiB" if n_bytes >= 2**27 else f"{n_bytes / 2**20:.3g} MiB"
+
+
+def choose_engine(
+    engine: str,
+    model: Any,
+    n_seqs: int,
+    seq_len: int,
+    budget: int = PATTERN_BUDGET,
+) -> tuple[str, str]:
+    """``(engine, why)``: resolve ``"auto"`` for ``n_seqs`` sequences per forward pass of ``seq_len``."""
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r}: choose from {list(ENGINES)}")
+    size = pattern_bytes(n_seqs, describe(model).n_heads, seq_len)
+    what = f"one layer's pattern for {n_seqs} x {seq_len} tokens takes {gib(size)}"
+    if engine != "auto":
+        return engine, f"{engine} (asked for; {what})"
+    if size > budget:
+        return "stream", f"stream ({what}, over the {gib(budget)} budget)"
+    return "pattern", f"pattern ({what}, within the {gib(budget)} budget)"

@@ -1,0 +1,170 @@
+"""A headless Chromium driven over the DevTools protocol: open a page, collect console errors and
+uncaught exceptions, wait for plotly to draw, take a screenshot. One browser serves many pages."""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from interp.browser import headless_args
+
+PLOTS_DRAWN = """(() => {
+  const divs = Array.from(document.querySelectorAll('.plotly-graph-div'));
+  return divs.length > 0 && divs.every(d => d._fullLayout && d.querySelector('.main-svg'));
+})()"""
+
+
+@dataclass
+class PageVisit:
+    url: str
+    errors: list[str] = field(default_factory=list)
+    png: bytes = b""
+    drawn: bool = False
+    value: object = None  # what ``script`` returned
+
+
+class Chromium:
+    def __init__(self, executable: str, timeout: float = 30.0):
+        import websocket  # websocket-client
+
+        self.timeout = timeout
+        self.profile = Path(tempfile.mkdtemp(prefix="interp-browser-"))
+        cmd = headless_args(executable, self.profile) + ["--remote-debugging-port=0", "about:blank"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = self.profile / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout
+        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"{executable} did not open its DevTools port")
+            time.sleep(0.05)
+        port, path = port_file.read_text().splitlines()[:2]
+        self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", timeout=timeout, suppress_origin=True)
+        self.ids = itertools.count(1)
+        self.events: list[dict] = []
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+        msg_id = next(self.ids)
+        msg = {"id": msg_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        self.ws.send(json.dumps(msg))
+        while True:
+            reply = json.loads(self.ws.recv())
+            if reply.get("id") == msg_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def _drain(self, session: str, visit: PageVisit, until: str | None = None, wait: float = 0.0) -> bool:
+        """Read events (those queued first) into ``visit.errors``; stop at ``until`` or after ``wait`` s."""
+        deadline = time.monotonic() + (wait if until is None else self.timeout)
+        seen = False
+        while True:
+            if self.events:
+                event = self.events.pop(0)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return seen
+                self.ws.settimeout(left)
+                try:
+                    event = json.loads(self.ws.recv())
+                except Exception:  # the socket's timeout: nothing more came
+                    return seen
+                finally:
+                    self.ws.settimeout(self.timeout)
+            if event.get("sessionId") != session:
+                continue
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                d = params["exceptionDetails"]
+                visit.errors.append(f"uncaught: {d.get('exception', {}).get('description') or d.get('text')}")
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                visit.errors.append(
+                    "console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"])
+                )
+            elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                visit.errors.append(f"log: {params['entry'].get('text')} {params['entry'].get('url', '')}".strip())
+            if until is not None and method == until:
+                seen = True
+                deadline = time.monotonic()  # keep what is already queued, then stop
+
+    def visit(
+        self,
+        url: str,
+        *,
+        width: int = 1400,
+        height: int = 1000,
+        script: str | None = None,
+        draw_timeout: float | None = None,
+    ) -> PageVisit:
+        """Load ``url`` in a fresh tab, wait for every plotly figure, run ``script`` (its value, awaited
+        if a promise, lands in ``visit.value``), screenshot the window."""
+        visit = PageVisit(url)
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        try:
+            for domain in ("Runtime", "Log", "Page"):
+                self.send(f"{domain}.enable", session=session)
+            self.send(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                session=session,
+            )
+            self.send("Page.navigate", {"url": url}, session=session)
+            if not self._drain(session, visit, until="Page.loadEventFired"):
+                visit.errors.append(f"the page did not finish loading in {self.timeout:g}s")
+            deadline = time.monotonic() + (self.timeout if draw_timeout is None else draw_timeout)
+            while time.monotonic() < deadline and not visit.drawn:
+                visit.drawn = self.evaluate(PLOTS_DRAWN, session)
+                self._drain(session, visit, wait=0.1)
+            if script:
+                visit.value = self.evaluate(script, session)
+                self._drain(session, visit, wait=0.2)
+            shot = self.send("Page.captureScreenshot", {"format": "png"}, session=session)
+            visit.png = base64.b64decode(shot["data"])
+            self._drain(session, visit, wait=0.2)
+        finally:
+            self.send("Target.closeTarget", {"targetId": target})
+        return visit
+
+    def evaluate(self, expression: str, session: str):
+        params = {"expression": expression, "returnByValue": True, "awaitPromise": True}
+        result = self.send("Runtime.evaluate", params, session=session)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression[:60]}...: {result['exceptionDetails'].get('text')}")
+        return result.get("result", {}).get("value")
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "ws", None) is not None:
+                self.ws.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def ink(png: bytes) -> tuple[float, int]:
+    """How much of a screenshot is not background: the share of pixels unlike the commonest colour,
+    and the number of distinct colours."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    colours = img.getcolors(maxcolors=1 << 24)
+    total = img.width * img.height
+    background = max(colours)[0]
+    return 1.0 - background / total, len(colours)

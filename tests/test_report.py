@@ -1,0 +1,94 @@
+"""The head atlas: roles named only where a score clears the uniform baseline beyond its CI."""
+
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from plotly.offline import get_plotlyjs
+
+from interp.heads import uniform_baseline
+from interp.models import load_model
+from interp.probes import repeated_tokens
+from interp.report import attention_patterns, head_atlas, role_table, uniform_baselines
+from interp.scores import HeadScores
+from tests.helpers import one_thread
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def toy_atlas(toy):
+    with one_thread():
+        return head_atlas(toy, skip=["pruning"], seed=0)
+
+
+def test_toy_atlas_names_the_known_circuit(toy_atlas):
+    assert sorted(toy_atlas.named("induction")) == ["1.0", "1.1", "1.2", "1.3"]
+    assert toy_atlas.named("previous-token") == ["0.1"]
+    assert toy_atlas.named("duplicate-token") == []
+    roles = toy_atlas.roles.set_index("label")["role"]
+    assert roles["0.0"] == "" and roles["0.2"] == ""  # 3x the uniform previous-token share, yet under 0.3
+
+
+def test_random_weight_model_gets_no_role(gpt2_tiny, gpt2_dir, tmp_path):
+    with one_thread():
+        atlas = head_atlas(gpt2_tiny, batch=6, seq_len=20, skip=["exact", "gradient", "pruning"], seed=0)
+    assert (atlas.roles["role"] == "").all(), atlas.roles[["label", "role"]]
+    # the scores are there, near their uniform values: the rule, not missing data, names nothing
+    assert abs(atlas.roles["induction"].mean() - atlas.baselines["induction"]) < 0.05
+    # a model loaded from a folder is titled by the folder's name, not its full path
+    page = atlas.save(tmp_path)[0].read_text()
+    assert f"<h1>Head atlas: {gpt2_dir.name}</h1>" in page and f"Head atlas: {gpt2_dir}" not in page
+
+
+def test_uniform_baselines_match_independent_computations(toy):
+    probe = repeated_tokens(toy, batch=3, block_len=20, n_repeats=2, seed=0)
+    base = uniform_baselines(probe)
+    assert base["induction"] == pytest.approx(uniform_baseline(probe), abs=1e-6)
+    # BOS + 40 body tokens, causal: query q (1..40) spreads 1/(q+1) over its keys
+    assert base["prev_token"] == pytest.approx(np.mean([1 / (q + 1) for q in range(1, 41)]), abs=1e-6)
+    # second repeat (q = 21..40): exactly one earlier copy of its token
+    assert base["duplicate"] == pytest.approx(np.mean([1 / (q + 1) for q in range(21, 41)]), abs=1e-6)
+
+
+def test_role_needs_the_ci_above_the_baseline_not_just_the_point():
+    grid = lambda *v: np.array([v])  # noqa: E731
+    scores = HeadScores.from_grids(
+        {
+            "induction": grid(0.5, 0.5, 0.2),
+            "induction_lo": grid(0.45, 0.05, 0.15),
+            "induction_hi": grid(0.55, 0.9, 0.25),
+        }
+    )
+    table = role_table(scores, {"induction": 0.1})
+    assert table["role"].tolist() == ["induction", "", ""]  # wide CI; under the 0.3 floor
+    assert role_table(scores, {"induction": 0.1}, threshold=0.1)["role"].tolist() == ["induction", "", "induction"]
+
+
+def test_patterns_are_the_models_own(toy):
+    probe = repeated_tokens(toy, batch=1, block_len=8, n_repeats=2, seed=3)
+    pat = attention_patterns(toy, probe.tokens[0])
+    _, cache = toy.run_with_cache(probe.tokens)
+    for layer in range(pat.shape[0]):
+        ref = cache[f"blocks.{layer}.attn.hook_pattern"][0]
+        assert np.allclose(pat[layer].numpy(), ref.detach().float().numpy(), atol=1e-6)
+
+
+def test_atlas_page_is_self_contained_and_preselects_role_heads(toy_atlas, tmp_path):
+    paths = toy_atlas.save(tmp_path)
+    assert sorted(p.name for p in paths) == ["atlas.html", "atlas.json", "atlas_roles.csv"]
+    page = (tmp_path / "atlas.html").read_text()
+    js = get_plotlyjs()
+    assert page.count(js) == 1  # offline: plotly.js inlined once, and nothing loaded from elsewhere
+    assert not re.search(r"<(script|link|img)[^>]*(src|href)=", page.replace(js, ""))
+    blob = json.loads(page.split('id="atlas-patterns">', 1)[1].split("</script>", 1)[0])
+    assert blob["selected"][:2] == ["1.2", "0.1"] and len(blob["tokens"]) == 25
+    table = pd.read_csv(tmp_path / "atlas_roles.csv", dtype={"label": str})
+    assert {"exact_importance", "gradient_importance", "first_mass_lo"} <= set(table)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

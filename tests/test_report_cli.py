@@ -1,0 +1,56 @@
+"""``python -m interp.report`` / ``interp report``: the atlas on the toy, bad input, exit codes."""
+
+import json
+
+import pytest
+
+from interp.cli import main as interp_main
+from interp.cli.report import cli
+from tests.helpers import one_thread
+
+
+def test_default_atlas_on_the_toy(tmp_path, capsys):
+    out = tmp_path / "atlas"
+    with one_thread():
+        assert cli(["--out", str(out), "--no-progress", "--batch", "6"]) == 0
+    printed = capsys.readouterr().out
+    assert "induction heads: 1.2, 1.3, 1.0, 1.1" in printed
+    assert "previous-token heads: 0.1\n" in printed and "duplicate-token heads: none" in printed
+    assert "wrote:" in printed and str(out / "atlas.html") in printed
+    meta = json.loads((out / "atlas.json").read_text())["meta"]
+    assert meta["model_spec"] == "toy" and meta["ablation"] == "mean" and meta["skipped"] == []
+
+
+def test_skip_leaves_parts_out(tmp_path, capsys):
+    with one_thread():
+        code = cli(["--out", str(tmp_path), "--no-progress", "--skip", "exact,gradient,pruning,sinks"])
+    assert code == 0
+    page = (tmp_path / "atlas.html").read_text()
+    assert 'id="ablation"' not in page and 'id="sinks"' not in page and 'id="patterns"' in page
+    assert "sink heads" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--skip", "exact,speed"], "unknown part(s) speed: choose from sinks, exact, gradient, pruning, patterns"),
+        (["--view-heads", "1-2"], "heads are LAYER.HEAD separated by commas (e.g. 1.2,0.1), got '1-2'"),
+        (["--view-heads", "9.9", "--skip", "sinks,exact,gradient,pruning"], "no head 9.9 in this model"),
+        (["--threshold", "1.5"], "must be in (0, 1), got 1.5"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e, one_thread():
+        cli([*argv, "--out", str(out), "--no-progress"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1]
+    assert not (out / "atlas.html").exists()
+
+
+def test_interp_report_is_registered(capsys):
+    with pytest.raises(SystemExit) as e:
+        interp_main(["report", "--help"])
+    assert e.value.code == 0
+    assert "usage: interp report" in capsys.readouterr().out
