@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from interp.errors import UsageError
-from interp.heads import attention_scores, head_scores
-from interp.models import from_hf_model, load_model
+from interp.heads import attention_scores, head_scores, uniform_baseline
+from interp.models import describe, from_hf_model, load_model
 from interp.probes import TokenProbe, random_tokens, repeated_tokens
+from interp.report.roles import uniform_baselines
 from interp.sinks import sink_scores
 from interp.sinks.stats import sink_statistics
 from interp.stream.blockwise import column_sums, gathered_weights, row_stats
@@ -113,6 +114,17 @@ def test_target_pairs_are_the_masks(causal, vocab):
     assert torch.equal(prev[:, rows, rows - 1], probe.prev_query_mask()[:, 1:])
     assert prev.sum() == probe.prev_query_mask()[:, 1:].sum()
     assert len(probe.prev_pairs(every_query=True)) == 3 * (probe.seq_len - 1)
+    # the uniform baselines, read from the pairs, equal the mask computation
+    keys = torch.arange(1, 183).float() if causal else torch.full((182,), 182.0)
+    for name, mask in (
+        ("prev_token", prev),
+        ("duplicate", probe.duplicate_mask()),
+        ("induction", probe.induction_mask()),
+    ):
+        has = mask.any(-1)
+        want = float((mask.sum(-1) / keys)[has].mean())
+        assert uniform_baselines(probe)[name] == pytest.approx(want, rel=1e-6)
+    assert uniform_baseline(probe) == pytest.approx(uniform_baselines(probe)["induction"], rel=1e-6)
 
 
 def test_long_blocks_draw_without_replacement_when_the_vocabulary_allows(llama_tiny):
@@ -189,6 +201,8 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     formed: list[int] = []
     logits = toy_attention.attention_logits
     monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
+    for model in (llama_tiny, gpt2_tiny, bert_tiny, toy):
+        describe(model)  # once per model, describe() looks at a 4-token pattern to see causality
     for model in (llama_tiny, gpt2_tiny, bert_tiny):
         model.blocks[0].attn.hook_pattern.register_forward_hook(lambda *_: formed.append(1))
     try:
@@ -203,6 +217,23 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     finally:
         for model in (llama_tiny, gpt2_tiny, bert_tiny):
             model.blocks[0].attn.hook_pattern._forward_hooks.clear()
+
+
+def test_a_toy_built_without_flash_streams_on_its_flash_path(monkeypatch):
+    import interp.toy.attention as toy_attention
+    from interp.toy import ToyConfig, ToyTransformer
+
+    torch.manual_seed(0)
+    model = ToyTransformer(ToyConfig(d_model=32, n_heads=2, n_ctx=64, d_vocab=50, use_flash=False)).eval()
+    probe = repeated_tokens(model, batch=2, block_len=20)
+    want, _ = attention_scores(model, probe, engine="pattern")
+    formed: list[int] = []
+    logits = toy_attention.attention_logits
+    monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
+    got, _ = attention_scores(model, probe, engine="stream")
+    assert formed == [] and not any(block.attn.use_flash for block in model.blocks)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=TOL)
 
 
 def test_the_model_is_unchanged_after_streaming(llama_tiny):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.probes import TokenProbe
@@ -30,27 +30,26 @@ ROLES = {  # score column -> role label
 THRESHOLD = 0.3
 
 
-def _uniform_mass(mask: Bool[Tensor, "batch q k"], causal: bool) -> float:
-    """Mean over the queries with a target of the mass a uniform head puts on the targets."""
-    n = mask.shape[-1]
-    keys: Float[Tensor, " q"] = (
-        torch.arange(1, n + 1, device=mask.device).float() if causal else torch.full((n,), float(n), device=mask.device)
+def _uniform_mass(pairs: Int[Tensor, "n 3"], probe: TokenProbe) -> float:
+    """Mean over the queries with a target of the mass a uniform head puts on the targets.
+
+    ``pairs`` are the ``(batch, q, k)`` targets: no ``[q, k]`` mask, so long probes stay cheap."""
+    n = probe.seq_len
+    targets = torch.zeros(probe.batch, n).index_put_(
+        (pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs)), accumulate=True
     )
-    per_query = mask.sum(-1).float() / keys
-    has = mask.any(-1)
+    keys: Float[Tensor, " q"] = torch.arange(1, n + 1).float() if probe.causal else torch.full((n,), float(n))
+    per_query = targets / keys
+    has = targets > 0
     return float(per_query[has].mean()) if bool(has.any()) else float("nan")
 
 
 def uniform_baselines(probe: TokenProbe) -> dict[str, float]:
     """What a uniformly attending head scores on ``probe`` for previous-token, duplicate and induction."""
-    n = probe.seq_len
-    prev = torch.zeros(probe.batch, n, n, dtype=torch.bool, device=probe.tokens.device)
-    rows = torch.arange(1, n, device=probe.tokens.device)
-    prev[:, rows, rows - 1] = probe.prev_query_mask()[:, 1:]
     return {
-        "prev_token": _uniform_mass(prev, probe.causal),
-        "duplicate": _uniform_mass(probe.duplicate_mask(), probe.causal),
-        "induction": _uniform_mass(probe.induction_mask(), probe.causal),
+        "prev_token": _uniform_mass(probe.prev_pairs(), probe),
+        "duplicate": _uniform_mass(probe.duplicate_pairs(), probe),
+        "induction": _uniform_mass(probe.induction_pairs(), probe),
     }
 
 

@@ -10,9 +10,10 @@ runs fused: the ``[T, T]`` pattern is formed neither by the model nor by us.
   ``scaled_dot_product_attention``. Its mask function is the SDPA one, which returns no mask at
   all for unpadded batches (a causal or full mask is then implied). Hooks outside the attention
   modules (``hook_resid_post`` and the like) fire as usual; hooks inside them do not.
-- **The toy** runs attention on its flash path whenever nobody hooks the pattern; its ``hook_q``,
-  ``hook_k`` and ``hook_v`` fire before it (the toy has learned positions, no rotary), so the
-  callback runs from the ``hook_v`` hook, with ``q`` and ``k`` caught just before.
+- **The toy** runs attention on its flash path whenever nobody hooks the pattern (switched on
+  inside the block if the model was built without it); its ``hook_q``, ``hook_k`` and ``hook_v``
+  fire before it (the toy has learned positions, no rotary), so the callback runs from the
+  ``hook_v`` hook, with ``q`` and ``k`` caught just before.
 
 Only plain causal or full attention is supported: an explicit mask (padding, a sliding window)
 would be ``[T, T]`` again, and raises :class:`UsageError`.
@@ -65,7 +66,15 @@ def streamed_attention(model: Any, on_attention: OnAttention) -> Iterator[list[t
     bridge). Raises :class:`UsageError` for a model whose attention cannot be run this way.
     """
     if is_toy(model):
-        yield _toy_hooks(model, on_attention)
+        attns = [block.attn for block in model.blocks]
+        saved = [a.use_flash for a in attns]
+        try:
+            for a in attns:  # a toy built with use_flash=False would form the pattern itself
+                a.use_flash = True
+            yield _toy_hooks(model, on_attention)
+        finally:
+            for a, flag in zip(attns, saved):
+                a.use_flash = flag
         return
     with _bridge_fused(model, on_attention):
         yield []
