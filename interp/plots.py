@@ -294,7 +294,9 @@ def save_png(fig: go.Figure, path: str | Path) -> Path | None:
     later calls skip the attempt. ``INTERP_PNG=0`` in the environment turns PNG export off (the
     tests do, to stay fast).
     """
-    if _PNG_NOTE or os.environ.get("INTERP_PNG", "1") == "0" or not writing():  # (not: other torchrun ranks)
+    if (
+        _PNG_NOTE or os.environ.get("INTERP_PNG", "1") == "0" or not writing()
+    ):  # not on the other ranks of a torchrun run
         return None
     browser = find_browser()
     try:

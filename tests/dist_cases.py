@@ -17,7 +17,8 @@ import torch
 
 from interp import _io, distributed, heads
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss
-from interp.cli import ablate, induction, report, sinks
+from interp.cli import ablate, common, induction, report, sinks
+from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.probes import random_tokens, repeated_tokens
 from interp.sinks import sink_scores
@@ -81,7 +82,7 @@ def library_results(model: Any) -> dict[str, Any]:
 def cli_runs(model_dir: str | os.PathLike, out: Path, *, inject: bool = False) -> dict[str, Any]:
     """Each command once (exit codes and files written by this process); with ``inject``, also a
     failure and a Ctrl-C on rank 1 only."""
-    common = ["--model", str(model_dir), "--device", "cpu", "--batch", "4", "--no-progress", "--seed", "1"]
+    common_args = ["--model", str(model_dir), "--device", "cpu", "--batch", "4", "--no-progress", "--seed", "1"]
     codes: dict[str, Any] = {}
     replace = os.replace
     written: list[str] = []
@@ -91,13 +92,25 @@ def cli_runs(model_dir: str | os.PathLike, out: Path, *, inject: bool = False) -
         replace(src, dst)
 
     with mock.patch.object(_io.os, "replace", spy):
-        codes["induction"] = induction.cli([*common, "--seq-len", "8", "--out", str(out / "induction")])
-        codes["sinks"] = sinks.cli([*common, "--seq-len", "16", "--abs-threshold", "0.5", "--out", str(out / "sinks")])
-        codes["ablate"] = ablate.cli([*common, "--seq-len", "8", "--out", str(out / "ablate")])
-        codes["gradient"] = ablate.cli(
-            [*common, "--seq-len", "8", "--method", "gradient", "--ablation", "mean", "--out", str(out / "gradient")]
+        codes["induction"] = induction.cli([*common_args, "--seq-len", "8", "--out", str(out / "induction")])
+        codes["sinks"] = sinks.cli(
+            [*common_args, "--seq-len", "16", "--abs-threshold", "0.5", "--out", str(out / "sinks")]
         )
-        codes["report"] = report.cli([*common, "--seq-len", "8", "--out", str(out / "report")])
+        codes["ablate"] = ablate.cli([*common_args, "--seq-len", "8", "--out", str(out / "ablate")])
+        codes["gradient"] = ablate.cli(
+            [
+                *common_args,
+                "--seq-len",
+                "8",
+                "--method",
+                "gradient",
+                "--ablation",
+                "mean",
+                "--out",
+                str(out / "gradient"),
+            ]
+        )
+        codes["report"] = report.cli([*common_args, "--seq-len", "8", "--out", str(out / "report")])
     codes["files_written"] = len(written)
     if not inject:
         return codes
@@ -109,10 +122,18 @@ def cli_runs(model_dir: str | os.PathLike, out: Path, *, inject: bool = False) -
     err = io.StringIO()
     with contextlib.redirect_stderr(err), mock.patch.object(heads, "attention_scores", broken) if one else _nothing():
         try:
-            codes["failed"] = induction.cli([*common, "--seq-len", "8", "--out", str(out / "failed")])
+            codes["failed"] = induction.cli([*common_args, "--seq-len", "8", "--out", str(out / "failed")])
         except RuntimeError as e:
             codes["failed"] = f"raised {e}"
     codes["failed_stderr"] = err.getvalue()
+
+    def unloadable(*args: Any, **kwargs: Any) -> Any:
+        raise ModelLoadError("injected: no weights on this node")
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), mock.patch.object(common, "load_model", unloadable) if one else _nothing():
+        codes["unloadable"] = sinks.cli([*common_args, "--out", str(out / "unloadable")])
+    codes["unloadable_stderr"] = err.getvalue()
 
     real = Sweeper._evaluate_group
     calls = [0]
@@ -124,7 +145,7 @@ def cli_runs(model_dir: str | os.PathLike, out: Path, *, inject: bool = False) -
         return real(self, *args)
 
     with mock.patch.object(Sweeper, "_evaluate_group", stopped_on_second) if one else _nothing():
-        codes["interrupted"] = ablate.cli([*common, "--seq-len", "8", "--out", str(out / "interrupted")])
+        codes["interrupted"] = ablate.cli([*common_args, "--seq-len", "8", "--out", str(out / "interrupted")])
     return codes
 
 

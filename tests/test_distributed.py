@@ -120,6 +120,16 @@ def test_a_failing_rank_stops_every_rank_and_nothing_is_written(launched):
     assert not failed.exists() or not any(failed.iterdir())
 
 
+def test_a_rank_that_cannot_load_the_model_stops_every_rank(launched):
+    codes = [r["codes"] for r in launched["ranks"]]
+    assert [c["unloadable"] for c in codes] == [1, 1]
+    assert codes[0]["unloadable_stderr"].strip() == (
+        "python -m interp.sinks: error: rank 1: injected: no weights on this node"
+    )
+    assert codes[1]["unloadable_stderr"] == ""  # rank 0 speaks for all
+    assert not (launched["out"] / "cli" / "unloadable").exists()
+
+
 def test_ctrl_c_on_one_rank_keeps_every_rank_s_finished_rows(launched, single):
     """Rank 1 is interrupted after its first group of heads: both ranks exit 130 and rank 0 writes
     the rows both had finished, marked partial, equal to the one-process rows."""
