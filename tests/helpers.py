@@ -38,8 +38,15 @@ def word_tokenizer(vocab: int = VOCAB, *, bert: bool = False):
 
 
 def gpt2_model(
-    n_layer: int = 2, n_head: int = 4, n_embd: int = 64, n_positions: int = 256, vocab: int = VOCAB, seed: int = 0
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 64,
+    n_positions: int = 256,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    **config,
 ):
+    """A random-weight GPT-2; ``config`` sets further GPT2Config fields (e.g. ``initializer_range``)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
@@ -51,11 +58,13 @@ def gpt2_model(
         vocab_size=vocab,
         bos_token_id=0,
         eos_token_id=0,
+        **config,
     )
     return GPT2LMHeadModel(cfg).eval()
 
 
-def bert_model(vocab: int = VOCAB, seed: int = 0):
+def bert_model(vocab: int = VOCAB, seed: int = 0, **config):
+    """A random-weight 2-layer BERT; ``config`` sets further BertConfig fields."""
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
@@ -66,6 +75,7 @@ def bert_model(vocab: int = VOCAB, seed: int = 0):
         intermediate_size=128,
         max_position_embeddings=256,
         vocab_size=vocab,
+        **config,
     )
     return BertForMaskedLM(cfg).eval()
 
@@ -128,3 +138,28 @@ def save_tiny_llama(directory: Path, **kw) -> Path:
     llama_model(**kw).save_pretrained(directory)
     word_tokenizer(kw.get("vocab", VOCAB)).save_pretrained(directory)
     return Path(directory)
+
+
+def ov_only_model(n_heads: int, name: str = "ov", seed: int = 0):
+    """A stand-in with just what the copying score reads: one layer, ``n_heads`` heads, d_model 8,
+    d_head 4, vocab 10, ``W_E`` random and ``W_U = W_E^T``; the test sets ``W_V`` and ``W_O``."""
+
+    class Cfg:
+        n_layers, d_model, d_head, n_ctx, d_vocab = 1, 8, 4, 16, 10
+        causal = True
+        bos_token_id = None
+
+    Cfg.n_heads, Cfg.model_name = n_heads, name
+
+    class OV:
+        cfg = Cfg()
+        tokenizer = None
+
+        def parameters(self):
+            return iter([torch.zeros(1)])
+
+    torch.manual_seed(seed)
+    m = OV()
+    m.W_E = torch.randn(10, 8)
+    m.W_U = m.W_E.T.clone()  # unembedding = embedding transposed
+    return m

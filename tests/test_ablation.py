@@ -34,9 +34,9 @@ from interp.ablation import (
     train_gates,
 )
 from interp.hooks import z_hook
-from interp.models import describe
+from interp.models import describe, from_hf_model
 from interp.probes import repeated_tokens
-from tests.helpers import one_thread
+from tests.helpers import bert_model, gpt2_model, one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -54,34 +54,13 @@ def probe(gpt2_tiny):
 def gpt2_loud():
     """A tiny GPT-2 with large random weights (init std 0.4): every head's ablation moves every
     built-in metric by at least 4e-4 of its value, forty times the fast-vs-loop tolerance."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from interp.models import from_hf_model
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=256, vocab_size=300, bos_token_id=0, eos_token_id=0)
-    cfg.initializer_range = 0.4
-    return from_hf_model(GPT2LMHeadModel(cfg).eval(), name="gpt2-loud")
+    return from_hf_model(gpt2_model(initializer_range=0.4), name="gpt2-loud")
 
 
 @pytest.fixture(scope="module")
 def bert_loud():
     """A tiny BERT with init std 0.2: each head's ablation moves the pooled cosine by >= 1e-2."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    from interp.models import from_hf_model
-
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        hidden_size=64,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        vocab_size=300,
-        initializer_range=0.2,
-    )
-    return from_hf_model(BertForMaskedLM(cfg).eval(), name="bert-loud")
+    return from_hf_model(bert_model(initializer_range=0.2), name="bert-loud")
 
 
 def _close(fast, loop, rtol=1e-5, margin=20):

@@ -9,6 +9,7 @@ from interp.hooks import pattern_hook, v_hook
 from interp.probes import random_tokens, repeated_tokens
 from interp.sinks import sink_scores
 from interp.toy import ToyConfig, ToyTransformer
+from tests.helpers import ov_only_model
 
 
 @pytest.fixture(scope="module")
@@ -55,23 +56,7 @@ def test_copying_scores_on_gqa_pair_each_query_head_with_its_kv_head():
     """W_O of query head h is +-W_V[h // 2]^T: the OV circuit is a (negative) projection, +-1, only
     when the score pairs h with kv head h // 2 (pairing it with h % 2 gives neither)."""
 
-    class Cfg:
-        n_layers, n_heads, d_model, d_head, n_ctx, d_vocab = 1, 4, 8, 4, 16, 10
-        causal = True
-        bos_token_id = None
-        model_name = "ov-gqa"
-
-    class OV:
-        cfg = Cfg()
-        tokenizer = None
-
-        def parameters(self):
-            return iter([torch.zeros(1)])
-
-    torch.manual_seed(0)
-    m = OV()
-    m.W_E = torch.randn(10, 8)
-    m.W_U = m.W_E.T.clone()
+    m = ov_only_model(4, "ov-gqa")
     W_V = torch.randn(1, 2, 8, 4)  # two kv heads
     m.W_V = W_V
     signs = [1.0, -1.0, 1.0, -1.0]

@@ -7,6 +7,7 @@ from transformer_lens.head_detector import detect_head
 from interp.heads import NonFiniteAttentionError, copying_scores, head_scores, uniform_baseline
 from interp.probes import repeated_tokens
 from interp.scores import bootstrap_ratio
+from tests.helpers import ov_only_model
 
 
 @pytest.mark.parametrize(
@@ -76,23 +77,7 @@ def test_non_finite_attention_is_reported(gpt2_tiny):
 def test_copying_score_is_plus_one_for_a_pure_copying_circuit():
     """An OV circuit W_E W_V W_O W_U that is a positive multiple of a projection scores +1, its negative -1."""
 
-    class Cfg:
-        n_layers, n_heads, d_model, d_head, n_ctx, d_vocab = 1, 2, 8, 4, 16, 10
-        causal = True
-        bos_token_id = None
-        model_name = "ov"
-
-    class OV:
-        cfg = Cfg()
-        tokenizer = None
-
-        def parameters(self):
-            return iter([torch.zeros(1)])
-
-    torch.manual_seed(0)
-    m = OV()
-    m.W_E = torch.randn(10, 8)
-    m.W_U = m.W_E.T.clone()  # unembedding = embedding transposed
+    m = ov_only_model(2, "ov")
     W_V = torch.randn(1, 2, 8, 4)
     m.W_V = W_V
     m.W_O = torch.stack([W_V[0, 0].T, -W_V[0, 1].T])[None]  # head 0: W_V W_V^T (PSD), head 1: minus
