@@ -8,6 +8,9 @@ role) is registered once, with a one-line description; CLI choices and help text
     @SCORES.register("prev_token", "attention on the previous position")
     def prev_pairs(probe): ...
 
+    ENGINES = Registry("engine")
+    ENGINES.add("pattern", "reduce each layer's pattern in its hook")   # the value is the name
+
     SCORES.get("prev_token")       # the registered object
     SCORES.names()                 # ("prev_token", ...), in registration order
     SCORES.check("nope")           # UsageError: unknown head score 'nope': choose from [...]
@@ -42,18 +45,22 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, doc: str = "", value: Any = None, **info: Any) -> Any:
-        """``REG.register(name, doc, value)`` registers ``value``; without ``value`` it is a decorator."""
+    def register(self, name: str, doc: str = "", **info: Any) -> Callable[[T], T]:
+        """A decorator: ``@REG.register(name, doc)`` registers the function or class it decorates."""
 
-        def add(obj: T) -> T:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, obj, doc, dict(info))
+        def decorate(obj: T) -> T:
+            self.add(name, doc, obj, **info)
             return obj
 
-        if value is not None:
-            return add(value)
-        return add
+        return decorate
+
+    def add(self, name: str, doc: str = "", value: Any = None, **info: Any) -> T:
+        """Register ``value`` under ``name`` (``value=None``: the name itself, for plain choices)."""
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        obj = name if value is None else value
+        self._entries[name] = Entry(name, obj, doc, dict(info))
+        return obj
 
     # ---- reading --------------------------------------------------------------------------------
 
