@@ -92,13 +92,13 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def add_engine_flag(p: argparse.ArgumentParser) -> None:
     """``--engine {auto,pattern,stream}``: how attention statistics are computed."""
+    from interp.stream.budget import ENGINES
+
     p.add_argument(
         "--engine",
-        choices=["auto", "pattern", "stream"],
+        choices=ENGINES.names(),
         default="auto",
-        help="pattern: reduce each layer's attention pattern in its hook; stream: never form the "
-        "T x T pattern (memory linear in T, for long probes); auto (default): stream when one "
-        "layer's pattern for a forward pass would exceed 1 GiB",
+        help=ENGINES.help() + " (default: auto)",
     )
 
 

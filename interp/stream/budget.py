@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from interp.errors import UsageError
+from interp.config import PATTERN_BUDGET
 from interp.models import describe
+from interp.registry import Registry
 
-ENGINES = ("auto", "pattern", "stream")
-PATTERN_BUDGET = 1 << 30  # bytes
+ENGINES: Registry[str] = Registry("engine")
+ENGINES.add(
+    "auto",
+    f"stream when one layer's pattern for a forward pass would exceed the budget ({PATTERN_BUDGET >> 30} GiB by default), else pattern",
+)
+ENGINES.add("pattern", "reduce each layer's attention pattern in its hook (the reference)")
+ENGINES.add("stream", "never form the T x T pattern: memory linear in T, for long probes")
 
 
 def pattern_bytes(n_seqs: int, n_heads: int, seq_len: int) -> int:
@@ -34,8 +40,7 @@ def choose_engine(
     budget: int = PATTERN_BUDGET,
 ) -> tuple[str, str]:
     """``(engine, why)``: resolve ``"auto"`` for ``n_seqs`` sequences per forward pass of ``seq_len``."""
-    if engine not in ENGINES:
-        raise UsageError(f"unknown engine {engine!r}: choose from {list(ENGINES)}")
+    ENGINES.check(engine)
     size = pattern_bytes(n_seqs, describe(model).n_heads, seq_len)
     what = f"one layer's pattern for {n_seqs} x {seq_len} tokens takes {gib(size)}"
     if engine != "auto":
