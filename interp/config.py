@@ -48,8 +48,9 @@ class RunConfig:
 
     @classmethod
     def of(cls, config: RunConfig | None = None, **overrides: Any) -> RunConfig:
-        """``config`` (or the defaults) with ``overrides`` applied; ``None`` overrides are ignored
-        only for fields whose default is not ``None``."""
+        """``config`` (or the defaults) with ``overrides`` applied. An override of ``None`` means "not
+        given" and is ignored, so functions can default their keywords to ``None`` and let
+        ``config`` decide."""
         base = config if config is not None else cls()
         if not isinstance(base, RunConfig):
             raise UsageError(f"config must be an interp.RunConfig, got {type(base).__name__}")
@@ -57,7 +58,8 @@ class RunConfig:
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise UsageError(f"unknown run setting(s) {unknown}: RunConfig has {sorted(names)}")
-        return dataclasses.replace(base, **overrides) if overrides else base
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return dataclasses.replace(base, **given) if given else base
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
