@@ -2,7 +2,8 @@
 
 Two forward implementations of the same algorithm, and one backward they share:
 
-* `blockwise_attention` -- the online softmax in plain torch, written to be read. Queries are cut
+* `blockwise_attention` -- the online softmax in plain torch (`interp.kernels.online_softmax`, the
+  one reference the stream engine's row pass shares), written to be read. Queries are cut
   into blocks; for each query block we walk over the key blocks keeping a running max `m`, a
   running sum `l` and an output accumulator `acc`. When a new key block raises the max, what we
   have summed so far was scaled by exp(-old max) and must be rescaled by exp(old max - new max).
@@ -25,7 +26,8 @@ head `h` to key/value head `h // (n_heads // n_kv_heads)` -- the same grouping a
 requires as many queries as keys (no KV-cache offset).
 
 Triton is optional (`pip install -e .[gpu]`): without it this module imports fine and
-`triton_attention` raises.
+`triton_attention` raises. The import guard, the interpreter and the launch policy live in
+`interp.kernels`.
 """
 
 from __future__ import annotations
