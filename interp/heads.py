@@ -23,6 +23,15 @@ Each attention score carries a bootstrap interval over probe sequences. Scores a
 the ``hook_pattern`` hook, layer by layer, and the forward pass stops after the last layer's
 pattern: nothing after the last attention softmax is computed, and no pattern outlives its layer.
 
+The stream engine (``engine="stream"``) reduces the same sums without any pattern: one row pass
+gives each query row's log-sum-exp, and each score's weights are gathered at its ``(batch, q, k)``
+target pairs (:mod:`interp.stream` runs the model and the passes; the reduction is here, beside the
+pattern one).
+
+Each attention score is registered once in :data:`SCORES` with its target pairs (the stream
+engine's), its ``[batch, q, k]`` target mask (the pattern engine's) and its description; its uniform
+baseline is read from the pairs. :data:`ATTENTION_SCORES` is the tuple of their names.
+
 With ``queries="all"`` the three attention scores instead average over *every* query position (a
 row without a target contributes 0), which is exactly TransformerLens ``detect_head``'s ``"mul"``
 measure; the tests use this to check our numbers against the peer.
@@ -30,34 +39,121 @@ measure; the tests use this to check our numbers against the peer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import einops
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp import distributed
+from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
+from interp.config import RunConfig, run_header
 from interp.errors import NonFiniteAttentionError, UsageError
-from interp.hooks import layer_of, pattern_hook, run_with_reducers
-from interp.models import describe
+from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
+from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio
-from interp.stream.budget import PATTERN_BUDGET, choose_engine
+from interp.stream.blockwise import gathered_weights
+from interp.stream.budget import choose_engine
+from interp.stream.driver import check_finite, row_pass, run_streamed
 
-ATTENTION_SCORES = ("prev_token", "duplicate", "induction")
+Queries = Literal["targets", "all"]
 
 
-def _targets(probe: TokenProbe, queries: str) -> dict[str, Float[Tensor, "batch q k"]]:
-    """The ``[batch, q, k]`` 0/1 target masks of the three attention scores."""
+# --------------------------------------------------------------------------------------------
+# the registry: each attention score once, with its targets
+
+
+@dataclass(frozen=True)
+class HeadScore:
+    """Where an attention score looks: its targets as index rows and as a mask (the same set)."""
+
+    pairs: Callable[[TokenProbe, Queries], Int[Tensor, "n 3"]]  # (batch, q, k) rows: the stream engine's
+    mask: Callable[[TokenProbe, Queries], Bool[Tensor, "batch q k"]]  # the pattern engine's
+
+    def uniform_baseline(self, probe: TokenProbe) -> float:
+        """What a head attending uniformly over the keys it may see scores (see :func:`uniform_baselines`)."""
+        return _uniform_mass(self.pairs(probe, "targets"), probe)
+
+
+SCORES: Registry[HeadScore] = Registry("head score")
+
+
+def _prev_mask(probe: TokenProbe, queries: Queries) -> Bool[Tensor, "batch q k"]:
     n = probe.seq_len
     prev = torch.zeros(probe.batch, n, n, dtype=torch.bool, device=probe.tokens.device)
     rows = torch.arange(1, n, device=probe.tokens.device)
     prev[:, rows, rows - 1] = probe.prev_query_mask()[:, 1:] if queries == "targets" else True
-    masks = {"prev_token": prev, "duplicate": probe.duplicate_mask(), "induction": probe.induction_mask()}
-    return {k: v.float() for k, v in masks.items()}
+    return prev
+
+
+SCORES.add(
+    "prev_token",
+    "attention on the previous position",
+    HeadScore(
+        pairs=lambda probe, queries: probe.prev_pairs(every_query=queries == "all"),
+        mask=_prev_mask,
+    ),
+)
+SCORES.add(
+    "duplicate",
+    "attention on earlier occurrences of the current token",
+    HeadScore(pairs=lambda probe, _: probe.duplicate_pairs(), mask=lambda probe, _: probe.duplicate_mask()),
+)
+SCORES.add(
+    "induction",
+    "attention on the positions right after earlier occurrences of the current token",
+    HeadScore(pairs=lambda probe, _: probe.induction_pairs(), mask=lambda probe, _: probe.induction_mask()),
+)
+
+ATTENTION_SCORES = SCORES.names()
+
+
+# --------------------------------------------------------------------------------------------
+# uniform baselines: the chance level of every registered score
+
+
+def _uniform_mass(pairs: Int[Tensor, "n 3"], probe: TokenProbe) -> float:
+    """Mean over the queries with a target of the mass a uniform head puts on the targets.
+
+    A causal query at ``q`` spreads ``1 / (q + 1)`` over its keys (an encoder's ``1 / T``), so its
+    mass on the targets is ``(#targets) / (q + 1)``. Read from the ``(batch, q, k)`` pairs, never a
+    ``[q, k]`` mask, so long probes stay cheap. NaN when no query has a target.
+    """
+    n = probe.seq_len
+    targets = torch.zeros(probe.batch, n).index_put_(
+        (pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs)), accumulate=True
+    )
+    keys: Float[Tensor, " q"] = torch.arange(1, n + 1).float() if probe.causal else torch.full((n,), float(n))
+    per_query = targets / keys
+    has = targets > 0
+    return float(per_query[has].mean()) if bool(has.any()) else float("nan")
+
+
+def uniform_baselines(probe: TokenProbe) -> dict[str, float]:
+    """What a head attending uniformly over the keys it may see scores on ``probe``, per registered score.
+
+    Random-weight models sit near these values, the floor any claim of a head's role must clear.
+    """
+    return {name: SCORES.get(name).uniform_baseline(probe) for name in SCORES}
+
+
+def uniform_baseline(probe: TokenProbe) -> float:
+    """Expected induction score of a head that attends uniformly over the keys it may see.
+
+    A causal query at ``q`` spreads ``1 / (q + 1)`` over its keys, so its induction mass is
+    ``(#targets) / (q + 1)``; averaged over the queries that have a target. Random-weight models
+    sit near this value, which is the floor any claim of an induction head must clear.
+    """
+    return SCORES.get("induction").uniform_baseline(probe)
+
+
+# --------------------------------------------------------------------------------------------
+# the two reductions: the pattern engine and the stream engine
 
 
 def _query_counts(targets: dict[str, Tensor], queries: str, n: int) -> dict[str, Tensor]:
@@ -68,11 +164,11 @@ def _query_counts(targets: dict[str, Tensor], queries: str, n: int) -> dict[str,
 
 
 def attention_scores(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     *,
     scores: Sequence[str] = ATTENTION_SCORES,
-    queries: Literal["targets", "all"] = "targets",
+    queries: Queries = "targets",
     minibatch: int | None = None,
     progress: bool = False,
     engine: Literal["pattern", "stream"] = "pattern",
@@ -81,23 +177,19 @@ def attention_scores(
 
     Only ``blocks.{l}.attn.hook_pattern`` is captured; each pattern is reduced to ``[batch, head]``
     numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
-    gathers the same weights from q, k and the log-sum-exp instead (:mod:`interp.stream`).
+    gathers the same weights from q, k and the log-sum-exp instead (:func:`stream_attention_scores`).
     """
-    unknown = set(scores) - set(ATTENTION_SCORES)
-    if unknown:
-        raise UsageError(f"unknown score(s) {sorted(unknown)}: choose from {list(ATTENTION_SCORES)}")
+    scores = SCORES.check_all(scores)
     if queries not in ("targets", "all"):
         raise UsageError(f"queries must be 'targets' or 'all', got {queries!r}")
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     if engine == "stream":
-        from interp.stream.engine import stream_attention_scores
-
         return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
     if engine != "pattern":
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
-    targets = {k: v for k, v in _targets(probe, queries).items() if k in scores}
+    targets = {name: SCORES.get(name).mask(probe, queries).float() for name in SCORES if name in scores}
     counts = _query_counts(targets, queries, probe.seq_len)
     if queries == "targets":
         for name, c in counts.items():
@@ -138,7 +230,65 @@ def attention_scores(
     return num, den
 
 
-def copying_scores(model: Any) -> Float[Tensor, "layer head"]:
+def stream_attention_scores(
+    model: HookedModel,
+    probe: TokenProbe,
+    scores: Sequence[str],
+    queries: Queries,
+    minibatch: int | None = None,
+    progress: bool = False,
+) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
+    """Numerators and denominators of :func:`attention_scores`, pattern-free: each layer's row pass
+    gives the log-sum-exp, and the weights at each score's target pairs are gathered from it."""
+    info = describe(model)
+    B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
+    pairs = {name: SCORES.get(name).pairs(probe, queries) for name in scores}
+    den: dict[str, Tensor] = {}
+    for name, p in pairs.items():
+        if queries == "all":  # detect_head divides by the pattern's total mass: T rows of mass 1
+            den[name] = torch.full((B, L, H), float(T))
+            continue
+        count = _queries_with_target(p, B)
+        if float(count.sum()) == 0:
+            raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
+        den[name] = count[:, None, None].expand(B, L, H).clone()
+    num = {name: torch.zeros(B, L, H) for name in pairs}
+
+    def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
+        chunk = {}
+        for name, p in pairs.items():
+            p = p[(p[:, 0] >= rows.start) & (p[:, 0] < rows.stop)].clone()
+            p[:, 0] -= rows.start
+            chunk[name] = p
+
+        def reduce(a: AttentionInputs) -> None:
+            stats = row_pass(a)
+            check_finite(stats.lse, a.layer, info.name)
+            for name, p in chunk.items():
+                w = gathered_weights(a.q, a.k, stats.lse, a.scale, p)
+                num[name][rows, a.layer] = _per_sequence(p, w, rows.stop - rows.start)
+
+        return reduce, []
+
+    run_streamed(model, probe.tokens, minibatch, progress, "scoring heads (stream)", on_chunk)
+    return num, den
+
+
+def _queries_with_target(pairs: Int[Tensor, "n 3"], batch: int) -> Float[Tensor, " batch"]:
+    """How many distinct queries of each sequence have at least one target."""
+    rows = torch.unique(pairs[:, :2], dim=0)
+    return torch.zeros(batch).index_add_(0, rows[:, 0], torch.ones(len(rows)))
+
+
+def _per_sequence(pairs: Int[Tensor, "n 3"], weights: Float[Tensor, "n head"], n_seqs: int) -> Tensor:
+    return torch.zeros(n_seqs, weights.shape[1]).index_add_(0, pairs[:, 0], weights.cpu())
+
+
+# --------------------------------------------------------------------------------------------
+# copying, and everything together
+
+
+def copying_scores(model: HookedModel) -> Float[Tensor, "layer head"]:
     """Olsson et al.'s copying score ``sum(lambda) / sum(|lambda|)`` of each head's OV circuit.
 
     See the module docstring for the exact definition.
@@ -172,19 +322,20 @@ def _per_query_head(w: Tensor, n_heads: int) -> Tensor:
 
 
 def head_scores(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe | None = None,
     *,
+    config: RunConfig | None = None,
     scores: Sequence[str] = ATTENTION_SCORES,
     copying: bool = True,
-    queries: Literal["targets", "all"] = "targets",
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    queries: Queries = "targets",
+    n_boot: int | None = None,
+    level: float | None = None,
+    seed: int | None = None,
     minibatch: int | None = None,
-    progress: bool = False,
-    engine: str = "auto",
-    budget: int = PATTERN_BUDGET,
+    progress: bool | None = None,
+    engine: str | None = None,
+    budget: int | None = None,
 ) -> HeadScores:
     """Score every head of ``model`` as previous-token, duplicate-token, induction and copying head.
 
@@ -192,23 +343,32 @@ def head_scores(
     Returns a :class:`HeadScores` with columns ``prev_token``, ``duplicate``, ``induction`` (each
     with ``_lo``/``_hi`` bootstrap bounds at ``level``) and ``copying``.
 
+    ``config`` (a :class:`~interp.config.RunConfig`) holds the run settings; the keywords of the same
+    names override it (``None``: keep the config's, whose defaults are ``n_boot=1000``,
+    ``level=0.95``, ``seed=0``, the whole probe per pass, no progress, ``engine="auto"``, 1 GiB).
+
     ``engine``: ``"pattern"`` reduces each layer's pattern in its hook; ``"stream"`` never forms it
     (memory linear in the probe's length, same numbers to float rounding); ``"auto"`` streams when
     one layer's pattern for a forward pass would exceed ``budget`` bytes. ``meta["engine"]`` says
     which ran and why.
     """
+    given = dict(n_boot=n_boot, level=level, seed=seed, minibatch=minibatch, progress=progress)
+    given.update(engine=engine, budget=budget)
+    cfg = RunConfig.of(config, **{k: v for k, v in given.items() if v is not None})
+    scores = SCORES.check_all(scores)
     if probe is None:
-        probe = repeated_tokens(model, seed=seed)
+        probe = repeated_tokens(model, seed=cfg.seed)
     info = describe(model)
-    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
+    n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
+    engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
     num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
         lambda p: attention_scores(
             model,
             p,
             scores=scores,
             queries=queries,
-            minibatch=minibatch,
-            progress=progress and distributed.is_main(),
+            minibatch=cfg.minibatch,
+            progress=cfg.progress and distributed.is_main(),
             engine=engine,
         ),
         probe,
@@ -216,40 +376,32 @@ def head_scores(
     )
     grids: dict[str, Tensor] = {}
     for name in scores:
-        point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=n_boot, level=level, seed=seed)
+        point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
         grids.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
     if copying:
         grids["copying"] = copying_scores(model)
-    meta = {
-        "model": info.name,
-        "n_layers": info.n_layers,
-        "n_heads": info.n_heads,
-        "causal": info.is_causal,
-        "probe": probe.meta,
-        "queries": queries,
-        "ci_level": level,
-        "n_boot": n_boot,
-        "seed": seed,
-        "engine": engine,
-        "engine_reason": why,
-    }
+    meta = run_header(
+        info,
+        probe,
+        queries=queries,
+        ci_level=cfg.level,
+        n_boot=cfg.n_boot,
+        seed=cfg.seed,
+        engine=engine,
+        engine_reason=why,
+    )
     return HeadScores.from_grids(grids, meta)
 
 
-def uniform_baseline(probe: TokenProbe) -> float:
-    """Expected induction score of a head that attends uniformly over the keys it may see.
-
-    A causal query at ``q`` spreads ``1 / (q + 1)`` over its keys, so its induction mass is
-    ``(#targets) / (q + 1)``; averaged over the queries that have a target. Random-weight models
-    sit near this value, which is the floor any claim of an induction head must clear.
-    """
-    b, q, _ = probe.induction_pairs().unbind(-1)  # index rows, no [q, k] mask: fine at long context
-    targets = torch.zeros(probe.batch, probe.seq_len).index_put_((b, q), torch.ones(len(b)), accumulate=True)
-    n_keys = (
-        torch.arange(1, probe.seq_len + 1).float()
-        if probe.causal
-        else torch.full((probe.seq_len,), float(probe.seq_len))
-    )
-    per_q = targets / n_keys
-    has = targets > 0
-    return float(per_q[has].mean())
+__all__ = [
+    "ATTENTION_SCORES",
+    "SCORES",
+    "HeadScore",
+    "NonFiniteAttentionError",
+    "attention_scores",
+    "copying_scores",
+    "head_scores",
+    "stream_attention_scores",
+    "uniform_baseline",
+    "uniform_baselines",
+]

@@ -1,20 +1,19 @@
-"""Run a hooked model with only the hooks an analysis needs, and stop as soon as it has them.
+"""Hook names: TransformerLens's, on the bridge and on the toy alike, and :func:`layer_of`.
 
-Analyses reduce activations *inside* the hook (a pattern becomes a few numbers per head as it is
-produced), so nothing of size ``pos x pos`` outlives its layer. When the last hook an analysis needs
-has fired, :func:`run_with_reducers` stops the forward pass by raising from a hook: the layers above
-and the unembedding are never run. On TransformerLens bridges, which keep each layer's pattern on
-its attention module, the kept pattern is dropped as soon as its layer is done.
+Running a model with reducers (stopping early, freeing kept patterns) is the model adapters' job:
+:func:`interp.adapters.run_with_reducers`, also importable from here under its old name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import torch
-from jaxtyping import Int
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from interp.adapters import run_with_reducers
+    from interp.adapters.bridge import keeps_patterns, release_kept_pattern
 
 Hook = Callable[[Tensor, Any], Any]
 
@@ -57,64 +56,37 @@ def layer_of(hook: Any) -> int:
     return int(name.split(".")[1])
 
 
-def keeps_patterns(model: Any) -> bool:
-    """Does the model hold each layer's pattern after its attention ran (TransformerLens 4 bridges)?"""
-    blocks = getattr(model, "blocks", None)
-    return bool(blocks) and any(hasattr(m, "_pattern") for m in blocks[0].modules())
+# --------------------------------------------------------------------------------------------
+# the runner lives with the model adapters; these names stay importable from here
 
 
-def release_kept_pattern(model: Any, layer: int) -> None:
-    """Drop the pattern a TransformerBridge attention module keeps after its forward.
-
-    TransformerLens 4's ``JointQKVAttentionBridge`` (GPT-2 and kin) stores each layer's
-    ``[batch, head, T, T]`` pattern as ``attn._pattern``: left alone, every layer's pattern stays
-    alive for the rest of the pass (and after it), ``n_layers x`` the memory of one.
-    """
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or layer >= len(blocks):
-        return
-    for module in blocks[layer].modules():
-        if isinstance(getattr(module, "_pattern", None), torch.Tensor):
-            module._pattern = None
+_MOVED = {  # name -> where it lives now
+    "run_with_reducers": "interp.adapters",
+    "keeps_patterns": "interp.adapters.bridge",
+    "release_kept_pattern": "interp.adapters.bridge",
+}
 
 
-class _StopForward(Exception):
-    """Raised from a hook to end a forward pass that has given all it was asked for."""
+def __getattr__(name: str) -> Any:
+    """``interp.hooks.run_with_reducers`` and kin, resolved on first use from :mod:`interp.adapters`
+    (which imports the hook names above, so this module cannot import it back at load time)."""
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def run_with_reducers(
-    model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    fwd_hooks: Sequence[tuple[str, Hook]],
-    *,
-    stop_after: str | None = None,
-    grad: bool = False,
-) -> Any:
-    """``model.run_with_hooks(tokens, fwd_hooks)``, ending the pass right after ``stop_after`` fires.
-
-    Returns the logits when the pass runs to the end, ``None`` when it was stopped early.
-    """
-    hooks = list(fwd_hooks)
-    n_layers = len(getattr(model, "blocks", []))
-    keeps = keeps_patterns(model)
-    if keeps:  # free each layer's kept pattern as soon as the layer is done
-
-        def release(_: Tensor, hook: Any) -> None:
-            release_kept_pattern(model, layer_of(hook))
-
-        hooks += [(resid_post_hook(layer), release) for layer in range(n_layers)]
-    if stop_after is not None:
-
-        def stop(_: Tensor, hook: Any) -> None:
-            raise _StopForward
-
-        hooks.append((stop_after, stop))  # registered last: fires after the reducers on that point
-    with torch.set_grad_enabled(grad):
-        try:
-            return model.run_with_hooks(tokens, fwd_hooks=hooks)
-        except _StopForward:
-            return None
-        finally:
-            if keeps:
-                for layer in range(n_layers):
-                    release_kept_pattern(model, layer)
+__all__ = [
+    "Hook",
+    "k_hook",
+    "keeps_patterns",
+    "layer_of",
+    "pattern_hook",
+    "q_hook",
+    "release_kept_pattern",
+    "resid_post_hook",
+    "run_with_reducers",
+    "v_hook",
+    "z_hook",
+]

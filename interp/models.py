@@ -9,23 +9,22 @@ Three kinds of model spec are accepted by :func:`load_model`:
 
 Every analysis talks to the result only through the TransformerLens hook API (``run_with_hooks``,
 hook names such as ``blocks.{l}.attn.hook_pattern``) and through :func:`describe`, so the toy,
-GPT-2 and BERT go through the same code.
+GPT-2 and BERT go through the same code. :class:`ModelInfo` and :func:`describe` live with the model
+adapters (:mod:`interp.adapters`) and are re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from interp.adapters import HookedModel, ModelInfo, describe, use_eager_attention
 from interp.errors import ModelLoadError, UsageError
-from interp.hooks import pattern_hook, run_with_reducers
 
 TOY = "toy"
 _DTYPES = {
@@ -92,7 +91,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device_map: str | dict[str, str | int] | None = None,
     n_devices: int | None = None,
-) -> Any:
+) -> HookedModel:
     """Load a hooked model by spec (``"toy"``, a local HF directory, or a Hub name).
 
     Returns a TransformerLens ``TransformerBridge`` (or the toy's ``HookedRootModule``) in eval mode
@@ -228,7 +227,7 @@ def _boot(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, An
     return model
 
 
-def from_hf_model(hf_model: Any, tokenizer: Any = None, *, name: str = "external") -> Any:
+def from_hf_model(hf_model: Any, tokenizer: Any = None, *, name: str = "external") -> HookedModel:
     """Wrap an in-memory Hugging Face model (e.g. built from a config in a test) in a bridge.
 
     The model is switched to eager attention first: the fused SDPA kernels never form the pattern,
@@ -236,13 +235,8 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, name: str = "external
     """
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
+    use_eager_attention(hf_model)
     config = hf_model.config
-    config._attn_implementation = "eager"
-    if hasattr(hf_model, "set_attn_implementation"):
-        try:
-            hf_model.set_attn_implementation("eager")
-        except Exception:
-            pass
     architecture = (getattr(config, "architectures", None) or [type(hf_model).__name__])[0]
     bridge = build_bridge_from_module(
         hf_model.eval(), architecture, hf_config=config, tokenizer=tokenizer, model_name=name
@@ -251,115 +245,12 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, name: str = "external
     return bridge
 
 
-# --------------------------------------------------------------------------------------------
-# describing a model
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the analyses need to know about a hooked model, whatever its kind."""
-
-    name: str
-    n_layers: int
-    n_heads: int
-    d_model: int
-    d_head: int
-    n_ctx: int
-    d_vocab: int
-    is_causal: bool
-    bos_token_id: int | None  # prepended to decoder probes (None: the model expects no BOS)
-    cls_token_id: int | None  # encoders: [CLS] ... [SEP] framing
-    sep_token_id: int | None
-    special_token_ids: frozenset[int]
-    device: torch.device
-
-    @property
-    def is_encoder(self) -> bool:
-        return not self.is_causal
-
-    def head_labels(self) -> list[str]:
-        return [f"{l}.{h}" for l in range(self.n_layers) for h in range(self.n_heads)]
-
-
-def describe(model: Any) -> ModelInfo:
-    """Read a model's shape, special tokens and causality (observed once, then remembered).
-
-    The device is read afresh on every call, so the answer follows ``model.to(device)``.
-    """
-    cached = getattr(model, "_interp_info", None)
-    if cached is not None:
-        device = _model_device(model)
-        return cached if cached.device == device else dataclasses.replace(cached, device=device)
-    cfg = model.cfg
-    tok = getattr(model, "tokenizer", None)
-    special: set[int] = set()
-    bos = cls = sep = None
-    if tok is not None:
-        special = {int(i) for i in (getattr(tok, "all_special_ids", None) or []) if i is not None}
-        cls = getattr(tok, "cls_token_id", None)
-        sep = getattr(tok, "sep_token_id", None)
-        if getattr(cfg, "default_prepend_bos", True) and getattr(cfg, "tokenizer_prepends_bos", True):
-            bos = getattr(tok, "bos_token_id", None)
-    else:
-        bos = getattr(cfg, "bos_token_id", None)
-        if bos is not None:
-            special.add(int(bos))
-    d_vocab = int(cfg.d_vocab)
-    in_vocab = lambda t: t if t is not None and 0 <= int(t) < d_vocab else None  # noqa: E731
-    bos, cls, sep = in_vocab(bos), in_vocab(cls), in_vocab(sep)
-    special = {t for t in special if 0 <= t < d_vocab}
-    info = ModelInfo(
-        name=str(getattr(cfg, "model_name", None) or type(model).__name__),
-        n_layers=int(cfg.n_layers),
-        n_heads=int(cfg.n_heads),
-        d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
-        n_ctx=int(cfg.n_ctx),
-        d_vocab=d_vocab,
-        is_causal=_observe_causal(model, d_vocab, special),
-        bos_token_id=None if bos is None else int(bos),
-        cls_token_id=None if cls is None else int(cls),
-        sep_token_id=None if sep is None else int(sep),
-        special_token_ids=frozenset(special),
-        device=_model_device(model),
-    )
-    try:
-        object.__setattr__(model, "_interp_info", info)
-    except Exception:
-        pass
-    return info
-
-
-def _model_device(model: Any) -> torch.device:
-    """Where inputs go: the embedding's device (``cfg.device``) for a model spread over devices."""
-    if int(getattr(model.cfg, "n_devices", 1) or 1) > 1 and getattr(model.cfg, "device", None) is not None:
-        return torch.device(str(model.cfg.device))
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device(str(getattr(model.cfg, "device", "cpu")))
-
-
-def _observe_causal(model: Any, d_vocab: int, special: set[int]) -> bool:
-    """Run four tokens to layer 0's pattern and look: a causal model never attends forward.
-
-    Architecture names lie less often than configs but are open-ended; the pattern cannot lie.
-    """
-    explicit = getattr(model.cfg, "causal", None)
-    if isinstance(explicit, bool):
-        return explicit
-    ordinary = [t for t in range(min(d_vocab, 64)) if t not in special][:4]
-    tokens = torch.tensor([ordinary], device=_model_device(model))
-    seen: dict[str, torch.Tensor] = {}
-
-    def grab(pattern: torch.Tensor, hook: Any) -> None:
-        seen["pattern"] = pattern.detach()
-
-    run_with_reducers(model, tokens, [(pattern_hook(0), grab)], stop_after=pattern_hook(0))
-    if "pattern" not in seen:
-        raise ModelLoadError(
-            "the model never produced blocks.0.attn.hook_pattern: its attention runs in a fused "
-            "kernel. Load it with attn_implementation='eager' (interp.models.from_hf_model does)."
-        )
-    upper = torch.triu(seen["pattern"][0].float(), diagonal=1)
-    return bool(upper.abs().max() < 1e-6)
+__all__ = [
+    "ModelInfo",
+    "describe",
+    "from_hf_model",
+    "hub_reachable",
+    "load_model",
+    "resolve_device",
+    "resolve_dtype",
+]

@@ -95,3 +95,26 @@ def test_bootstrap_interval_matches_normal_approximation():
     assert float(hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.15)
     same = bootstrap_ratio(torch.full((5,), 2.0), torch.full((5,), 4.0), n_boot=100)
     assert [float(x) for x in same] == [0.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_registered_score_has_pairs_equal_to_its_mask_and_a_baseline(causal):
+    from interp.heads import ATTENTION_SCORES, SCORES, uniform_baselines
+    from interp.probes import TokenProbe
+
+    assert ATTENTION_SCORES == SCORES.names()
+    block = torch.randint(1, 12, (2, 20), generator=torch.Generator().manual_seed(0))
+    tokens = torch.cat([torch.zeros(2, 1, dtype=torch.long), block.repeat(1, 2)], 1)
+    probe = TokenProbe(tokens, 1, 40, causal, frozenset({0}), block_len=20, n_repeats=2)
+    keys = torch.arange(1, 42).float() if causal else torch.full((41,), 41.0)
+    baselines = uniform_baselines(probe)
+    assert set(baselines) == set(SCORES.names())
+    for name in SCORES:
+        score = SCORES.get(name)
+        for queries in ("targets", "all"):
+            pairs, mask = score.pairs(probe, queries), score.mask(probe, queries)
+            assert sorted(map(tuple, pairs.tolist())) == sorted(map(tuple, mask.nonzero().tolist())), (name, queries)
+        mask = score.mask(probe, "targets")
+        has = mask.any(-1)
+        assert baselines[name] == pytest.approx(float((mask.sum(-1) / keys)[has].mean()), rel=1e-6), name
+        assert SCORES.doc(name)

@@ -14,11 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pandas as pd
-import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 
-from interp.probes import TokenProbe
+from interp.heads import uniform_baselines
 from interp.scores import HeadScores
 
 ROLES = {  # score column -> role label
@@ -28,29 +25,6 @@ ROLES = {  # score column -> role label
     "first_mass": "sink",
 }
 THRESHOLD = 0.3
-
-
-def _uniform_mass(pairs: Int[Tensor, "n 3"], probe: TokenProbe) -> float:
-    """Mean over the queries with a target of the mass a uniform head puts on the targets.
-
-    ``pairs`` are the ``(batch, q, k)`` targets: no ``[q, k]`` mask, so long probes stay cheap."""
-    n = probe.seq_len
-    targets = torch.zeros(probe.batch, n).index_put_(
-        (pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs)), accumulate=True
-    )
-    keys: Float[Tensor, " q"] = torch.arange(1, n + 1).float() if probe.causal else torch.full((n,), float(n))
-    per_query = targets / keys
-    has = targets > 0
-    return float(per_query[has].mean()) if bool(has.any()) else float("nan")
-
-
-def uniform_baselines(probe: TokenProbe) -> dict[str, float]:
-    """What a uniformly attending head scores on ``probe`` for previous-token, duplicate and induction."""
-    return {
-        "prev_token": _uniform_mass(probe.prev_pairs(), probe),
-        "duplicate": _uniform_mass(probe.duplicate_pairs(), probe),
-        "induction": _uniform_mass(probe.induction_pairs(), probe),
-    }
 
 
 def role_table(
@@ -83,3 +57,6 @@ def role_table(
             labels[i].append(role)
     table.insert(3, "role", [", ".join(r) for r in labels])
     return table
+
+
+__all__ = ["ROLES", "THRESHOLD", "role_table", "uniform_baselines"]

@@ -1,20 +1,29 @@
 """The sink pass: each layer's pattern, values and residual reduced inside its hook to statistics
-linear in ``T`` (see :mod:`interp.sinks` for the definitions)."""
+linear in ``T`` (see :mod:`interp.sinks` for the definitions).
+
+Two reductions, side by side: the pattern engine reads each ``hook_pattern``; the stream engine
+(:func:`stream_sink_statistics`) gets the same fields from each layer's ``q``, ``k`` and
+log-sum-exp (confidence from the row pass, received mass from the column pass) while the model's
+attention runs fused (:mod:`interp.stream` runs the model and the passes).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.errors import NonFiniteAttentionError, UsageError
-from interp.hooks import layer_of, pattern_hook, resid_post_hook, run_with_reducers, v_hook
-from interp.models import describe
+from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
+from interp.errors import UsageError
+from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
+from interp.stream.driver import check_finite, column_pass, row_pass, run_streamed
 
 EPSILON = 0.3
 ABS_THRESHOLD = 100.0
@@ -45,7 +54,7 @@ class SinkStatistics:
 
 
 def sink_statistics(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     *,
     abs_threshold: float = ABS_THRESHOLD,
@@ -68,8 +77,6 @@ def sink_statistics(
     if engine not in ("pattern", "stream"):
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     if engine == "stream":
-        from interp.stream.engine import stream_sink_statistics
-
         return stream_sink_statistics(
             model,
             probe,
@@ -110,6 +117,43 @@ def sink_statistics(
     return cap_massive(stats, max_massive)
 
 
+def stream_sink_statistics(
+    model: HookedModel,
+    probe: TokenProbe,
+    *,
+    abs_threshold: float,
+    rel_threshold: float,
+    max_massive: int,
+    minibatch: int | None = None,
+    progress: bool = False,
+) -> SinkStatistics:
+    """:func:`sink_statistics`, pattern-free: the same fields, the same meaning."""
+    info = describe(model)
+    B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
+    scored = scored_queries(T, info.is_causal)
+    stats = empty_statistics(B, L, H, T)
+
+    def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
+        def reduce(a: AttentionInputs) -> None:
+            r = row_pass(a)
+            check_finite(r.lse, a.layer, info.name)
+            received, deviation = column_pass(a, r.lse)
+            stats.max_row_deviation = max(stats.max_row_deviation, deviation)
+            stats.received[rows, a.layer] = received.cpu()
+            stats.confidence[rows, a.layer] = torch.exp(r.max - r.lse)[:, :, scored].sum(-1).cpu()
+            stats.confidence_no_first[rows, a.layer] = torch.exp(r.max_rest - r.lse)[:, :, scored].sum(-1).cpu()
+            norm = rearrange(a.v.float().norm(dim=-1), "b h p -> b p h")
+            record_value_norms(stats, norm, a.layer, rows)
+
+        def residual(x: Tensor, hook: Any) -> None:
+            reduce_residual(stats, x, layer_of(hook), rows, abs_threshold, rel_threshold, max_massive)
+
+        return reduce, [(resid_post_hook(layer), residual) for layer in range(L)]
+
+    run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
+    return cap_massive(stats, max_massive)
+
+
 def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
     """Zeroed statistics for ``B`` sequences of ``T`` tokens through ``L`` layers of ``H`` heads."""
     return SinkStatistics(
@@ -124,14 +168,6 @@ def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
         massive=[],
         max_row_deviation=0.0,
     )
-
-
-def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
-    if not torch.isfinite(rows).all():
-        raise NonFiniteAttentionError(
-            f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-            f"in {model_name}'s dtype on this input: try --dtype float32"
-        )
 
 
 def record_value_norms(

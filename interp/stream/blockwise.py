@@ -15,55 +15,23 @@ scores, and three passes cover them all, each in memory linear in ``T``:
 Shapes follow torch's ``scaled_dot_product_attention``: ``q`` is ``[batch, head, pos, d_head]``,
 ``k`` is ``[batch, kv_head, pos, d_head]``; query head ``h`` reads key head ``h // (head / kv_head)``
 (grouped-query attention by index, as ``repeat_interleave`` would lay it out). Everything is
-computed in float32. The tiles are ``block x block`` per head (``block`` 512: 1 MiB per head).
+computed in float32. The tiles are ``block x block`` per head (``block`` 512: 1 MiB per head). The
+row pass is the online-softmax reference of :mod:`interp.kernels` without the values; the column
+pass reuses its score tile.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
-from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from interp.kernels import OnlineSoftmax, grouped, key_end, online_softmax, score_tile, ungrouped
 
 BLOCK = 512
 GATHER_CHUNK = 1 << 16
 
-
-@dataclass
-class RowStats:
-    """Per query row of each head: what the flash forward keeps."""
-
-    lse: Float[Tensor, "batch head q"]  # log sum_k exp(s_qk)
-    max: Float[Tensor, "batch head q"]  # max_k s_qk
-    max_rest: Float[Tensor, "batch head q"]  # max_{k >= 1} s_qk (-inf when the row sees only key 0)
-
-
-def _grouped(q: Float[Tensor, "batch head pos d"], k: Float[Tensor, "batch kv pos d"]) -> Tensor:
-    """``q`` as ``[batch, kv_head, group, pos, d]``, so each group of query heads meets its key head."""
-    return rearrange(q, "b (kv g) p d -> b kv g p d", kv=k.shape[1])
-
-
-def _tile(
-    qg: Float[Tensor, "batch kv group bq d"],
-    k_blk: Float[Tensor, "batch kv bk d"],
-    q0: int,
-    k0: int,
-    causal: bool,
-) -> Float[Tensor, "batch kv group bq bk"]:
-    """Scores of a query block against a key block (``q`` already scaled), -inf where masked."""
-    s = torch.einsum("bvgqd,bvkd->bvgqk", qg, k_blk)
-    if causal and k0 + s.shape[-1] - 1 > q0:  # the tile reaches right of the diagonal
-        rows = torch.arange(q0, q0 + s.shape[-2], device=s.device)
-        cols = torch.arange(k0, k0 + s.shape[-1], device=s.device)
-        s = s.masked_fill(cols[None, :] > rows[:, None], -math.inf)
-    return s
-
-
-def _key_end(q1: int, n_keys: int, causal: bool) -> int:
-    return min(q1, n_keys) if causal else n_keys
+RowStats = OnlineSoftmax  # lse, max, max_rest per query row (out is None: no values are read)
 
 
 def row_stats(
@@ -74,30 +42,7 @@ def row_stats(
     block: int = BLOCK,
 ) -> RowStats:
     """Log-sum-exp, row max and row max over keys ``>= 1`` of every query row, by online softmax."""
-    B, H, T, _ = q.shape
-    qg, k = _grouped(q.float() * scale, k), k.float()
-    lse, mx, rest = (torch.empty(B, H, T, device=q.device) for _ in range(3))
-    for q0 in range(0, T, block):
-        q1 = min(q0 + block, T)
-        qb = qg[..., q0:q1, :]
-        m = torch.full(qb.shape[:-1], -math.inf, device=q.device)
-        m_rest = m.clone()
-        total = torch.zeros_like(m)
-        for k0 in range(0, _key_end(q1, k.shape[2], causal), block):
-            s = _tile(qb, k[:, :, k0 : k0 + block], q0, k0, causal)
-            tile_max = s.amax(-1)
-            if k0 > 0:
-                m_rest = torch.maximum(m_rest, tile_max)
-            elif s.shape[-1] > 1:
-                m_rest = torch.maximum(m_rest, s[..., 1:].amax(-1))
-            m_new = torch.maximum(m, tile_max)  # finite from the first tile on: key 0 is seen
-            total = total * torch.exp(m - m_new) + s.sub_(m_new[..., None]).exp_().sum(-1)  # s is spent
-            m = m_new
-        flat = lambda t: rearrange(t, "b v g q -> b (v g) q")  # noqa: E731
-        lse[..., q0:q1] = flat(m + torch.log(total))
-        mx[..., q0:q1] = flat(m)
-        rest[..., q0:q1] = flat(m_rest)
-    return RowStats(lse=lse, max=mx, max_rest=rest)
+    return online_softmax(q, k, causal=causal, scale=scale, block=block, rest=True)
 
 
 def column_sums(
@@ -109,20 +54,19 @@ def column_sums(
     block: int = BLOCK,
 ) -> tuple[Float[Tensor, "batch head k"], Float[Tensor, "batch head q"]]:
     """``(sum_q A[q, k] per key, sum_k A[q, k] per row)`` from a blockwise pass over ``(q, k, lse)``."""
-    B, H, T, _ = q.shape
-    qg, k = _grouped(q.float() * scale, k), k.float()
-    lse_g = rearrange(lse.float(), "b (v g) q -> b v g q", v=k.shape[1])
+    T = q.shape[2]
+    qg, k = grouped(q.float(), k.shape[1]), k.float()
+    lse_g = grouped(lse.float()[..., None], k.shape[1])[..., 0]
     received = torch.zeros(*qg.shape[:3], k.shape[2], device=q.device)
     rows = torch.zeros(*qg.shape[:3], T, device=q.device)
     for q0 in range(0, T, block):
         q1 = min(q0 + block, T)
-        for k0 in range(0, _key_end(q1, k.shape[2], causal), block):
-            s = _tile(qg[..., q0:q1, :], k[:, :, k0 : k0 + block], q0, k0, causal)
+        for k0 in range(0, key_end(q1, k.shape[2], causal), block):
+            s = score_tile(qg[..., q0:q1, :], k[:, :, k0 : k0 + block], q0, k0, causal, scale)
             p = s.sub_(lse_g[..., q0:q1, None]).exp_()  # in place: one tile of memory traffic less
             received[..., k0 : k0 + p.shape[-1]] += p.sum(-2)
             rows[..., q0:q1] += p.sum(-1)
-    flat = lambda t: rearrange(t, "b v g n -> b (v g) n")  # noqa: E731
-    return flat(received), flat(rows)
+    return ungrouped(received), ungrouped(rows)
 
 
 def gathered_weights(
@@ -144,3 +88,6 @@ def gathered_weights(
         s = (qq * kk).sum(-1) * scale
         out[start : start + chunk] = torch.exp(s - lse[b, :, qi])
     return out
+
+
+__all__ = ["BLOCK", "RowStats", "column_sums", "gathered_weights", "row_stats"]

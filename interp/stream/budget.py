@@ -8,10 +8,8 @@ what the pattern engine really takes.
 
 from __future__ import annotations
 
-from typing import Any
-
+from interp.adapters import HookedModel, describe
 from interp.config import PATTERN_BUDGET
-from interp.models import describe
 from interp.registry import Registry
 
 ENGINES: Registry[str] = Registry("engine")
@@ -34,7 +32,7 @@ def gib(n_bytes: float) -> str:
 
 def choose_engine(
     engine: str,
-    model: Any,
+    model: HookedModel,
     n_seqs: int,
     seq_len: int,
     budget: int = PATTERN_BUDGET,

@@ -7,30 +7,18 @@ is the second pass: one program per (key block, batch, query head) walks the que
 its keys and sums ``exp(s - lse)`` down each column, so every key's received mass comes out without
 atomics. Both compute in base 2 (``exp2``), like the flash kernel, and run under Triton's
 interpreter on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was imported (tests);
-fp32 or fp16 inputs, d_head 16..128, grouped K/V by head index.
+fp32 or fp16 inputs, d_head 16..128, grouped K/V by head index. The Triton guard, the interpreter
+and the launch checks are :mod:`interp.kernels`'.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.kernels import HAS_TRITON, LOG2E, block_d, check_launch, dot_precision, interpreting, tl, triton
 from interp.stream.blockwise import RowStats
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # Triton is an optional extra
-    triton = None
-    tl = None
-
-HAS_TRITON = triton is not None
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
-
 
 if HAS_TRITON:
 
@@ -127,24 +115,17 @@ if HAS_TRITON:
 
 
 def _launch_args(q: Tensor, k: Tensor, causal: bool) -> dict:
-    if not HAS_TRITON:
-        raise ImportError("the stream engine's Triton kernels need Triton: pip install -e '.[gpu]'")
+    check_launch(q, "the stream engine's Triton kernels")
     if q.ndim != 4 or k.ndim != 4 or q.shape[1] % k.shape[1] or q.shape[2] != k.shape[2]:
         raise ValueError(f"expected q [batch, head, pos, d] and k [batch, kv_head, pos, d]; got {q.shape}, {k.shape}")
-    d_head = q.shape[-1]
-    if not 16 <= d_head <= 128:
-        raise ValueError(f"the Triton kernels support d_head 16..128, got {d_head}")
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    if q.device.type == "cpu" and not interpret:
-        raise RuntimeError("the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
-    block = 16 if interpret else 64
+    block = 16 if interpreting() else 64
     return dict(
         GROUP=q.shape[1] // k.shape[1],
         CAUSAL=causal,
         BLOCK_M=block,
         BLOCK_N=block,
-        BLOCK_D=max(16, triton.next_power_of_2(d_head)),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        BLOCK_D=block_d(q.shape[-1]),
+        DOT_PRECISION=dot_precision(q.dtype),
     )
 
 

@@ -2,7 +2,8 @@
 
 Two forward implementations of the same algorithm, and one backward they share:
 
-* `blockwise_attention` -- the online softmax in plain torch, written to be read. Queries are cut
+* `blockwise_attention` -- the online softmax in plain torch (`interp.kernels.online_softmax`, the
+  one reference the stream engine's row pass shares), written to be read. Queries are cut
   into blocks; for each query block we walk over the key blocks keeping a running max `m`, a
   running sum `l` and an output accumulator `acc`. When a new key block raises the max, what we
   have summed so far was scaled by exp(-old max) and must be rescaled by exp(old max - new max).
@@ -25,13 +26,12 @@ head `h` to key/value head `h // (n_heads // n_kv_heads)` -- the same grouping a
 requires as many queries as keys (no KV-cache offset).
 
 Triton is optional (`pip install -e .[gpu]`): without it this module imports fine and
-`triton_attention` raises.
+`triton_attention` raises. The import guard, the interpreter and the launch policy live in
+`interp.kernels`.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from functools import partial
 
 import torch
@@ -40,15 +40,19 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # Triton is an optional extra
-    triton = None
-    tl = None
-
-HAS_TRITON = triton is not None
-TRITON_MISSING = "triton_attention needs Triton, which is not installed: pip install triton (the 'gpu' extra of interp)"
+from interp.kernels import (
+    HAS_TRITON,
+    LOG2E,
+    block_d,
+    check_launch,
+    dot_precision,
+    interpreting,
+    online_softmax,
+    score_tile,
+    tl,
+    triton,
+    use_triton,
+)
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> tuple[int, int]:
@@ -76,43 +80,10 @@ def _blockwise_forward(
     scale: float,
     block_size: int,
 ) -> tuple[Float[Tensor, "batch head q_pos d_head"], Float[Tensor, "batch head q_pos"]]:
-    n_kv_heads, group = _check_shapes(q, k, v, causal)
-    n_q, n_k = q.shape[2], k.shape[2]
-    # Query head h = kv * group + g reads key/value head kv: a view, nothing is copied.
-    q = rearrange(q, "b (kv g) n d -> b kv g n d", g=group).float()
-    k, v = k.float(), v.float()
-    out = torch.empty_like(q)
-    lse = q.new_empty(q.shape[:-1])
-
-    for q0 in range(0, n_q, block_size):
-        q1 = min(q0 + block_size, n_q)
-        q_blk = q[..., q0:q1, :]
-        m = q_blk.new_full(q_blk.shape[:-1], -math.inf)  # running max of the scores, per row
-        l = q_blk.new_zeros(q_blk.shape[:-1])  # running sum of exp(score - m)
-        acc = torch.zeros_like(q_blk)  # running sum of exp(score - m) * v
-        k_end = q1 if causal else n_k  # causal: key blocks right of the diagonal are all masked
-        for k0 in range(0, k_end, block_size):
-            k1 = min(k0 + block_size, k_end)
-            s = torch.einsum("bhgqd,bhkd->bhgqk", q_blk, k[:, :, k0:k1]) * scale
-            if causal and k1 > q0 + 1:
-                s = s.masked_fill(_causal_mask(q0, q1, k0, k1, s.device), -math.inf)
-            m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp(m - m_new)  # rescales everything summed under the old max
-            p = torch.exp(s - m_new[..., None])
-            l = l * alpha + p.sum(dim=-1)
-            acc = acc * alpha[..., None] + torch.einsum("bhgqk,bhkd->bhgqd", p, v[:, :, k0:k1])
-            m = m_new
-        out[..., q0:q1, :] = acc / l[..., None]
-        lse[..., q0:q1] = m + torch.log(l)
-
-    return rearrange(out, "b kv g n d -> b (kv g) n d"), rearrange(lse, "b kv g n -> b (kv g) n")
-
-
-def _causal_mask(q0: int, q1: int, k0: int, k1: int, device: torch.device) -> Tensor:
-    """True where key position > query position, for the block [q0, q1) x [k0, k1)."""
-    q_pos = torch.arange(q0, q1, device=device)
-    k_pos = torch.arange(k0, k1, device=device)
-    return k_pos[None, :] > q_pos[:, None]
+    """The online softmax of :func:`interp.kernels.online_softmax`, with the values: (out fp32, lse)."""
+    _check_shapes(q, k, v, causal)
+    result = online_softmax(q, k, v, causal=causal, scale=scale, block=block_size)
+    return result.out, result.lse
 
 
 def _blockwise_backward(
@@ -149,9 +120,7 @@ def _blockwise_backward(
         for q0 in range(q_start, n_q, block_size):
             q1 = min(q0 + block_size, n_q)
             q_blk, do_blk = q_[..., q0:q1, :], d_out_[..., q0:q1, :]
-            s = torch.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk) * scale
-            if causal and k1 > q0 + 1:
-                s = s.masked_fill(_causal_mask(q0, q1, k0, k1, s.device), -math.inf)
+            s = score_tile(q_blk, k_blk, q0, k0, causal, scale)
             p = torch.exp(s - lse_[..., q0:q1, None])
             dv[:, :, k0:k1] += torch.einsum("bhgqk,bhgqd->bhkd", p, do_blk)
             dp = torch.einsum("bhgqd,bhkd->bhgqk", do_blk, v_blk)
@@ -268,11 +237,6 @@ if HAS_TRITON:
         tl.store(Lse + (batch * n_heads + head) * n_q + offs_m, lse, mask=offs_m < n_q)
 
 
-def _interpreting() -> bool:
-    """Triton's interpreter must be chosen before triton is imported: TRITON_INTERPRET=1."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _block_config(d_head: int, dtype: torch.dtype, interpret: bool) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages): pinned, no autotuning.
 
@@ -288,20 +252,12 @@ def _block_config(d_head: int, dtype: torch.dtype, interpret: bool) -> tuple[int
 
 
 def _triton_forward(q, k, v, causal, scale, block_size):
-    if not HAS_TRITON:
-        raise ImportError(TRITON_MISSING)
+    check_launch(q, "triton_attention")
     n_kv_heads, group = _check_shapes(q, k, v, causal)
     b, n_heads, n_q, d_head = q.shape
-    if not 16 <= d_head <= 128:
-        raise ValueError(f"the Triton kernel supports d_head 16..128, got {d_head}")
     if q.dtype not in (torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"the Triton kernel takes fp16 or fp32 q, k, v of one dtype, got {q.dtype}")
-    interpret = _interpreting()
-    if q.device.type == "cpu" and not interpret:
-        raise RuntimeError(
-            "the Triton kernel runs on CPU tensors only under Triton's interpreter: "
-            "set TRITON_INTERPRET=1 in the environment before triton is imported"
-        )
+    interpret = interpreting()
     block_m, block_n, num_warps, num_stages = _block_config(d_head, q.dtype, interpret)
     if block_size is not None and interpret:
         block_m = block_n = block_size
@@ -311,10 +267,9 @@ def _triton_forward(q, k, v, causal, scale, block_size):
     _flash_fwd_kernel[grid](
         q, k, v, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        n_heads, n_q, k.shape[2], d_head, scale * 1.4426950408889634,  # * log2(e)
+        n_heads, n_q, k.shape[2], d_head, scale * LOG2E,
         GROUP=group, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(d_head)),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        BLOCK_D=block_d(d_head), DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out, lse
@@ -351,13 +306,13 @@ def flash_attention(
 ) -> tuple[Float[Tensor, "batch head q_pos d_head"], Float[Tensor, "batch head q_pos"]]:
     """The flash path as the toy model calls it: (output, log-sum-exp).
 
-    impl: "triton", "blockwise", or "auto" = Triton on CUDA tensors when Triton is installed,
-    else the blockwise torch version. "sdpa" hands the work to torch's fused kernel instead (no
+    impl: "triton", "blockwise", or "auto" = Triton where :func:`interp.kernels.use_triton` says
+    (CUDA tensors, Triton installed, d_head 16..128), else the blockwise torch version. "sdpa" hands the work to torch's fused kernel instead (no
     pattern stored either; the fastest choice on CPU, used to train the toy) and returns no
     log-sum-exp (None).
     """
     if impl == "auto":
-        impl = "triton" if (HAS_TRITON and q.is_cuda) else "blockwise"
+        impl = "triton" if use_triton(q) else "blockwise"
     if impl == "triton":
         return triton_attention(q, k, v, causal, scale)
     if impl == "blockwise":

@@ -1,0 +1,199 @@
+"""What the analyses need from a model, as one typed interface, and the behaviour both adapters share.
+
+:class:`HookedModel` is the shape every public function takes as ``model``: a TransformerLens 4
+``TransformerBridge`` or the bundled toy (both expose ``cfg``, ``blocks`` and ``run_with_hooks``).
+:class:`Adapter` is what an analysis asks *of* such a model: describe it, run it with reducers
+(stopping early), capture each layer's attention inputs while attention runs fused, name a head's
+output, and the ablation replay's two exact shortcuts. :class:`HookedAdapter` implements all of it
+through TransformerLens hook points and public torch APIs; the toy and bridge adapters add only what
+their model does differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.adapters.info import describe_model
+from interp.adapters.patch import reused_attention, trimmed_mlp
+from interp.hooks import z_hook
+
+if TYPE_CHECKING:
+    from interp.adapters.info import ModelInfo
+
+Hook = Callable[[Tensor, Any], Any]
+HookList = list[tuple[str, Hook]]
+
+
+@runtime_checkable
+class HookedModel(Protocol):
+    """A model with TransformerLens hook points: a ``TransformerBridge`` or the toy."""
+
+    cfg: Any
+    blocks: Any
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def parameters(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass
+class AttentionInputs:
+    """One layer's attention inputs as the model attends with them."""
+
+    layer: int
+    q: Float[Tensor, "batch head pos d_head"]
+    k: Float[Tensor, "batch kv_head pos d_head"]  # after rotary, grouped heads not repeated
+    v: Float[Tensor, "batch kv_head pos d_head"]
+    scale: float
+    causal: bool
+
+
+OnAttention = Callable[[AttentionInputs], None]
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """Everything the analyses need from a model, whatever its kind."""
+
+    model: HookedModel
+
+    def describe(self) -> ModelInfo:
+        """Shape, special tokens, causality and device (see :class:`interp.adapters.info.ModelInfo`)."""
+        ...
+
+    def run_with_reducers(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, Hook]],
+        *,
+        stop_after: str | None = None,
+        grad: bool = False,
+    ) -> Any:
+        """Run with ``fwd_hooks``, ending the pass right after ``stop_after`` fires (``None`` then)."""
+        ...
+
+    def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
+        """Within the block every attention layer calls ``on_attention`` and runs fused; yields the
+        hooks the run must add."""
+        ...
+
+    def check_capture(self) -> None:
+        """Raise :class:`~interp.errors.UsageError` unless :meth:`capture_attention` can work."""
+        ...
+
+    def release_patterns(self, layer: int) -> None:
+        """Drop any attention pattern the model keeps for ``layer`` after its forward."""
+        ...
+
+    def head_output_hook(self, layer: int) -> str:
+        """The hook that reads or replaces each head's output of ``layer`` (``[batch, pos, head, d_head]``)."""
+        ...
+
+    def reuse_attention(
+        self,
+        layer: int,
+        clean: Float[Tensor, "batch pos d_model"],
+        n_outputs: int | None,
+        per_head: Float[Tensor, "batch pos head d_model"],
+        ablate: Bool[Tensor, "rep head"],
+    ) -> AbstractContextManager[None]:
+        """Layer ``layer``'s attention returns the clean output plus the ablated heads' change."""
+        ...
+
+    def trim_mlp(self, layer: int, keep: Tensor, T: int) -> AbstractContextManager[None]:
+        """Layer ``layer``'s MLP runs on positions ``keep`` only."""
+        ...
+
+
+class _StopForward(Exception):
+    """Raised from a hook to end a forward pass that has given all it was asked for."""
+
+
+class HookedAdapter:
+    """The shared implementation: TransformerLens hook points and public torch APIs only."""
+
+    def __init__(self, model: HookedModel) -> None:
+        self.model = model
+
+    def describe(self) -> ModelInfo:
+        return describe_model(self)
+
+    @property
+    def n_layers(self) -> int:
+        return len(getattr(self.model, "blocks", []))
+
+    # ---- running --------------------------------------------------------------------------------
+
+    def cleanup_hooks(self) -> HookList:
+        """Hooks added to every run (none here; the bridge frees the patterns it keeps)."""
+        return []
+
+    def release_patterns(self, layer: int) -> None:
+        return None
+
+    def after_run(self) -> None:
+        """Called when a run ends, however it ends."""
+
+    def run_with_reducers(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        fwd_hooks: Sequence[tuple[str, Hook]],
+        *,
+        stop_after: str | None = None,
+        grad: bool = False,
+    ) -> Any:
+        hooks = [*fwd_hooks, *self.cleanup_hooks()]
+        if stop_after is not None:
+
+            def stop(_: Tensor, hook: Any) -> None:
+                raise _StopForward
+
+            hooks.append((stop_after, stop))  # registered last: fires after the reducers on that point
+        with torch.set_grad_enabled(grad):
+            try:
+                return self.model.run_with_hooks(tokens, fwd_hooks=hooks)
+            except _StopForward:
+                return None
+            finally:
+                self.after_run()
+
+    # ---- capture (each adapter its own) -----------------------------------------------------------
+
+    def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
+        raise NotImplementedError
+
+    def check_capture(self) -> None:
+        with self.capture_attention(lambda _: None):
+            pass
+
+    # ---- heads and the replay's shortcuts --------------------------------------------------------
+
+    def head_output_hook(self, layer: int) -> str:
+        return z_hook(layer)
+
+    @contextmanager
+    def reuse_attention(
+        self,
+        layer: int,
+        clean: Float[Tensor, "batch pos d_model"],
+        n_outputs: int | None,
+        per_head: Float[Tensor, "batch pos head d_model"],
+        ablate: Bool[Tensor, "rep head"],
+    ) -> Iterator[None]:
+        with reused_attention(self.model.blocks[layer].attn, clean, n_outputs, per_head, ablate):
+            yield
+
+    @contextmanager
+    def trim_mlp(self, layer: int, keep: Tensor, T: int) -> Iterator[None]:
+        with trimmed_mlp(self.model.blocks[layer].mlp, keep, T):
+            yield
+
+
+__all__ = ["Adapter", "AttentionInputs", "Hook", "HookList", "HookedAdapter", "HookedModel", "OnAttention"]

@@ -1,0 +1,65 @@
+"""The bundled toy transformer as an :class:`~interp.adapters.base.Adapter`.
+
+Its attention runs on the flash path whenever nobody hooks the pattern; the capture switches the
+flash path on inside the block (a toy built with ``use_flash=False`` would form the pattern) and
+catches ``q`` and ``k`` at ``hook_q``/``hook_k``, calling back from ``hook_v`` (the toy has learned
+positions, no rotary: these are exactly what it attends with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from einops import rearrange
+from torch import Tensor
+
+from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention
+from interp.hooks import k_hook, layer_of, q_hook, v_hook
+
+
+def is_toy(model: Any) -> bool:
+    from interp.toy.model import ToyTransformer
+
+    return isinstance(model, ToyTransformer)
+
+
+class ToyAdapter(HookedAdapter):
+    """:class:`interp.toy.ToyTransformer`: hook points everywhere, a flash path of its own."""
+
+    @contextlib.contextmanager
+    def capture_attention(self, on_attention: OnAttention) -> Iterator[HookList]:
+        attns = [block.attn for block in self.model.blocks]
+        saved = [a.use_flash for a in attns]
+        try:
+            for a in attns:  # a toy built with use_flash=False would form the pattern itself
+                a.use_flash = True
+            yield self._capture_hooks(on_attention)
+        finally:
+            for a, flag in zip(attns, saved):
+                a.use_flash = flag
+
+    def check_capture(self) -> None:
+        return None
+
+    def _capture_hooks(self, on_attention: OnAttention) -> HookList:
+        caught: dict[str, Tensor] = {}
+        to_sdpa = lambda t: rearrange(t.detach(), "b p h d -> b h p d")  # noqa: E731
+
+        def grab(t: Tensor, hook: Any) -> None:
+            caught[hook.name.rsplit("_", 1)[-1]] = t
+
+        def fire(v: Tensor, hook: Any) -> None:
+            layer = layer_of(hook)
+            attn = self.model.blocks[layer].attn
+            q, k = to_sdpa(caught.pop("q")), to_sdpa(caught.pop("k"))
+            on_attention(AttentionInputs(layer, q, k, to_sdpa(v), float(attn.scale), attn.causal))
+
+        hooks: HookList = []
+        for layer in range(self.n_layers):
+            hooks += [(q_hook(layer), grab), (k_hook(layer), grab), (v_hook(layer), fire)]
+        return hooks
+
+
+__all__ = ["ToyAdapter", "is_toy"]
