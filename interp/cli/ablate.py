@@ -2,7 +2,7 @@
 
 A thin layer over :mod:`interp.ablation`. Methods:
 
-- ``exact``: ablate every head alone (the fast replay engine), rank heads by how much the metric
+- ``exact``: ablate every head alone (the fast replay), rank heads by how much the metric
   worsens; writes ``ablate_exact.{csv,json,html}``;
 - ``gradient``: Michel et al.'s gradient importance, one forward and backward per batch;
   ``ablate_gradient.{csv,json,html}``;
