@@ -130,12 +130,12 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     sweeper = Sweeper(model, probe, incontext)
     chunk = min(H, sweeper.chunk_size)  # ablations per batched forward
-    print(f"fast engine: {sweeper.engine}, exact shortcuts: {', '.join(sweeper.shortcuts) or 'none'}")
+    print(f"replay: {sweeper.replay}, exact shortcuts: {', '.join(sweeper.shortcuts) or 'none'}")
     throughput = {n: forward_throughput(model, probe.tokens.repeat(n, 1)) for n in (1, chunk)}
     times, cpu, diffs = {}, {}, {}
     reference, times["loop"], cpu["loop"] = timed(lambda: loop_sweep(model, probe, [incontext, last]))
     for label, metric in (("exact[incontext]", incontext), ("exact[last]", last)):
-        scores, times[label], cpu[label] = timed(lambda: exact_sweep(model, probe, metric, engine="fast"))
+        scores, times[label], cpu[label] = timed(lambda: exact_sweep(model, probe, metric, replay="fast"))
         want = reference[metric.name].numpy()
         diffs[label] = float(abs(scores.grid("metric_ablated") - want).max() / abs(want).max())
     _, times["gradient"], cpu["gradient"] = timed(lambda: gradient_importance(model, probe, incontext))

@@ -15,11 +15,7 @@ from interp.ablation import (
     Sweeper,
     ablated,
     as_metric,
-    derangement,
     exact_sweep,
-    gate_open_probability,
-    gate_sample,
-    gate_value,
     gradient_importance,
     head_mask,
     heads_prunable,
@@ -30,9 +26,11 @@ from interp.ablation import (
     loop_sweep,
     pooled_cosine,
     pruning_curve,
-    spearman,
     train_gates,
 )
+from interp.ablation.gates import gate_open_probability, gate_sample, gate_value
+from interp.ablation.modes import derangement
+from interp.ablation.pruning import spearman
 from interp.hooks import z_hook
 from interp.models import describe, from_hf_model
 from interp.probes import repeated_tokens
@@ -161,7 +159,7 @@ def test_logit_diff_answers_are_the_incontext_continuation(probe):
 def test_fast_sweep_equals_loop_on_gpt2(gpt2_loud, which, ablation):
     probe = repeated_tokens(gpt2_loud, batch=4, block_len=12, seed=0)
     metric = {"incontext": incontext_loss, "logit-diff": incontext_logit_diff, "lm": lm_loss}[which](probe)
-    fast = exact_sweep(gpt2_loud, probe, metric, ablation=ablation, engine="fast", chunk=3)
+    fast = exact_sweep(gpt2_loud, probe, metric, ablation=ablation, replay="fast", chunk=3)
     loop = loop_sweep(gpt2_loud, probe, metric, ablation=ablation)
     assert fast.meta["engine"] == "fast" and loop.meta["engine"] == "loop"
     assert fast.meta["shortcuts"] == ["reused_attention", "trimmed_mlp"]  # both exact shortcuts in play
@@ -173,7 +171,7 @@ def test_fast_sweep_equals_loop_on_gpt2(gpt2_loud, which, ablation):
 def test_fast_sweep_equals_loop_on_bert_with_pooled_cosine(bert_loud, ablation):
     p = repeated_tokens(bert_loud, batch=3, block_len=8, seed=1)
     metric = pooled_cosine(p)
-    fast = exact_sweep(bert_loud, p, metric, ablation=ablation, engine="fast")
+    fast = exact_sweep(bert_loud, p, metric, ablation=ablation, replay="fast")
     loop = loop_sweep(bert_loud, p, metric, ablation=ablation)
     assert fast.meta["engine"] == "fast"
     # BERT's attention module adds the residual and normalises: not linear in hook_z, so the
@@ -205,12 +203,12 @@ def test_several_heads_of_one_layer_and_a_base_in_the_ablated_layer(gpt2_loud):
     metric = incontext_loss(probe)
     sets = [[(0, 0), (0, 2)], [(1, 1), (1, 2), (1, 3)], [(0, 1), (1, 0), (1, 3)], [(0, 0), (0, 1), (0, 2), (0, 3)]]
     masks = torch.stack([head_mask(gpt2_loud, s) for s in sets])
-    got = Sweeper(gpt2_loud, probe, metric, engine="fast", chunk=2).evaluate(masks)
+    got = Sweeper(gpt2_loud, probe, metric, replay="fast", chunk=2).evaluate(masks)
     for s, values in zip(sets, got):
         want = metric(metric.read(_zeroed(gpt2_loud, probe.tokens, s)), probe.tokens)
         assert torch.allclose(values, want, rtol=1e-5), (s, values, want)
     # a base head in the layer being swept: 1.0 stays zeroed while each other head of layer 1 goes too
-    swept = exact_sweep(gpt2_loud, probe, metric, base=["1.0"], engine="fast")
+    swept = exact_sweep(gpt2_loud, probe, metric, base=["1.0"], replay="fast")
     assert swept.meta["engine"] == "fast" and math.isnan(swept.grid("metric_ablated")[1, 0])
     for h in (1, 2, 3):
         want = metric(metric.read(_zeroed(gpt2_loud, probe.tokens, [(1, 0), (1, h)])), probe.tokens).mean()
@@ -230,7 +228,7 @@ def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny):
         auto = exact_sweep(bert_tiny, p, metric)
     assert auto.meta["engine"] == "loop"
     with pytest.raises(AblationError, match="the fast engine cannot run this model"):
-        exact_sweep(bert_tiny, p, metric, engine="fast")
+        exact_sweep(bert_tiny, p, metric, replay="fast")
 
 
 def test_minibatches_give_the_same_numbers(gpt2_tiny, probe):
@@ -257,7 +255,7 @@ def test_base_heads_stay_ablated(gpt2_tiny, probe):
     metric = incontext_loss(probe)
     swept = exact_sweep(gpt2_tiny, probe, metric, base=["0.0"])
     assert math.isnan(swept.grid("metric_ablated")[0, 0])
-    sweeper = Sweeper(gpt2_tiny, probe, metric, engine="loop")
+    sweeper = Sweeper(gpt2_tiny, probe, metric, replay="loop")
     both = sweeper.evaluate(head_mask(gpt2_tiny, ["0.0", "1.3"])[None]).mean()
     assert swept.grid("metric_ablated")[1, 3] == pytest.approx(float(both), rel=1e-5)
 
@@ -450,5 +448,5 @@ def test_fast_sweep_equals_loop_on_a_rotary_gqa_model():
     model = from_hf_model(LlamaForCausalLM(cfg).eval(), name="tiny-llama")
     p = repeated_tokens(model, batch=3, block_len=8, seed=2)
     metric = incontext_loss(p)
-    fast = exact_sweep(model, p, metric, ablation="resample", engine="fast")
+    fast = exact_sweep(model, p, metric, ablation="resample", replay="fast")
     _close(fast, loop_sweep(model, p, metric, ablation="resample"))

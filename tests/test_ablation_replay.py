@@ -60,7 +60,7 @@ def test_cross_block_model_falls_back_and_equals_the_loop(cross_block, ablation)
     assert auto.meta["engine"] == "loop"
     assert torch.equal(torch.tensor(auto.grid("metric_ablated")), torch.tensor(loop.grid("metric_ablated")))
     with pytest.raises(AblationError, match="the fast engine cannot run this model: replaying its blocks under"):
-        exact_sweep(cross_block, p, metric, ablation=ablation, engine="fast")
+        exact_sweep(cross_block, p, metric, ablation=ablation, replay="fast")
 
 
 def test_the_replay_would_be_wrong_on_the_cross_block_model(cross_block):
@@ -68,10 +68,10 @@ def test_the_replay_would_be_wrong_on_the_cross_block_model(cross_block):
     heads come out wrong by far more than the fast-vs-loop tolerance (1e-4)."""
     p = repeated_tokens(cross_block, batch=3, block_len=8, seed=0)
     metric = incontext_loss(p)
-    sweeper = Sweeper(cross_block, p, metric, engine="loop")
+    sweeper = Sweeper(cross_block, p, metric, replay="loop")
     sweeper._self_check()  # classifies the block arguments; its verdict is ignored here
-    sweeper.engine = "fast"
-    fast = exact_sweep(cross_block, p, metric, engine="loop")  # reference
+    sweeper.replay = "fast"
+    fast = exact_sweep(cross_block, p, metric, replay="loop")  # reference
     masks = torch.zeros(4, 3, 4, dtype=torch.bool)
     masks[torch.arange(4), 0, torch.arange(4)] = True
     replayed = sweeper.evaluate(masks).mean(1)
@@ -116,4 +116,4 @@ def test_cross_block_model_is_refused_in_bf16_too():
     model = CrossBlockToy(_cfg(dtype=torch.bfloat16)).eval()
     p = repeated_tokens(model, batch=3, block_len=8, seed=0)
     with pytest.raises(AblationError, match=r"under zero ablation of 0.0, .*\(max error .*, the ablation.s effect"):
-        exact_sweep(model, p, incontext_loss(p), engine="fast")
+        exact_sweep(model, p, incontext_loss(p), replay="fast")

@@ -17,9 +17,9 @@ from interp.ablation import (
     largest_lambda_within,
     loop_sweep,
     pruning_curve,
-    spearman,
     train_gates,
 )
+from interp.ablation.pruning import spearman
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.hooks import pattern_hook, run_with_reducers
@@ -104,7 +104,7 @@ def test_mean_ablation_exact_and_gradient_agree(toy, probe, circuit):
 
 def _fast_equals_loop(model, probe, ablation):
     for metric in (incontext_loss(probe), incontext_logit_diff(probe)):
-        fast = exact_sweep(model, probe, metric, ablation=ablation, engine="fast")
+        fast = exact_sweep(model, probe, metric, ablation=ablation, replay="fast")
         loop = loop_sweep(model, probe, metric, ablation=ablation)
         assert fast.meta["engine"] == "fast" and "reused_attention" in fast.meta["shortcuts"]
         a, b = torch.tensor(fast.grid("metric_ablated")), torch.tensor(loop.grid("metric_ablated"))
@@ -163,7 +163,7 @@ def test_fast_sweep_equals_loop_on_the_toy_in_bf16(ablation):
         pytest.skip(f"no trained toy: {e}")
     p = repeated_tokens(model, batch=4, block_len=12, seed=0)
     metric = incontext_loss(p)
-    fast = exact_sweep(model, p, metric, ablation=ablation, engine="fast")
+    fast = exact_sweep(model, p, metric, ablation=ablation, replay="fast")
     loop = loop_sweep(model, p, metric, ablation=ablation)
     assert fast.meta["engine"] == "fast"
     effect = abs(loop.grid("delta")).max()

@@ -68,7 +68,7 @@ def test_every_analysis_on_a_spread_model_equals_one_device(spread, gpt2_tiny):
         metric = incontext_loss(probe)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no fallback to the loop: the replay reproduces the model
-            assert Sweeper(spread, probe, metric, ablation="mean").engine == "fast"
+            assert Sweeper(spread, probe, metric, ablation="mean").replay == "fast"
         for kind in ("zero", "mean"):
             _same(
                 exact_sweep(spread, probe, metric, ablation=kind).table,

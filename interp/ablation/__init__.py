@@ -19,7 +19,7 @@ On that footing:
 
 - :func:`ablated` silences heads inside a ``with`` block (notebooks); :class:`Sweeper` evaluates the
   metric under many head sets at once;
-- :func:`exact_sweep` ablates every head alone. Its engine runs the clean pass once, caching the
+- :func:`exact_sweep` ablates every head alone. Its replay runs the clean pass once, caching the
   residual stream entering every block and how each block was called, and then, for the heads of
   layer ``l``, replays only blocks ``l .. L-1``, several ablations batched along the batch axis,
   unembedding only the positions the metric reads. Where replaying a model's blocks, clean and
@@ -38,24 +38,25 @@ Importance is always signed so that *larger means the head matters more*: for a 
 on ablation; for a higher-is-better metric, the decrease.
 
 The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, ablation modes,
-:func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.engine` (the replay engine,
-:class:`Sweeper`), :mod:`~interp.ablation.calls` (recorded block calls),
-:mod:`~interp.ablation.shortcuts` (the engine's exact shortcuts), :mod:`~interp.ablation.sweep` (exact sweeps), :mod:`~interp.ablation.gradient`,
-:mod:`~interp.ablation.pruning` and :mod:`~interp.ablation.gates`.
+:func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.replay` (the replay and :class:`Sweeper`),
+:mod:`~interp.ablation.calls` (recorded block calls), :mod:`~interp.ablation.shortcuts` (the
+replay's exact shortcuts), :mod:`~interp.ablation.sweep` (exact sweeps),
+:mod:`~interp.ablation.gradient`, :mod:`~interp.ablation.pruning` (computing curves),
+:mod:`~interp.ablation.curves` (the :class:`PruningCurves` result), :mod:`~interp.ablation.gates`
+and :mod:`~interp.ablation.settings` (names checked, run settings merged).
+
+Names a user chooses are registered once (:mod:`interp.registry`): :data:`METRICS`,
+:data:`ABLATIONS`, :data:`ORDERS` and :data:`REPLAYS` (the sweep's ``replay=``: auto, fast or
+loop; "engine" means pattern/stream only). Run settings (seed, minibatch, progress) come as
+``config=RunConfig(...)`` or the same keywords.
 """
 
-from interp.ablation.engine import ENGINES, CleanBatch, Sweeper
-from interp.ablation.gates import (
-    GATE_STRETCH,
-    GATE_TEMPERATURE,
-    GateSweep,
-    gate_open_probability,
-    gate_sample,
-    gate_value,
-    largest_lambda_within,
-    train_gates,
-)
-from interp.ablation.gradient import frozen, gradient_importance
+import warnings
+from typing import Any
+
+from interp.ablation.curves import PruningCurves, heads_prunable
+from interp.ablation.gates import GateSweep, largest_lambda_within, train_gates
+from interp.ablation.gradient import gradient_importance
 from interp.ablation.metrics import (
     METRICS,
     Metric,
@@ -66,36 +67,43 @@ from interp.ablation.metrics import (
     lm_loss,
     logit_diff,
     pooled_cosine,
-    predictable_mask,
 )
-from interp.ablation.modes import ABLATIONS, HeadAblation, ablated, derangement, head_labels, head_mask
-from interp.ablation.pruning import ORDERS, heads_prunable, pruning_curve, pruning_curves, spearman
+from interp.ablation.modes import (
+    ABLATIONS,
+    HeadAblation,
+    MeanAblation,
+    ResampleAblation,
+    ZeroAblation,
+    ablated,
+    as_ablation,
+    head_labels,
+    head_mask,
+)
+from interp.ablation.pruning import ORDERS, pruning_curve, pruning_curves
+from interp.ablation.replay import REPLAYS, Sweeper
 from interp.ablation.sweep import exact_sweep, loop_sweep
 from interp.errors import AblationError, MetricError
 
 __all__ = [
     "ABLATIONS",
-    "ENGINES",
-    "GATE_STRETCH",
-    "GATE_TEMPERATURE",
     "METRICS",
     "ORDERS",
+    "REPLAYS",
     "AblationError",
-    "CleanBatch",
     "GateSweep",
     "HeadAblation",
+    "MeanAblation",
     "Metric",
     "MetricError",
+    "PruningCurves",
+    "ResampleAblation",
     "Sweeper",
+    "ZeroAblation",
     "ablated",
+    "as_ablation",
     "as_metric",
     "builtin_metric",
-    "derangement",
     "exact_sweep",
-    "frozen",
-    "gate_open_probability",
-    "gate_sample",
-    "gate_value",
     "gradient_importance",
     "head_labels",
     "head_mask",
@@ -107,9 +115,20 @@ __all__ = [
     "logit_diff",
     "loop_sweep",
     "pooled_cosine",
-    "predictable_mask",
     "pruning_curve",
     "pruning_curves",
-    "spearman",
     "train_gates",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ENGINES``, the old name of :data:`REPLAYS` (fast/loop), for one more release."""
+    if name == "ENGINES":
+        warnings.warn(
+            "interp.ablation.ENGINES is deprecated: the sweep's fast/loop choice is interp.ablation.REPLAYS "
+            "(engines are pattern/stream, interp.stream.budget.ENGINES)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return REPLAYS
+    raise AttributeError(f"module 'interp.ablation' has no attribute {name!r}")

@@ -1,11 +1,11 @@
 """Recorded block calls: what a model passed to each block, and how to pass it again for ``rep`` ablations.
 
-The replay engine runs blocks ``l .. L-1`` itself, so it must hand each block what the model
+The replay runs blocks ``l .. L-1`` itself, so it must hand each block what the model
 handed it (attention masks, position ids, rotary tables, ...). Each argument is classified once, by
 recording the same model's block calls at two batch sizes: a tensor whose leading axis follows the
 batch is per sequence (``"seq"``: repeated once per batched ablation), a tensor equal in shape at
 both sizes is shared (``"shared"``: passed as is). Containers (tuple, list, dict) are walked;
-anything else that is not a plain value makes the call unreplayable, and the engine says why.
+anything else that is not a plain value makes the call unreplayable, and the replay says why.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -16,15 +16,21 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp._io import atomic_write, atomic_write_json
-from interp.ablation.engine import Sweeper
 from interp.ablation.gradient import frozen, gated_forward
 from interp.ablation.metrics import Metric, as_metric
-from interp.ablation.modes import HeadAblation
+from interp.ablation.modes import HeadAblation, as_ablation
+from interp.ablation.replay import REPLAYS, Sweeper
+from interp.ablation.settings import checked, replay_choice, run_config
 from interp.ablation.sweep import scores_meta
+from interp.adapters import HookedModel
+from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.scores import HeadScores
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 # Voita et al. 2019 (after Louizos et al. 2018): Hard-Concrete temperature and stretch interval.
 GATE_TEMPERATURE = 0.33
@@ -98,6 +104,23 @@ class GateSweep:
             ),
         ]
 
+    def figure(self, which: Literal["gates", "curves"] = "gates") -> go.Figure:
+        """``"gates"``: a heatmap of the gates per lambda (0..1); ``"curves"``: heads kept against
+        lambda beside the metric against heads kept."""
+        from interp.plots import heatmap, short_name
+
+        if which == "curves":
+            return _gate_curves(self.summary, self.meta.get("metric", "metric"))
+        if which != "gates":
+            raise AblationError(f"a gate sweep draws 'gates' or 'curves', not {which!r}")
+        return heatmap(
+            self.grids(),
+            title=f"{short_name(self.meta.get('model', 'model'))}: Hard-Concrete gates per lambda",
+            zmin=0,
+            zmax=1,
+            value_name="gate",
+        )
+
     @classmethod
     def load(cls, path: str | Path, stem: str = "gates") -> GateSweep:
         """Read back what :meth:`save` wrote: its ``.json``, or the folder (then ``<stem>.json``)."""
@@ -109,8 +132,27 @@ class GateSweep:
         return cls(pd.DataFrame.from_records(blob["summary"]), pd.DataFrame.from_records(blob["gates"]), blob["meta"])
 
 
+def _gate_curves(summary: pd.DataFrame, metric: str) -> go.Figure:
+    """Heads kept against lambda, and the metric against heads kept, side by side."""
+    from plotly.subplots import make_subplots
+
+    from interp.plots import curves
+
+    left = curves(summary, "lambda", "heads_kept")
+    right = curves(summary.sort_values("heads_kept"), "heads_kept", "metric")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["heads kept vs lambda", f"{metric} vs heads kept"])
+    fig.add_trace(left.data[0], row=1, col=1)
+    fig.add_trace(right.data[0], row=1, col=2)
+    fig.update_xaxes(type="log", title_text="lambda", row=1, col=1)
+    fig.update_xaxes(title_text="heads kept", row=1, col=2)
+    fig.update_yaxes(title_text="heads kept", row=1, col=1)
+    fig.update_yaxes(title_text=metric, row=1, col=2)
+    fig.update_layout(showlegend=False, height=460, width=980)
+    return fig
+
+
 def train_gates(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     metric: Metric | Callable,
     lambdas: Iterable[float],
@@ -119,10 +161,12 @@ def train_gates(
     steps: int = 200,
     lr: float = 0.05,
     init: float = 3.0,
+    replay: str = "auto",
+    config: RunConfig | None = None,
     minibatch: int | None = None,
-    engine: str = "auto",
-    seed: int = 0,
-    progress: bool = False,
+    seed: int | None = None,
+    progress: bool | None = None,
+    engine: str | None = None,
 ) -> GateSweep:
     """Train Voita et al.'s input-independent Hard-Concrete head gates, once per lambda.
 
@@ -132,8 +176,14 @@ def train_gates(
     sequences) plus ``lambda * L_C``, ``L_C = sum_h P(g_h != 0)``; only the gates train (Adam,
     ``lr``, ``steps`` steps over the probe's minibatches), the model is frozen. At evaluation a head
     is kept when its deterministic gate exceeds 0.5, and the metric is measured with the other heads
-    ablated. On Ctrl-C the lambdas finished are returned (``meta["partial"] = True``).
+    ablated (evaluated by ``replay``, one of :data:`~interp.ablation.replay.REPLAYS`; ``engine=`` is
+    its deprecated spelling). ``config`` or the keywords ``minibatch``, ``seed`` (of the gate
+    samples and a resample ablation), ``progress`` set the run. On Ctrl-C the lambdas finished are
+    returned (``meta["partial"] = True``).
     """
+    replay = checked(REPLAYS, replay_choice(replay, engine))
+    config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
+    seed = config.seed
     lambdas = [float(x) for x in lambdas]
     if not lambdas:
         raise AblationError("give at least one lambda")
@@ -145,19 +195,15 @@ def train_gates(
     metric = as_metric(metric)
     info = describe(model)
     L, H = info.n_layers, info.n_heads
-    abl = (
-        ablation
-        if isinstance(ablation, HeadAblation)
-        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
-    )
-    sweeper = Sweeper(model, probe, metric, ablation=abl, engine=engine, minibatch=minibatch)
+    abl = as_ablation(ablation, model, probe, seed=seed, minibatch=config.minibatch)
+    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, minibatch=config.minibatch)
     clean = float(sweeper.clean.mean())
     refs = [(b.rows, b.tokens, b.reference) for b in sweeper.batches]
     none = torch.zeros(L, H, dtype=torch.bool)
     summary, per_head = [], []
     partial = False
     try:
-        for lam in tqdm(lambdas, desc="gates", disable=not progress):
+        for lam in tqdm(lambdas, desc="gates", disable=not config.progress):
             gen = torch.Generator().manual_seed(seed)
             log_alpha = torch.full((L, H), init, device=probe.tokens.device, requires_grad=True)
             opt = torch.optim.Adam([log_alpha], lr=lr)

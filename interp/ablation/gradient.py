@@ -11,10 +11,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp import distributed
-from interp.ablation.engine import read_out
 from interp.ablation.metrics import Metric, as_metric
-from interp.ablation.modes import HeadAblation, head_labels, head_mask
+from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
+from interp.ablation.replay import read_out
+from interp.ablation.settings import run_config
 from interp.ablation.sweep import scores_meta
+from interp.adapters import HookedModel
+from interp.config import RunConfig
 from interp.errors import AblationError, MetricError
 from interp.hooks import z_hook
 from interp.models import describe
@@ -23,7 +26,7 @@ from interp.scores import HeadScores
 
 
 @contextmanager
-def frozen(model: Any) -> Iterator[Any]:
+def frozen(model: HookedModel) -> Iterator[HookedModel]:
     """Parameters do not require grad inside the block (restored after)."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -36,7 +39,7 @@ def frozen(model: Any) -> Iterator[Any]:
 
 
 def gated_forward(
-    model: Any,
+    model: HookedModel,
     tokens: Tensor,
     metric: Metric,
     ablation: HeadAblation,
@@ -62,7 +65,7 @@ def gated_forward(
 
 
 def gradient_importance(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     metric: Metric | Callable,
     *,
@@ -70,9 +73,10 @@ def gradient_importance(
     base: Any = None,
     normalize: bool = False,
     per: Literal["example", "token"] = "example",
+    config: RunConfig | None = None,
     minibatch: int | None = None,
-    seed: int = 0,
-    progress: bool = False,
+    seed: int | None = None,
+    progress: bool | None = None,
 ) -> HeadScores:
     """Michel et al.'s head importance ``I_h = E_x |A_h(x)^T dL(x)/dA_h(x)|``.
 
@@ -85,26 +89,24 @@ def gradient_importance(
     ablated value instead (``z' = r + g (z - r)``), so ``A_h - r`` takes the place of ``A_h``. One
     forward and backward per minibatch; the model's weights are frozen meanwhile. ``normalize``
     divides each layer's scores by their L2 norm (Michel et al.'s option). Heads in ``base`` stay
-    ablated and get NaN.
+    ablated and get NaN. ``config`` or the keywords ``minibatch``, ``seed`` (of a resample
+    ablation), ``progress`` set the run.
 
     A metric at its optimum on the unablated run (``flat_at_clean``, e.g. the pooled cosine to the
     clean output) has no gradient there and is refused, as is any metric whose gradient comes out
     as rounding noise: the ranking would mean nothing. Use :func:`exact_sweep` for those.
     """
     metric = as_metric(metric)
+    config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
     if per not in ("example", "token"):
         raise AblationError(f"per must be 'example' or 'token', got {per!r}")
     if metric.flat_at_clean:
         raise MetricError(_flat_message(metric.name, "it is at its optimum on the unablated run"))
     info = describe(model)
     L, H = info.n_layers, info.n_heads
-    abl = (
-        ablation
-        if isinstance(ablation, HeadAblation)
-        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
-    )
+    abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
-    step = minibatch or probe.batch
+    step = config.minibatch or probe.batch
 
     def accumulate(block: range) -> tuple[Tensor, int, Tensor]:
         """Sum of |gate gradient| per head over the sequences in ``block``, gates counted, metric values."""
@@ -112,7 +114,7 @@ def gradient_importance(
         count = 0
         values = [torch.zeros(0)]
         starts = range(block.start, block.stop, step)
-        for start in tqdm(starts, desc="gradient importance", disable=not (progress and distributed.is_main())):
+        for start in tqdm(starts, desc="gradient importance", disable=not (config.progress and distributed.is_main())):
             rows = torch.arange(start, min(start + step, block.stop))
             tokens = probe.tokens[rows.to(probe.tokens.device)]
             reference = None

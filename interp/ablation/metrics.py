@@ -1,4 +1,9 @@
-"""Metrics: a number per sequence from the model's output, and which positions it reads."""
+"""Metrics: a number per sequence from the model's output, and which positions it reads.
+
+The built-in metrics are registered once in :data:`METRICS` under their CLI names, each with its
+direction (``higher_is_better``) and whether it is at its optimum on the unablated run
+(``flat_at_clean``: no gradient there); :func:`builtin_metric` builds one for a probe.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,10 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from interp.ablation.settings import checked
 from interp.errors import AblationError, MetricError
 from interp.probes import TokenProbe
+from interp.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -195,17 +202,32 @@ def pooled_cosine(probe: TokenProbe) -> Metric:
     )
 
 
-METRICS = ("incontext", "lm", "logit-diff", "pooled-cos")
+METRICS: Registry[Callable[[TokenProbe], Metric]] = Registry("metric")
+METRICS.add(
+    "incontext",
+    "loss on the tokens of a repeated probe that in-context copying can predict",
+    incontext_loss,
+    higher_is_better=False,
+    flat_at_clean=False,
+)
+METRICS.add("lm", "next-token loss on a text probe", lm_loss, higher_is_better=False, flat_at_clean=False)
+METRICS.add(
+    "logit-diff",
+    "last position: the in-context answer's logit minus the off-by-one copy's",
+    incontext_logit_diff,
+    higher_is_better=True,
+    flat_at_clean=False,
+)
+METRICS.add(
+    "pooled-cos",
+    "encoders: cosine of the mean-pooled output to the unablated one",
+    pooled_cosine,
+    higher_is_better=True,
+    flat_at_clean=True,
+)
 
 
 def builtin_metric(name: str, probe: TokenProbe) -> Metric:
-    """A built-in metric by its CLI name (``incontext``, ``lm``, ``logit-diff``, ``pooled-cos``)."""
-    makers = {
-        "incontext": incontext_loss,
-        "lm": lm_loss,
-        "logit-diff": incontext_logit_diff,
-        "pooled-cos": pooled_cosine,
-    }
-    if name not in makers:
-        raise AblationError(f"unknown metric {name!r}: choose from {list(METRICS)}")
-    return makers[name](probe)
+    """A built-in metric by its CLI name (one of :data:`METRICS`: ``incontext``, ``lm``,
+    ``logit-diff``, ``pooled-cos``), built for ``probe``."""
+    return METRICS.get(checked(METRICS, name))(probe)

@@ -1,26 +1,31 @@
-"""Head sets and what an ablated head outputs: zero, mean or resample ablation."""
+"""Head sets and what an ablated head outputs: the ablation kinds (zero, mean, resample), registered once.
+
+:data:`ABLATIONS` maps each kind's name to its class; a new kind is one registered subclass of
+:class:`HeadAblation` with ``fit`` and ``replacement``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from interp.ablation.settings import checked
+from interp.adapters import HookedModel
 from interp.errors import AblationError
 from interp.hooks import run_with_reducers, z_hook
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
+from interp.registry import Registry
 
-ABLATIONS = ("zero", "mean", "resample")
 
-
-def head_mask(model: Any, heads: Any, *, allow_empty: bool = False) -> Bool[Tensor, "layer head"]:
+def head_mask(model: HookedModel | ModelInfo, heads: Any, *, allow_empty: bool = False) -> Bool[Tensor, "layer head"]:
     """A ``[n_layers, n_heads]`` boolean mask (True = ablate) from heads named any usual way.
 
     ``heads`` may be a boolean mask of that shape, an iterable of ``(layer, head)`` pairs or
@@ -67,54 +72,34 @@ def head_labels(mask: Bool[Tensor, "layer head"]) -> list[str]:
     return [f"{l}.{h}" for l, h in mask.nonzero().tolist()]
 
 
-@dataclass
 class HeadAblation:
-    """The value an ablated head's ``hook_z`` is replaced by, for every layer.
+    """What an ablated head's ``hook_z`` is replaced by, for every layer: the base of the ablation kinds.
 
-    Build with :meth:`fit`. ``mean`` holds ``[layer, head, d_head]`` means over the probe;
-    ``source`` (resample) holds, per layer, ``[batch, pos, head, d_head]``: for each probe sequence
-    the clean output of its donor sequence.
+    Each kind (:data:`ABLATIONS`: :class:`ZeroAblation`, :class:`MeanAblation`,
+    :class:`ResampleAblation`) is a small class with :meth:`fit` (take what it needs from the model
+    on a probe) and :meth:`replacement` (the value for one layer); patching, mixing and the forward
+    hooks are shared here. ``HeadAblation.fit(model, "mean", probe)`` fits the kind named (as
+    :func:`as_ablation` does); ``kind`` is the registered name.
     """
 
-    kind: str
-    mean: Float[Tensor, "layer head d_head"] | None = None
-    source: list[Float[Tensor, "batch pos head d_head"]] | None = None
-    donors: list[int] | None = None
+    kind: ClassVar[str] = ""
 
     @classmethod
     def fit(
         cls,
-        model: Any,
+        model: HookedModel,
         kind: str = "zero",
         probe: TokenProbe | Tensor | None = None,
         *,
         seed: int = 0,
         minibatch: int | None = None,
     ) -> HeadAblation:
-        if kind not in ABLATIONS:
-            raise AblationError(f"unknown ablation {kind!r}: choose from {list(ABLATIONS)}")
-        if kind == "zero":
-            return cls(kind)
-        if probe is None:
-            raise AblationError(f"{kind} ablation needs a probe to take the heads' outputs from")
-        tokens = probe.tokens if isinstance(probe, TokenProbe) else probe
-        if kind == "resample" and tokens.shape[0] < 2:
-            raise AblationError("resample ablation needs a probe of at least 2 sequences (one is the donor)")
-        zs = _clean_z(model, tokens, minibatch)
-        if kind == "mean":
-            mean = torch.stack([_mean_output(z).to(zs[0].device) for z in zs])  # layers may sit on several devices
-            return cls(kind, mean=mean)
-        donors = derangement(tokens.shape[0], seed)
-        return cls(kind, source=[z[donors] for z in zs], donors=donors.tolist())
+        """The ablation of kind ``kind`` fitted on ``probe`` (the kinds' own ``fit`` take no kind)."""
+        return ABLATIONS.get(checked(ABLATIONS, kind)).fit(model, probe, seed=seed, minibatch=minibatch)
 
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
         """What replaces ``hook_z`` of ``layer``: a scalar, ``[head, d_head]`` or ``[batch, pos, head, d_head]``."""
-        if self.kind == "zero":
-            return torch.zeros(())
-        if self.kind == "mean":
-            return self.mean[layer]
-        src = self.source[layer]
-        return src if rows is None else src[rows]
+        raise NotImplementedError
 
     def patch(
         self,
@@ -159,6 +144,109 @@ class HeadAblation:
         return hook
 
 
+ABLATIONS: Registry[type[HeadAblation]] = Registry("ablation")
+
+
+def _probe_tokens(kind: str, probe: TokenProbe | Tensor | None) -> Tensor:
+    if probe is None:
+        raise AblationError(f"{kind} ablation needs a probe to take the heads' outputs from")
+    return probe.tokens if isinstance(probe, TokenProbe) else probe
+
+
+@ABLATIONS.register("zero", "the head outputs 0 (Michel et al.'s head mask)")
+@dataclass
+class ZeroAblation(HeadAblation):
+    """The head's output is set to 0; nothing to fit."""
+
+    kind: ClassVar[str] = "zero"
+
+    @classmethod
+    def fit(  # type: ignore[override]
+        cls,
+        model: HookedModel,
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> ZeroAblation:
+        return cls()
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        return torch.zeros(())
+
+
+@ABLATIONS.register("mean", "the head outputs its mean over the probe (every sequence and position)")
+@dataclass
+class MeanAblation(HeadAblation):
+    """The head's output is set to its mean over the probe: ``mean`` is ``[layer, head, d_head]``."""
+
+    mean: Float[Tensor, "layer head d_head"]
+    kind: ClassVar[str] = "mean"
+
+    @classmethod
+    def fit(  # type: ignore[override]
+        cls,
+        model: HookedModel,
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> MeanAblation:
+        zs = _clean_z(model, _probe_tokens(cls.kind, probe), minibatch)
+        return cls(torch.stack([_mean_output(z).to(zs[0].device) for z in zs]))  # layers may sit on several devices
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        return self.mean[layer]
+
+
+@ABLATIONS.register("resample", "the head outputs its clean output on another probe sequence (a seeded derangement)")
+@dataclass
+class ResampleAblation(HeadAblation):
+    """The head's output is set to its clean output on a donor sequence of the probe.
+
+    ``source`` holds, per layer, ``[batch, pos, head, d_head]``: for each probe sequence the clean
+    output of its donor; ``donors[i]`` is sequence ``i``'s donor (a seeded derangement).
+    """
+
+    source: list[Float[Tensor, "batch pos head d_head"]]
+    donors: list[int]
+    kind: ClassVar[str] = "resample"
+
+    @classmethod
+    def fit(  # type: ignore[override]
+        cls,
+        model: HookedModel,
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> ResampleAblation:
+        tokens = _probe_tokens(cls.kind, probe)
+        if tokens.shape[0] < 2:
+            raise AblationError("resample ablation needs a probe of at least 2 sequences (one is the donor)")
+        zs = _clean_z(model, tokens, minibatch)
+        donors = derangement(tokens.shape[0], seed)
+        return cls([z[donors] for z in zs], donors.tolist())
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        src = self.source[layer]
+        return src if rows is None else src[rows]
+
+
+def as_ablation(
+    ablation: str | HeadAblation,
+    model: HookedModel,
+    probe: TokenProbe | Tensor | None = None,
+    *,
+    seed: int = 0,
+    minibatch: int | None = None,
+) -> HeadAblation:
+    """``ablation`` itself if already fitted, else the kind it names fitted on ``probe``."""
+    if isinstance(ablation, HeadAblation):
+        return ablation
+    return HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+
+
 def _mean_output(z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "head d_head"]:
     """A head's mean output over every sequence and position."""
     return z.double().mean(dim=(0, 1)).to(z.dtype)
@@ -172,7 +260,7 @@ def derangement(n: int, seed: int = 0) -> Int[Tensor, " n"]:
     return out
 
 
-def _clean_z(model: Any, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
+def _clean_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
     """Every layer's clean ``hook_z`` on ``tokens``; the pass stops after the last layer's."""
     L = describe(model).n_layers
     parts: list[list[Tensor]] = [[] for _ in range(L)]
@@ -193,7 +281,7 @@ def _clean_z(model: Any, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
 
 @contextmanager
 def ablated(
-    model: Any,
+    model: HookedModel,
     heads: Any,
     *,
     ablation: str | HeadAblation = "zero",
@@ -209,6 +297,6 @@ def ablated(
     be on the probe's own sequences.
     """
     mask = head_mask(model, heads)
-    abl = ablation if isinstance(ablation, HeadAblation) else HeadAblation.fit(model, ablation, probe, seed=seed)
+    abl = as_ablation(ablation, model, probe, seed=seed)
     with model.hooks(fwd_hooks=abl.hooks(mask)):
         yield abl

@@ -1,4 +1,8 @@
-"""Pruning curves: remove heads in increasing order of importance."""
+"""Pruning curves: remove heads in increasing order of importance.
+
+The orders (:data:`ORDERS`: gradient, exact, random) are registered once, each with the function
+that ranks the heads; ``needs_gradient`` marks the orders a metric flat at the clean point cannot use.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,20 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.ablation.engine import Sweeper
+from interp.ablation.curves import CURVE_ATTRS, PruningCurves
 from interp.ablation.gradient import gradient_importance
 from interp.ablation.metrics import Metric, as_metric
-from interp.ablation.modes import HeadAblation
-from interp.ablation.sweep import exact_sweep
+from interp.ablation.modes import HeadAblation, as_ablation
+from interp.ablation.replay import REPLAYS, Sweeper
+from interp.ablation.settings import checked, replay_choice, run_config
+from interp.ablation.sweep import ablation_header, exact_sweep
+from interp.adapters import HookedModel
+from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.models import describe
 from interp.probes import TokenProbe
+from interp.registry import Registry
 from interp.scores import HeadScores
-
-ORDERS = ("gradient", "exact", "random")
 
 
 def spearman(a: Any, b: Any) -> float:
@@ -41,32 +48,68 @@ def _order_from(scores: HeadScores | Tensor | np.ndarray, alive: Tensor) -> list
     return [(l, h) for _, l, h in heads]
 
 
-def _importance(
-    order: str,
-    model: Any,
+ImportanceFn = Callable[..., "HeadScores | Tensor"]
+ORDERS: Registry[ImportanceFn] = Registry("order")
+
+
+@ORDERS.register("gradient", "Michel et al.'s gradient importance (one forward and backward)", needs_gradient=True)
+def _gradient_order(
+    model: HookedModel,
     probe: TokenProbe,
     metric: Metric,
     abl: HeadAblation,
     base: Tensor,
-    engine: str,
-    minibatch: int | None,
-    seed: int,
-) -> HeadScores | Tensor:
+    replay: str,
+    config: RunConfig,
+) -> HeadScores:
+    return gradient_importance(model, probe, metric, ablation=abl, base=base, minibatch=config.minibatch)
+
+
+@ORDERS.register("exact", "the exact single-head sweep", needs_gradient=False)
+def _exact_order(
+    model: HookedModel,
+    probe: TokenProbe,
+    metric: Metric,
+    abl: HeadAblation,
+    base: Tensor,
+    replay: str,
+    config: RunConfig,
+) -> HeadScores:
+    scores = exact_sweep(model, probe, metric, ablation=abl, base=base, replay=replay, minibatch=config.minibatch)
+    if scores.meta.get("partial"):  # an order from a partial sweep is no order: stop the curve here
+        raise KeyboardInterrupt
+    return scores
+
+
+@ORDERS.register("random", "a seeded random order (the baseline)", needs_gradient=False)
+def _random_order(
+    model: HookedModel,
+    probe: TokenProbe,
+    metric: Metric,
+    abl: HeadAblation,
+    base: Tensor,
+    replay: str,
+    config: RunConfig,
+) -> Tensor:
     info = describe(model)
-    if order == "gradient":
-        return gradient_importance(model, probe, metric, ablation=abl, base=base, minibatch=minibatch)
-    if order == "exact":
-        scores = exact_sweep(model, probe, metric, ablation=abl, base=base, engine=engine, minibatch=minibatch)
-        if scores.meta.get("partial"):  # an order from a partial sweep is no order: stop the curve here
-            raise KeyboardInterrupt
-        return scores
-    if order == "random":
-        return torch.rand(info.n_layers, info.n_heads, generator=torch.Generator().manual_seed(seed))
-    raise AblationError(f"unknown order {order!r}: choose from {list(ORDERS)}")
+    return torch.rand(info.n_layers, info.n_heads, generator=torch.Generator().manual_seed(config.seed))
+
+
+def _importance(
+    order: str,
+    model: HookedModel,
+    probe: TokenProbe,
+    metric: Metric,
+    abl: HeadAblation,
+    base: Tensor,
+    replay: str,
+    config: RunConfig,
+) -> HeadScores | Tensor:
+    return ORDERS.get(checked(ORDERS, order))(model, probe, metric, abl, base, replay, config)
 
 
 def pruning_curve(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     metric: Metric | Callable,
     order: str | HeadScores | Tensor = "gradient",
@@ -74,11 +117,13 @@ def pruning_curve(
     ablation: str | HeadAblation = "zero",
     step: float = 0.1,
     reestimate: bool = False,
-    engine: str = "auto",
-    minibatch: int | None = None,
-    seed: int = 0,
+    replay: str = "auto",
     label: str | None = None,
-    progress: bool = False,
+    config: RunConfig | None = None,
+    minibatch: int | None = None,
+    seed: int | None = None,
+    progress: bool | None = None,
+    engine: str | None = None,
 ) -> pd.DataFrame:
     """Prune heads in increasing order of importance, ``step`` (a fraction of all heads) at a time.
 
@@ -87,22 +132,26 @@ def pruning_curve(
     step (not for ``random`` or a given table). Returns a tidy frame, a row per step: ``order``,
     ``seed``, ``step``, ``n_pruned``, ``frac_pruned``, ``metric``, ``degradation`` (how much worse
     than unpruned, as a fraction), ``removed`` (the heads removed at that step). On Ctrl-C the steps
-    done are returned, with ``frame.attrs["partial"] = True``.
+    done are returned, with ``frame.attrs["partial"] = True``. ``replay`` (one of
+    :data:`~interp.ablation.replay.REPLAYS`; ``engine=`` is its deprecated spelling) is how the
+    head sets are evaluated; ``config`` or the keywords ``minibatch``, ``seed``, ``progress`` set
+    the run.
     """
     metric = as_metric(metric)
+    replay = checked(REPLAYS, replay_choice(replay, engine))
+    config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
+    seed = config.seed
     if not 0 < step <= 1:
         raise AblationError(f"step must be a fraction in (0, 1], got {step}")
     info = describe(model)
     L, H = info.n_layers, info.n_heads
     n_total = L * H
     per_step = max(1, round(step * n_total))
-    abl = (
-        ablation
-        if isinstance(ablation, HeadAblation)
-        else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
-    )
+    if isinstance(order, str):
+        checked(ORDERS, order)
+    abl = as_ablation(ablation, model, probe, seed=seed, minibatch=config.minibatch)
     name = label or (order if isinstance(order, str) else "given")
-    sweeper = Sweeper(model, probe, metric, ablation=abl, engine=engine, minibatch=minibatch)
+    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, minibatch=config.minibatch)
     clean = float(sweeper.clean.mean())
     rows: list[dict[str, Any]] = [
         dict(order=name, seed=seed, step=0, n_pruned=0, frac_pruned=0.0, metric=clean, degradation=0.0, removed="")
@@ -113,7 +162,7 @@ def pruning_curve(
     try:
         if static:
             scores = (
-                _importance(order, model, probe, metric, abl, pruned, engine, minibatch, seed)
+                _importance(order, model, probe, metric, abl, pruned, replay, config)
                 if isinstance(order, str)
                 else order
             )
@@ -134,9 +183,11 @@ def pruning_curve(
                 rows.append(_curve_row(name, seed, i + 1, mask, n_total, v, clean, metric, gone))
         else:
             for i in tqdm(
-                range(math.ceil(n_total / per_step)), desc=f"pruning ({name}, re-estimated)", disable=not progress
+                range(math.ceil(n_total / per_step)),
+                desc=f"pruning ({name}, re-estimated)",
+                disable=not config.progress,
             ):
-                scores = _importance(order, model, probe, metric, abl, pruned, engine, minibatch, seed)
+                scores = _importance(order, model, probe, metric, abl, pruned, replay, config)
                 gone = _order_from(scores, ~pruned)[:per_step]
                 for l, h in gone:
                     pruned[l, h] = True
@@ -178,18 +229,28 @@ def _curve_row(
 
 
 def pruning_curves(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     metric: Metric | Callable,
     *,
-    orders: Sequence[str] = ORDERS,
+    orders: Sequence[str] = ORDERS.names(),
     random_seeds: Sequence[int] = (0, 1, 2),
     **kwargs: Any,
-) -> pd.DataFrame:
-    """:func:`pruning_curve` for several orders (random once per seed), stacked into one frame."""
+) -> PruningCurves:
+    """:func:`pruning_curve` for several orders (random once per seed), stacked into one result.
+
+    ``kwargs`` go to :func:`pruning_curve` (``seed`` or ``config.seed`` is the seed of the
+    non-random orders). ``.table`` holds the curves, a ``label`` per curve; ``.meta`` the run header
+    with the metric, the ablation, ``reestimate``, ``clean_metric`` and ``partial``.
+    """
+    metric = as_metric(metric)
+    orders = [checked(ORDERS, o) for o in ([orders] if isinstance(orders, str) else orders)]
+    if kwargs.get("engine") is not None:  # warn once, here, not once per curve
+        kwargs["replay"] = replay_choice(kwargs.get("replay", "auto"), kwargs.pop("engine"))
+    base_seed = run_config(kwargs.get("config"), seed=kwargs.get("seed")).seed
     frames = []
     for order in orders:
-        for seed in random_seeds if order == "random" else [kwargs.get("seed", 0)]:
+        for seed in random_seeds if order == "random" else [base_seed]:
             kw = {**kwargs, "seed": seed}
             frame = pruning_curve(model, probe, metric, order, **kw)
             frame["label"] = f"random (seed {seed})" if order == "random" else order
@@ -198,28 +259,15 @@ def pruning_curves(
                 break
         if frames and frames[-1].attrs.get("partial"):
             break
-    out = pd.concat(frames, ignore_index=True)
-    out.attrs = dict(frames[0].attrs, partial=any(f.attrs.get("partial") for f in frames))
-    return out
-
-
-def heads_prunable(curves: pd.DataFrame, tolerance: float = 0.1) -> pd.DataFrame:
-    """Per curve: how many heads were pruned at the last step before the metric first degraded by more
-    than ``tolerance`` (a fraction of the unpruned metric)."""
-    if tolerance < 0:
-        raise AblationError(f"tolerance must be >= 0, got {tolerance}")
-    keys = ["label"] if "label" in curves else ["order", "seed"]
-    rows = []
-    for key, part in curves.sort_values("step", kind="mergesort").groupby(keys, sort=False):
-        over = part["degradation"] > tolerance
-        ok = part[~over.cumsum().astype(bool)]
-        last = ok.iloc[-1] if len(ok) else part.iloc[0]
-        rows.append(
-            {
-                **dict(zip(keys, key if isinstance(key, tuple) else (key,))),
-                "n_prunable": int(last["n_pruned"]),
-                "frac_prunable": float(last["frac_pruned"]),
-                "tolerance": tolerance,
-            }
-        )
-    return pd.DataFrame(rows)
+    if not frames:
+        raise AblationError("give at least one pruning order")
+    table = pd.concat(frames, ignore_index=True)
+    table.attrs = dict(frames[0].attrs, partial=any(f.attrs.get("partial") for f in frames))
+    meta = ablation_header(
+        model,
+        probe,
+        metric=metric.name,
+        higher_is_better=metric.higher_is_better,
+        **{k: table.attrs[k] for k in CURVE_ATTRS if k != "metric"},
+    )
+    return PruningCurves(table, meta)

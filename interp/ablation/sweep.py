@@ -7,51 +7,59 @@ from typing import Any
 
 import torch
 
-from interp.ablation.engine import Sweeper
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import HeadAblation, head_labels
+from interp.ablation.replay import Sweeper
+from interp.ablation.settings import replay_choice, run_config
+from interp.adapters import HookedModel
+from interp.config import RunConfig, run_header
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.scores import HeadScores
 
 
-def _probe_meta(probe: TokenProbe) -> dict[str, Any]:
-    return dict(probe.meta) if probe.meta else {"batch": probe.batch, "seq_len": probe.seq_len}
+def ablation_header(model: HookedModel, probe: TokenProbe, **extra: Any) -> dict[str, Any]:
+    """:func:`interp.config.run_header` for an ablation result: the model, its shape and causality,
+    the probe's facts (its batch and length where it records none), then ``extra``."""
+    header = run_header(describe(model), probe if probe.meta else None)
+    header["probe"] = dict(probe.meta) if probe.meta else {"batch": probe.batch, "seq_len": probe.seq_len}
+    header.update(extra)
+    return header
 
 
-def scores_meta(model: Any, probe: TokenProbe, metric: Metric, ablation: HeadAblation, **extra: Any) -> dict:
-    info = describe(model)
-    return {
-        "model": info.name,
-        "n_layers": info.n_layers,
-        "n_heads": info.n_heads,
-        "causal": info.is_causal,
-        "probe": _probe_meta(probe),
-        "metric": metric.name,
-        "higher_is_better": metric.higher_is_better,
-        "ablation": ablation.kind,
-        **extra,
-    }
+def scores_meta(
+    model: HookedModel, probe: TokenProbe, metric: Metric, ablation: HeadAblation, **extra: Any
+) -> dict[str, Any]:
+    """The meta of an ablation result: the run header, the metric, its direction and the ablation
+    kind, then ``extra``."""
+    return ablation_header(
+        model, probe, metric=metric.name, higher_is_better=metric.higher_is_better, ablation=ablation.kind, **extra
+    )
 
 
 def exact_sweep(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe,
     metric: Metric | Callable,
     *,
     ablation: str | HeadAblation = "zero",
     base: Any = None,
-    engine: str = "auto",
-    minibatch: int | None = None,
+    replay: str = "auto",
     chunk: int | None = None,
-    seed: int = 0,
-    progress: bool = False,
+    config: RunConfig | None = None,
+    minibatch: int | None = None,
+    seed: int | None = None,
+    progress: bool | None = None,
+    engine: str | None = None,
 ) -> HeadScores:
     """Ablate every head alone (on top of ``base``) and record the metric.
 
     Columns: ``metric_ablated`` (mean over sequences), ``delta`` (ablated - clean) and
     ``importance`` (the delta signed so that larger = the head matters more). Heads in ``base`` get
-    NaN. On Ctrl-C the rows computed so far are returned, with ``meta["partial"] = True``.
+    NaN. ``replay`` is one of :data:`~interp.ablation.replay.REPLAYS` (``engine=`` is its deprecated
+    spelling); ``config`` or the keywords ``minibatch``, ``seed``, ``progress`` set the run (see
+    :class:`~interp.ablation.replay.Sweeper`). On Ctrl-C the rows computed so far are returned, with
+    ``meta["partial"] = True``.
     """
     sweeper = Sweeper(
         model,
@@ -59,11 +67,9 @@ def exact_sweep(
         metric,
         ablation=ablation,
         base=base,
-        engine=engine,
-        minibatch=minibatch,
+        replay=replay_choice(replay, engine),
         chunk=chunk,
-        seed=seed,
-        progress=progress,
+        config=run_config(config, minibatch=minibatch, seed=seed, progress=progress),
     )
     return _single_head_scores(sweeper, "exact sweep")
 
@@ -89,7 +95,8 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
             sweeper.ablation,
             method="exact",
             clean_metric=clean,
-            engine=sweeper.engine,
+            engine=sweeper.replay,  # the meta key results have always had; replay says the same
+            replay=sweeper.replay,
             shortcuts=sweeper.shortcuts,
             base=head_labels(sweeper.base),
         ),
@@ -101,6 +108,6 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
     return scores
 
 
-def loop_sweep(model: Any, probe: TokenProbe, metric: Metric | Callable, **kwargs: Any) -> HeadScores:
+def loop_sweep(model: HookedModel, probe: TokenProbe, metric: Metric | Callable, **kwargs: Any) -> HeadScores:
     """:func:`exact_sweep` by the plain loop: one ``run_with_hooks`` per head (the reference)."""
-    return exact_sweep(model, probe, metric, engine="loop", **kwargs)
+    return exact_sweep(model, probe, metric, replay="loop", **kwargs)

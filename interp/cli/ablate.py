@@ -2,7 +2,7 @@
 
 A thin layer over :mod:`interp.ablation`. Methods:
 
-- ``exact``: ablate every head alone (the fast replay engine), rank heads by how much the metric
+- ``exact``: ablate every head alone (the fast replay), rank heads by how much the metric
   worsens; writes ``ablate_exact.{csv,json,html}``;
 - ``gradient``: Michel et al.'s gradient importance, one forward and backward per batch;
   ``ablate_gradient.{csv,json,html}``;
@@ -11,6 +11,10 @@ A thin layer over :mod:`interp.ablation`. Methods:
 - ``gates``: Voita et al.'s Hard-Concrete gates for a sweep of lambda; ``ablate_gates.csv`` (a row per
   lambda), ``ablate_gates_heads.csv`` (a row per lambda and head), ``ablate_gates.json``, a gates
   heatmap ``ablate_gates.html`` and ``ablate_gates_curves.html``.
+
+Every choice (``--ablation``, ``--metric``, ``--orders``, ``--replay``) and its help comes from the
+registries in :mod:`interp.ablation`. ``--engine`` is the deprecated spelling of ``--replay`` (one
+more release; it prints a deprecation line on stderr).
 
 Ctrl-C during a long sweep keeps the rows already computed: they are written with ``.partial`` in
 the file name (and ``"partial": true`` in the JSON), and the command exits with 130.
@@ -25,28 +29,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-from plotly.subplots import make_subplots
-
-from interp._io import atomic_write, atomic_write_json
 from interp.ablation import (
     ABLATIONS,
-    ENGINES,
     METRICS,
     ORDERS,
+    REPLAYS,
     AblationError,
+    GateSweep,
+    PruningCurves,
     builtin_metric,
     exact_sweep,
     gradient_importance,
     head_mask,
-    heads_prunable,
     largest_lambda_within,
     pruning_curves,
     train_gates,
 )
 from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.config import RunConfig
 from interp.models import describe
-from interp.plots import curves, heatmap, save_figure, short_name
+from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores
 
@@ -68,8 +70,21 @@ def _orders(text: str) -> list[str]:
     orders = [o.strip() for o in text.split(",") if o.strip()]
     bad = [o for o in orders if o not in ORDERS]
     if bad or not orders:
-        raise argparse.ArgumentTypeError(f"orders are a comma-separated subset of {','.join(ORDERS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"orders are a comma-separated subset of {','.join(ORDERS.names())}, got {text!r}"
+        )
     return orders
+
+
+ENGINE_DEPRECATION = "--engine is deprecated for ablate: use --replay; --engine will be removed in the next release"
+
+
+class _DeprecatedEngine(argparse.Action):
+    """``--engine`` on ablate: the old spelling of ``--replay``; says so on stderr, then sets ``replay``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, option: Any = None):
+        print(ENGINE_DEPRECATION, file=sys.stderr)
+        namespace.replay = value
 
 
 def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentParser:
@@ -79,14 +94,17 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         "how many can go: exact sweeps, Michel gradient importance, pruning curves, Voita gates.",
     )
     p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
-    p.add_argument("--ablation", choices=ABLATIONS, default="zero", help="what an ablated head outputs")
+    p.add_argument(
+        "--ablation",
+        choices=ABLATIONS.names(),
+        default="zero",
+        help="what an ablated head outputs: " + ABLATIONS.help() + " (default: zero)",
+    )
     p.add_argument(
         "--metric",
-        choices=METRICS,
+        choices=METRICS.names(),
         default=None,
-        help="incontext (loss on the second repeat), lm (loss on a text probe), logit-diff (last "
-        "position: in-context answer vs off-by-one), pooled-cos (encoders); None: incontext "
-        "for decoders (lm with --probe text), pooled-cos for encoders",
+        help=METRICS.help() + "; default: incontext for decoders (lm with --probe text), pooled-cos for encoders",
     )
     p.add_argument(
         "--probe",
@@ -103,10 +121,17 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         help="heads kept ablated throughout, e.g. '1.2,0.3' (the sweep then asks what matters without them)",
     )
     p.add_argument(
-        "--engine",
-        choices=ENGINES,
+        "--replay",
+        choices=REPLAYS.names(),
         default="auto",
-        help="exact sweeps: fast replay engine, the plain run_with_hooks loop, or auto",
+        help="how head sets are evaluated: " + REPLAYS.help() + " (default: auto)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=REPLAYS.names(),
+        action=_DeprecatedEngine,
+        default=argparse.SUPPRESS,
+        help="deprecated: use --replay (removed in the next release)",
     )
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward")
     p.add_argument("--normalize", action="store_true", help="gradient: divide each layer's scores by their L2 norm")
@@ -122,8 +147,8 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         "--orders",
         type=_orders,
         default=None,
-        help="prune: orders to compare; None: gradient,exact,random (exact,random for a metric with no "
-        "gradient at the clean point, e.g. pooled-cos)",
+        help="prune: comma-separated orders to compare (" + ORDERS.help() + "); default: all of them "
+        "(without gradient for a metric with no gradient at the clean point, e.g. pooled-cos)",
     )
     p.add_argument("--random-seeds", type=positive_int, default=3, help="prune: random orders (seeds 0..n-1)")
     p.add_argument(
@@ -159,8 +184,8 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         base = head_mask(info, args.ablated)
     probe, metric_name = make_probe(args, model)
     metric = builtin_metric(metric_name, probe)
-    progress = not args.no_progress
-    common = dict(ablation=args.ablation, minibatch=args.minibatch, seed=args.seed)
+    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=not args.no_progress)
+    common = dict(ablation=args.ablation, config=config)
     kind = "causal" if info.is_causal else "encoder"
     print(
         f"{info.name} ({kind}, {info.n_layers} layers x {info.n_heads} heads); probe: {probe.batch} x "
@@ -170,10 +195,10 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     t0 = time.perf_counter()
     if args.method in ("exact", "gradient"):
         if args.method == "exact":
-            scores = exact_sweep(model, probe, metric, base=base, engine=args.engine, progress=progress, **common)
+            scores = exact_sweep(model, probe, metric, base=base, replay=args.replay, **common)
         else:
             scores = gradient_importance(
-                model, probe, metric, base=base, normalize=args.normalize, per=args.per, progress=progress, **common
+                model, probe, metric, base=base, normalize=args.normalize, per=args.per, **common
             )
         scores.meta["model_spec"] = args.model
         return _write_scores(args, scores, out, time.perf_counter() - t0)
@@ -182,10 +207,10 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     if args.method == "prune":
         orders = args.orders
         if orders is None:
-            orders = [o for o in ORDERS if not (o == "gradient" and metric.flat_at_clean)]
+            orders = [o for o in ORDERS if not (ORDERS.info(o, "needs_gradient") and metric.flat_at_clean)]
             if len(orders) < len(ORDERS):
                 print(f"orders: {', '.join(orders)} ({metric.name} has no gradient at the clean point)")
-        frame = pruning_curves(
+        result = pruning_curves(
             model,
             probe,
             metric,
@@ -193,11 +218,10 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
             random_seeds=range(args.random_seeds),
             step=args.step,
             reestimate=args.reestimate,
-            engine=args.engine,
-            progress=progress,
+            replay=args.replay,
             **common,
         )
-        return _write_prune(args, frame, out, metric.name, time.perf_counter() - t0, info.n_layers * info.n_heads)
+        return _write_prune(args, result, out, metric.name, time.perf_counter() - t0, info.n_layers * info.n_heads)
     sweep = train_gates(
         model,
         probe,
@@ -205,8 +229,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         args.lambdas,
         steps=args.gate_steps,
         lr=args.gate_lr,
-        engine=args.engine,
-        progress=progress,
+        replay=args.replay,
         **common,
     )
     return _write_gates(args, sweep, out, time.perf_counter() - t0)
@@ -229,7 +252,7 @@ def _finish(written: list[Path], partial: bool) -> list[Path]:
 def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elapsed: float) -> list[Path]:
     partial = bool(scores.meta.get("partial"))
     meta = scores.meta
-    how = f"engine {meta['engine']}, " if "engine" in meta else ""
+    how = f"replay {meta['replay']}, " if "replay" in meta else ""
     clean = meta.get("clean_metric", meta.get("metric_value"))
     print(
         f"{args.method}: {how}{elapsed:.2f}s; unablated {meta['metric']} = {clean:.4f}"
@@ -247,47 +270,24 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     return _finish(written, partial)
 
 
-def _write_frame(out: Path, stem: str, frame: pd.DataFrame) -> Path:
-    return atomic_write(out / f"{stem}.csv", frame.to_csv(index=False))
-
-
 def _write_prune(
-    args: argparse.Namespace, frame: pd.DataFrame, out: Path, metric: str, elapsed: float, n_total: int
+    args: argparse.Namespace, result: PruningCurves, out: Path, metric: str, elapsed: float, n_total: int
 ) -> list[Path]:
-    partial = bool(frame.attrs.get("partial"))
-    prunable = heads_prunable(frame, args.tolerance)
+    partial = result.partial
+    prunable = result.prunable(args.tolerance)
     print(
-        f"prune: {elapsed:.2f}s; unpruned {metric} = {frame.attrs['clean_metric']:.4f}; steps of "
+        f"prune: {elapsed:.2f}s; unpruned {metric} = {result.meta['clean_metric']:.4f}; steps of "
         f"{args.step:.0%}{', importance re-estimated after each step' if args.reestimate else ''}\n"
     )
     print(f"heads that can go before {metric} degrades by more than {args.tolerance:.0%} (of {n_total}):")
     print(prunable[["label", "n_prunable", "frac_prunable"]].to_string(index=False))
     stem = _stem("prune", partial)
-    written = [
-        _write_frame(out, stem, frame),
-        atomic_write_json(
-            out / f"{stem}.json",
-            {
-                "meta": {**frame.attrs, "model_spec": args.model, "tolerance": args.tolerance},
-                "prunable": prunable.to_dict(orient="records"),
-                "rows": frame.to_dict(orient="records"),
-            },
-        ),
-    ]
-    fig = curves(
-        frame,
-        "n_pruned",
-        "metric",
-        "label",
-        title=f"{metric} as heads are pruned",
-        x_title="heads pruned",
-        y_title=metric,
-    )
-    written += save_figure(fig, out, stem)
+    written = result.save(out, stem, tolerance=args.tolerance, meta={"model_spec": args.model})
+    written += save_figure(result.figure(), out, stem)
     return _finish(written, partial)
 
 
-def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float) -> list[Path]:
+def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed: float) -> list[Path]:
     partial = bool(sweep.meta.get("partial"))
     meta = sweep.meta
     print(
@@ -303,34 +303,9 @@ def _write_gates(args: argparse.Namespace, sweep: Any, out: Path, elapsed: float
     stem = _stem("gates", partial)
     written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
     if len(sweep.summary):
-        written += save_figure(
-            heatmap(
-                sweep.grids(),
-                title=f"{short_name(meta['model'])}: Hard-Concrete gates per lambda",
-                zmin=0,
-                zmax=1,
-                value_name="gate",
-            ),
-            out,
-            stem,
-        )
-        written += save_figure(_gate_curves(sweep.summary, meta["metric"]), out, f"{stem}_curves")
+        written += save_figure(sweep.figure("gates"), out, stem)
+        written += save_figure(sweep.figure("curves"), out, f"{stem}_curves")
     return _finish(written, partial)
-
-
-def _gate_curves(summary: pd.DataFrame, metric: str):
-    """Heads kept against lambda, and the metric against heads kept, side by side."""
-    left = curves(summary, "lambda", "heads_kept")
-    right = curves(summary.sort_values("heads_kept"), "heads_kept", "metric")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["heads kept vs lambda", f"{metric} vs heads kept"])
-    fig.add_trace(left.data[0], row=1, col=1)
-    fig.add_trace(right.data[0], row=1, col=2)
-    fig.update_xaxes(type="log", title_text="lambda", row=1, col=1)
-    fig.update_xaxes(title_text="heads kept", row=1, col=2)
-    fig.update_yaxes(title_text="heads kept", row=1, col=1)
-    fig.update_yaxes(title_text=metric, row=1, col=2)
-    fig.update_layout(showlegend=False, height=460, width=980)
-    return fig
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:

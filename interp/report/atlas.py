@@ -149,7 +149,7 @@ def _ablations(
         extra["gradient_"] = HeadScores(atlas.gradient.table[["layer", "head", "importance"]])
     if "pruning" not in skip:
         orders = [o for o in ("gradient", "exact") if o not in skip] + ["random"]
-        atlas.pruning = pruning_curves(model, probe, metric, orders=orders, random_seeds=(seed,), **common)
+        atlas.pruning = pruning_curves(model, probe, metric, orders=orders, random_seeds=(seed,), **common).table
 
 
 def _pattern_view(model: Any, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int) -> dict:

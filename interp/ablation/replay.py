@@ -1,10 +1,18 @@
-"""The replay engine: evaluate a metric under many head sets at once."""
+"""The replay: evaluate a metric under many head sets at once.
+
+:class:`Sweeper` runs the clean pass once, caching the residual stream entering every block and how
+each block was called, then evaluates head sets by replaying blocks ``l .. L-1`` on the cached
+residual (``replay="fast"``), several ablations batched along the batch axis, or by one plain
+``run_with_hooks`` per head set (``replay="loop"``, the reference). :data:`REPLAYS` registers the
+choices. What touches the model's internals (hooks on its blocks, calling them, its unembedding,
+its stacked ``W_O``) is kept in the functions at the end of this module.
+"""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,16 +24,23 @@ from tqdm.auto import tqdm
 from interp import distributed
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric
-from interp.ablation.modes import HeadAblation, head_labels, head_mask
+from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
+from interp.ablation.settings import checked, replay_choice, run_config
 from interp.ablation.shortcuts import head_outputs, reused_attention, trimmed_mlp
+from interp.adapters import HookedModel
+from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import release_kept_pattern, resid_post_hook, run_with_reducers, z_hook
 from interp.models import describe
 from interp.probes import TokenProbe
+from interp.registry import Registry
 
-ENGINES = ("auto", "fast", "loop")
+REPLAYS: Registry[str] = Registry("replay")
+REPLAYS.add("auto", "the fast replay where its self-check passes, else the loop (with a warning saying why)")
+REPLAYS.add("fast", "replay blocks l..L-1 on the cached clean residual, ablations batched (refused if it cannot)")
+REPLAYS.add("loop", "one plain run_with_hooks per head set: the reference")
 
-# Tokens per batched forward of the fast engine, unless told otherwise. On a CPU, batches past a
+# Tokens per batched forward of the fast replay, unless told otherwise. On a CPU, batches past a
 # couple of thousand tokens run slower per token (elementwise ops leave the caches); GPUs want more.
 _TOKEN_BUDGET = {"cpu": 2048, "other": 16384}
 
@@ -48,49 +63,49 @@ class Sweeper:
     """Evaluate a metric with many head sets ablated, on one probe.
 
     ``base`` heads (a mask) stay ablated throughout (used by pruning with re-estimation). With
-    ``engine="auto"`` the fast replay engine is used when replaying the model's blocks reproduces
-    its output, else the plain loop; ``"fast"`` insists on the former, ``"loop"`` forces the latter.
+    ``replay="auto"`` the fast replay is used when replaying the model's blocks reproduces its
+    output, else the plain loop; ``"fast"`` insists on the former, ``"loop"`` forces the latter.
     Masks passed to :meth:`evaluate` add to ``base``; :attr:`clean` is the metric per sequence with
-    only the ``base`` heads ablated (none by default). ``minibatch``: probe sequences per forward
-    (default all); ``chunk``: ablations batched into one forward by the fast engine (default: as many
-    as make about 2k tokens on a CPU, 16k elsewhere).
+    only the ``base`` heads ablated (none by default). ``chunk``: ablations batched into one forward
+    by the fast replay (default: as many as make about 2k tokens on a CPU, 16k elsewhere).
+    ``config`` (or the keywords ``minibatch``, ``seed``, ``progress``): probe sequences per
+    forward (default all), the seed of a resample ablation fitted here, progress bars.
+    ``engine=`` is the deprecated spelling of ``replay=``.
     """
 
     def __init__(
         self,
-        model: Any,
+        model: HookedModel,
         probe: TokenProbe,
         metric: Metric | Callable,
         *,
         ablation: str | HeadAblation = "zero",
         base: Any = None,
-        engine: str = "auto",
-        minibatch: int | None = None,
+        replay: str = "auto",
         chunk: int | None = None,
-        seed: int = 0,
-        progress: bool = False,
+        config: RunConfig | None = None,
+        minibatch: int | None = None,
+        seed: int | None = None,
+        progress: bool | None = None,
+        engine: str | None = None,
     ):
-        if engine not in ENGINES:
-            raise AblationError(f"unknown engine {engine!r}: choose from {list(ENGINES)}")
+        replay = checked(REPLAYS, replay_choice(replay, engine))
+        self.config = config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
         self.model, self.probe, self.metric = model, probe, as_metric(metric)
         self.info = describe(model)
         if probe.seq_len > self.info.n_ctx:
             raise AblationError(
                 f"probe of {probe.seq_len} tokens is longer than the model's context of {self.info.n_ctx}"
             )
-        self.ablation = (
-            ablation
-            if isinstance(ablation, HeadAblation)
-            else HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
-        )
+        self.ablation = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
         self.base = (
             torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)
             if base is None
             else head_mask(self.info, base, allow_empty=True)
         )
-        self.minibatch = minibatch or probe.batch
-        self.chunk, self.progress = chunk, progress
-        self.engine = "loop" if engine == "loop" else "fast"
+        self.minibatch = config.minibatch or probe.batch
+        self.chunk, self.progress = chunk, config.progress
+        self.replay = "loop" if replay == "loop" else "fast"
         self.interrupted = False
         self._plans: list[Any] = []
         self._batches = [
@@ -99,10 +114,10 @@ class Sweeper:
         ]
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
         # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
-        self._trim = self.engine == "fast" and self._can_trim()
-        self._reuse = self.engine == "fast" and self._can_reuse()
+        self._trim = self.replay == "fast" and self._can_trim()
+        self._reuse = self.replay == "fast" and self._can_reuse()
         self._head_cache: tuple[Any, int, Any] = (None, -1, None)
-        if self.engine == "fast":
+        if self.replay == "fast":
             why = self._self_check()
             if why is not None and self._reuse:  # without the shortcuts, one at a time, before giving up
                 self._reuse = False
@@ -111,10 +126,10 @@ class Sweeper:
                 self._trim = False
                 why = self._self_check()
             if why is not None:
-                if engine == "fast":
+                if replay == "fast":  # the message tests and users match on: kept as it was
                     raise AblationError(f"the fast engine cannot run this model: {why}")
                 warnings.warn(f"falling back to the run_with_hooks loop: {why}", stacklevel=2)
-                self.engine = "loop"
+                self.replay = "loop"
                 for b in self._batches:  # the loop needs none of the shortcuts' captures
                     b.z, b.attn_out = [], []
 
@@ -123,47 +138,19 @@ class Sweeper:
     def _record(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> tuple[Tensor, list, list, list, list]:
         """A plain forward with ``mask`` ablated: its read-out, and each block's residual and call,
         ``hook_z`` (after the ablation) and attention output."""
-        L, blocks = self.info.n_layers, getattr(self.model, "blocks", None)
-        calls: list[Any] = [None] * L
+        L = self.info.n_layers
         zs: list[Any] = [None] * L
-        attn_out: list[Any] = [None] * L
-        handles, extra = [], []
-        if blocks is not None and len(blocks) == L:
+        shortcuts = self.replay == "fast"  # what the attention shortcut needs; the loop needs none of it
 
-            def record(layer: int) -> Callable:
-                def pre(module: Any, args: tuple, kwargs: dict) -> None:
-                    calls[layer] = detach_call(args, kwargs)
+        def keep_z(layer: int) -> Callable:
+            def hook(z: Tensor, hook: Any) -> None:
+                zs[layer] = z.detach()
 
-                return pre
+            return hook
 
-            def keep_attn(layer: int) -> Callable:
-                def post(module: Any, args: tuple, out: Any) -> None:
-                    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
-                        attn_out[layer] = (out[0].detach(), len(out))
-                    elif isinstance(out, Tensor):
-                        attn_out[layer] = (out.detach(), None)
-
-                return post
-
-            def keep_z(layer: int) -> Callable:
-                def hook(z: Tensor, hook: Any) -> None:
-                    zs[layer] = z.detach()
-
-                return hook
-
-            handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
-            if self.engine == "fast":  # what the attention shortcut needs; the loop needs none of it
-                handles += [
-                    b.attn.register_forward_hook(keep_attn(l))
-                    for l, b in enumerate(blocks)
-                    if isinstance(getattr(b, "attn", None), torch.nn.Module)
-                ]
-                extra = [(z_hook(l), keep_z(l)) for l in range(L)]
-        try:
+        extra = [(z_hook(l), keep_z(l)) for l in range(L)] if shortcuts and block_count(self.model) == L else []
+        with recorded_blocks(self.model, L, keep_attention=shortcuts) as (calls, attn_out):
             out = self._run(tokens, mask, rows, extra)
-        finally:
-            for h in handles:
-                h.remove()
         return out, [c and c[0] for c in calls], [c and c[1] for c in calls], zs, attn_out
 
     def _capture(self, rows: Tensor) -> CleanBatch:
@@ -194,20 +181,16 @@ class Sweeper:
                 clean, n_out = batch.attn_out[start]
                 extra = masks[:, start] & ~self.base[start]
                 stack.enter_context(
-                    reused_attention(model.blocks[start].attn, clean, n_out, self._per_head(batch, start), extra)
+                    reused_attention(block_attention(model, start), clean, n_out, self._per_head(batch, start), extra)
                 )
             if self._trim:
                 T = hidden.shape[1]
                 keep = torch.tensor(sorted({p % T for p in self.metric.positions}))
-                stack.enter_context(trimmed_mlp(model.blocks[-1].mlp, keep, T))
-            for l in range(start, L):
-                args, kwargs = expand_call(batch.calls[l], self._plans[l], rep)
-                out = model.blocks[l](hidden, *args, **kwargs)
-                hidden = out[0] if isinstance(out, (tuple, list)) else out
-                release_kept_pattern(model, l)  # the bridge would keep [rep * batch, head, T, T] alive
-            picked = self.metric.read(hidden)
+                stack.enter_context(trimmed_mlp(last_mlp(model), keep, T))
+            calls = [expand_call(batch.calls[l], self._plans[l], rep) for l in range(start, L)]
+            picked = self.metric.read(run_blocks(model, hidden, start, calls))
             if self.metric.reads == "logits":
-                picked = model.unembed(model.ln_final(picked))
+                picked = unembed(model, picked)
         return picked
 
     def _per_head(self, batch: CleanBatch, layer: int) -> Tensor:
@@ -216,23 +199,19 @@ class Sweeper:
         if cached_batch is not batch or cached_layer != layer:
             r = self.ablation.replacement(layer, batch.rows)
             z = batch.z[layer]
-            W_O = self.model.W_O[layer].detach().to(device=z.device)
+            W_O = stacked_W_O(self.model)[layer].detach().to(device=z.device)
             self._head_cache = (batch, layer, head_outputs(z, r.to(device=z.device, dtype=z.dtype), W_O))
         return self._head_cache[2]
 
     def _can_reuse(self) -> bool:
         """Are the stacked ``W_O`` weights readable (not offloaded to the meta device or disk)?"""
-        try:
-            W_O = getattr(self.model, "W_O", None)
-        except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
-            return False
+        W_O = stacked_W_O(self.model)
         shape = (self.info.n_layers, self.info.n_heads)
         return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape and W_O.device.type != "meta"
 
     def _can_trim(self) -> bool:
         positions, T = self.metric.positions, self.probe.seq_len
-        mlp = getattr(self.model.blocks[-1], "mlp", None) if getattr(self.model, "blocks", None) else None
-        return positions is not None and isinstance(mlp, torch.nn.Module) and len({p % T for p in positions}) < T
+        return positions is not None and last_mlp(self.model) is not None and len({p % T for p in positions}) < T
 
     def _self_check(self) -> str | None:
         """Can replaying this model's blocks stand in for running it? ``None`` if so, else why not.
@@ -246,9 +225,9 @@ class Sweeper:
         bf16: a model whose blocks take inputs computed by earlier blocks (which the replay would
         take from the clean pass) fails it.
         """
-        if getattr(self.model, "blocks", None) is None:
+        if block_count(self.model) is None:
             return "the model has no `blocks` to replay"
-        if self.metric.reads == "logits" and not (hasattr(self.model, "ln_final") and hasattr(self.model, "unembed")):
+        if self.metric.reads == "logits" and not can_unembed(self.model):
             return "the model has no ln_final/unembed to read logits with"
         B = self.probe.batch
         check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
@@ -357,9 +336,20 @@ class Sweeper:
         return result
 
     @property
+    def engine(self) -> str:
+        """Deprecated spelling of :attr:`replay` ("fast" or "loop"), kept for one release."""
+        warnings.warn("Sweeper.engine is deprecated: use Sweeper.replay", DeprecationWarning, stacklevel=2)
+        return self.replay
+
+    @engine.setter
+    def engine(self, value: str) -> None:
+        warnings.warn("Sweeper.engine is deprecated: use Sweeper.replay", DeprecationWarning, stacklevel=2)
+        self.replay = value
+
+    @property
     def shortcuts(self) -> list[str]:
-        """The exact shortcuts the fast engine takes on this model (see :mod:`interp.ablation.shortcuts`)."""
-        if self.engine != "fast":
+        """The exact shortcuts the fast replay takes on this model (see :mod:`interp.ablation.shortcuts`)."""
+        if self.replay != "fast":
             return []
         return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]
 
@@ -370,13 +360,13 @@ class Sweeper:
 
     @property
     def chunk_size(self) -> int:
-        """How many ablations the fast engine batches into one forward."""
+        """How many ablations the fast replay batches into one forward."""
         budget = _TOKEN_BUDGET["cpu" if self.info.device.type == "cpu" else "other"]
         return self.chunk or max(1, budget // (self.minibatch * self.probe.seq_len))
 
     def _groups(self, todo: list[tuple[int, int]]) -> list[tuple[int, list[int]]]:
         """Masks grouped by the first layer they touch, cut into chunks of one batched forward."""
-        if self.engine == "loop":
+        if self.replay == "loop":
             return [(start, [i]) for start, i in todo]
         chunk = self.chunk_size
         groups: list[tuple[int, list[int]]] = []
@@ -391,7 +381,7 @@ class Sweeper:
         rep = masks.shape[0]
         values = torch.empty(rep, self.probe.batch)
         for batch in self._batches:
-            if self.engine == "loop":
+            if self.replay == "loop":
                 outs = [self._run(batch.tokens, masks[0], batch.rows)]
             else:
                 outs = self._replay(batch, start, masks).chunk(rep)
@@ -400,7 +390,9 @@ class Sweeper:
         return values
 
 
-def read_out(model: Any, tokens: Tensor, metric: Metric, hooks: list, n_layers: int, *, grad: bool = False) -> Tensor:
+def read_out(
+    model: HookedModel, tokens: Tensor, metric: Metric, hooks: list, n_layers: int, *, grad: bool = False
+) -> Tensor:
     """Run ``model`` with ``hooks``; return the metric's read-out (logits or final hidden state)."""
     if metric.reads == "logits":
         logits = run_with_reducers(model, tokens, hooks, grad=grad)
@@ -413,3 +405,91 @@ def read_out(model: Any, tokens: Tensor, metric: Metric, hooks: list, n_layers: 
 
     run_with_reducers(model, tokens, [*hooks, (last, grab)], stop_after=last, grad=grad)
     return metric.read(seen["hidden"])
+
+
+# ---- model internals: what the replay needs from a model's blocks (to move into interp.adapters) ----
+
+
+def block_count(model: HookedModel) -> int | None:
+    """How many blocks ``model.blocks`` holds (``None``: no blocks to replay)."""
+    blocks = getattr(model, "blocks", None)
+    return None if blocks is None else len(blocks)
+
+
+@contextmanager
+def recorded_blocks(model: HookedModel, n_layers: int, *, keep_attention: bool) -> Iterator[tuple[list, list]]:
+    """Inside the block, every forward records how each block was called (``calls[l]``: its input
+    residual and the rest of its call, see :func:`~interp.ablation.calls.detach_call`) and, with
+    ``keep_attention``, each block's attention output (``attn_out[l]``: the tensor and the length of
+    the tuple it came in, ``None`` for a bare tensor). Lists stay ``None`` where nothing ran."""
+    calls: list[Any] = [None] * n_layers
+    attn_out: list[Any] = [None] * n_layers
+    blocks = getattr(model, "blocks", None)
+    handles = []
+    if blocks is not None and len(blocks) == n_layers:
+
+        def record(layer: int) -> Callable:
+            def pre(module: Any, args: tuple, kwargs: dict) -> None:
+                calls[layer] = detach_call(args, kwargs)
+
+            return pre
+
+        def keep_attn(layer: int) -> Callable:
+            def post(module: Any, args: tuple, out: Any) -> None:
+                if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                    attn_out[layer] = (out[0].detach(), len(out))
+                elif isinstance(out, Tensor):
+                    attn_out[layer] = (out.detach(), None)
+
+            return post
+
+        handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
+        if keep_attention:
+            handles += [
+                b.attn.register_forward_hook(keep_attn(l))
+                for l, b in enumerate(blocks)
+                if isinstance(getattr(b, "attn", None), torch.nn.Module)
+            ]
+    try:
+        yield calls, attn_out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_blocks(
+    model: HookedModel, hidden: Float[Tensor, "batch pos d_model"], start: int, calls: list[Call]
+) -> Float[Tensor, "batch pos d_model"]:
+    """Blocks ``start, start + 1, ...`` (one per call in ``calls``) on ``hidden``: the final residual."""
+    for l, (args, kwargs) in enumerate(calls, start):
+        out = model.blocks[l](hidden, *args, **kwargs)
+        hidden = out[0] if isinstance(out, (tuple, list)) else out
+        release_kept_pattern(model, l)  # the bridge would keep [rep * batch, head, T, T] alive
+    return hidden
+
+
+def can_unembed(model: HookedModel) -> bool:
+    return hasattr(model, "ln_final") and hasattr(model, "unembed")
+
+
+def unembed(model: HookedModel, hidden: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos vocab"]:
+    """Logits from the final residual stream: the final norm, then the unembedding."""
+    return model.unembed(model.ln_final(hidden))
+
+
+def block_attention(model: HookedModel, layer: int) -> torch.nn.Module:
+    return model.blocks[layer].attn
+
+
+def last_mlp(model: HookedModel) -> torch.nn.Module | None:
+    """The last block's MLP module, ``None`` if it has none the replay can trim."""
+    mlp = getattr(model.blocks[-1], "mlp", None) if getattr(model, "blocks", None) else None
+    return mlp if isinstance(mlp, torch.nn.Module) else None
+
+
+def stacked_W_O(model: HookedModel) -> Tensor | None:
+    """``W_O`` of every layer, ``[layer, head, d_head, d_model]``, or ``None`` where it cannot be read."""
+    try:
+        return getattr(model, "W_O", None)
+    except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
+        return None
