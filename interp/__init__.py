@@ -15,8 +15,9 @@ the package is cheap to import; ``interp.__all__`` lists the public API and wher
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from interp._lazy import lazy
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,8 @@ _API = {
     "from_hf_model": "interp.models",
     "describe": "interp.models",
     "ModelInfo": "interp.models",
+    # one run configuration for every analysis
+    "RunConfig": "interp.config",
     # probes
     "TokenProbe": "interp.probes",
     "repeated_tokens": "interp.probes",
@@ -60,17 +63,36 @@ _API = {
     "InterpError": "interp.errors",
 }
 
-__all__ = sorted(_API)
+__getattr__, __dir__, __all__ = lazy(__name__, _API)
 
-
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'interp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
+if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
+    from interp.ablation import GateSweep as GateSweep
+    from interp.ablation import ablated as ablated
+    from interp.ablation import exact_sweep as exact_sweep
+    from interp.ablation import gradient_importance as gradient_importance
+    from interp.ablation import heads_prunable as heads_prunable
+    from interp.ablation import incontext_loss as incontext_loss
+    from interp.ablation import largest_lambda_within as largest_lambda_within
+    from interp.ablation import lm_loss as lm_loss
+    from interp.ablation import logit_diff as logit_diff
+    from interp.ablation import loop_sweep as loop_sweep
+    from interp.ablation import pruning_curve as pruning_curve
+    from interp.ablation import pruning_curves as pruning_curves
+    from interp.ablation import train_gates as train_gates
+    from interp.config import RunConfig as RunConfig
+    from interp.errors import InterpError as InterpError
+    from interp.heads import head_scores as head_scores
+    from interp.heads import uniform_baseline as uniform_baseline
+    from interp.models import ModelInfo as ModelInfo
+    from interp.models import describe as describe
+    from interp.models import from_hf_model as from_hf_model
+    from interp.models import load_model as load_model
+    from interp.plots import heatmap as heatmap
+    from interp.probes import TokenProbe as TokenProbe
+    from interp.probes import random_tokens as random_tokens
+    from interp.probes import repeated_tokens as repeated_tokens
+    from interp.probes import text_probe as text_probe
+    from interp.report import head_atlas as head_atlas
+    from interp.scores import HeadScores as HeadScores
+    from interp.sinks import SinkReport as SinkReport
+    from interp.sinks import sink_scores as sink_scores

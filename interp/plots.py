@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,9 @@ from plotly.subplots import make_subplots
 
 from interp._io import atomic_write, writing
 from interp.browser import NO_BROWSER, figure_png, find_browser
-from interp.scores import HeadScores
+
+if TYPE_CHECKING:  # plots draw result objects; the result objects call plots (HeadScores.figure)
+    from interp.scores import HeadScores
 
 PRETTY = {
     "prev_token": "previous-token",

@@ -2,16 +2,18 @@
 
 Scores with uncertainty carry ``<score>_lo`` and ``<score>_hi`` columns (a bootstrap interval over
 probe sequences, see :func:`bootstrap_ratio`). The table is a plain :class:`pandas.DataFrame`, ready
-for ``groupby("layer")``; :meth:`HeadScores.grid` gives the layer x head matrix for plotting and
-:meth:`HeadScores.rank` the sorted view a summary prints.
+for ``groupby("layer")``; :meth:`HeadScores.grid` gives the layer x head matrix for plotting,
+:meth:`HeadScores.rank` the sorted view a summary prints (:func:`format_table` prints it) and
+:meth:`HeadScores.figure` the heatmap (:func:`interp.plots.heatmap`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +23,9 @@ from torch import Tensor
 
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 CI_SUFFIXES = ("_lo", "_hi")
 STEM = "head_scores"  # file stem of a saved table when none is given
@@ -112,6 +117,20 @@ class HeadScores:
         row = self.rank(score, top=1).iloc[0]
         return int(row["layer"]), int(row["head"])
 
+    def figure(
+        self,
+        scores: Sequence[str] | None = None,
+        *,
+        baselines: Mapping[str, float] | None = None,
+        title: str | None = None,
+        **kwargs: Any,
+    ) -> go.Figure:
+        """The layer x head heatmap of ``scores`` (default: every score column), one panel each:
+        :func:`interp.plots.heatmap` (``baselines``: what a uniform head scores, under each title)."""
+        from interp.plots import heatmap  # plotly loads only when a figure is drawn
+
+        return heatmap(self, scores, title=title, baselines=baselines, **kwargs)
+
     def _check(self, score: str) -> None:
         if score not in self.table.columns:
             raise KeyError(f"no score {score!r}; have {self.score_names}")
@@ -141,3 +160,19 @@ class HeadScores:
             return cls(pd.read_csv(path, dtype={"label": str}))
         blob = json.loads(path.read_text(encoding="utf-8"))
         return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+
+
+def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = (), fmt: str = ".3f") -> str:
+    """A compact fixed-width table of per-head rows (a ``label`` column and ``columns``), as the
+    commands print it; score columns in ``ci`` print as ``v [lo, hi]``; numbers in ``fmt``
+    (``".3g"`` for scores of any scale)."""
+    shown = pd.DataFrame({"head": frame["label"].astype(str)})
+    for col in columns:
+        if col in ci:
+            shown[col] = [
+                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]"
+                for v, a, b in zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])
+            ]
+        else:
+            shown[col] = [f"{v:{fmt}}" for v in frame[col]]
+    return shown.to_string(index=False)

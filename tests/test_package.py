@@ -198,3 +198,122 @@ def test_describe_follows_the_model_to_another_device():
     assert interp.describe(model).device.type == "cpu"
     model.to("meta")
     assert interp.describe(model).device.type == "meta"
+
+
+# ---- one lazy mechanism, one result shape, imports that only go down -----------------------------
+
+
+def test_one_lazy_helper_serves_the_package_and_the_atlas():
+    import ast
+
+    import interp.report
+    from interp._lazy import lazy
+
+    assert interp.RunConfig is interp.config.RunConfig and "RunConfig" in interp.__all__
+    assert {"Atlas", "PARTS", "ROLES", "head_atlas", "render_atlas"} <= set(interp.report.__all__)
+    assert "head_atlas" in dir(interp.report)
+    with pytest.raises(AttributeError, match="module 'interp.report' has no attribute 'nope'"):
+        interp.report.nope  # noqa: B018
+    getattr_, dir_, all_ = lazy("interp", {"describe": "interp.models"})
+    assert all_ == ["describe"] and getattr_("describe") is interp.models.describe and "describe" in dir_()
+    # editors and type checkers see exactly the lazy API: the TYPE_CHECKING imports name every public name
+    for package in (interp, interp.report):
+        tree = ast.parse(Path(package.__file__).read_text())
+        block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+        seen = {a.asname or a.name for n in block.body for a in n.names}
+        assert seen == set(package.__all__), package.__name__
+
+
+def _imports(module_file: Path) -> set[str]:
+    """The interp modules a file imports at run time (function-local imports included, TYPE_CHECKING not)."""
+    import ast
+
+    tree = ast.parse(module_file.read_text())
+    typing_only = {
+        id(sub) for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"
+        for sub in ast.walk(n)
+    }  # fmt: skip
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("interp"):
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("interp")}
+    return found
+
+
+def test_results_probes_and_atlas_import_only_downward():
+    """The circles probe -> user -> draw -> probe and atlas <-> page are gone, and no library module
+    imports a command (only the ``python -m`` entry points, which nothing imports, do)."""
+    root = ROOT / "interp"
+    graph = {}
+    for f in root.rglob("*.py"):
+        name = ".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        graph[name] = f
+    deps = {m: {d for d in _imports(f) if d in graph and d != m} for m, f in graph.items()}
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            m = todo.pop()
+            for d in deps[m] - seen:
+                if d == b:
+                    return True
+                seen.add(d)
+                todo.append(d)
+        return False
+
+    for low, high in [
+        ("interp.probes.probe", "interp.probes.user"),
+        ("interp.probes.probe", "interp.probes.draw"),
+        ("interp.report.atlas", "interp.report.page"),
+        ("interp.report.atlas", "interp.report.build"),
+        ("interp.report.page", "interp.report.build"),
+        ("interp.plots", "interp.scores"),  # HeadScores.figure draws with plots; plots know results by type only
+    ]:
+        assert reaches(high, low), (high, low)
+        assert not reaches(low, high), f"{low} imports {high}, which sits above it"
+    entry_points = {m for m in graph if m.endswith("__main__")} | {"interp.induction", "interp.ablate"}
+    library = [m for m in graph if not m.startswith("interp.cli") and m not in entry_points]
+    assert not [(m, d) for m in library for d in deps[m] if d.startswith("interp.cli")]
+
+
+def test_every_result_draws_its_figure(toy):
+    import plotly.graph_objects as go
+
+    probe = interp.repeated_tokens(toy, batch=2, block_len=8, seed=0)
+    scores = interp.head_scores(toy, probe, n_boot=50)
+    fig = scores.figure(["induction", "copying"])
+    assert isinstance(fig, go.Figure) and len(fig.data) == 2
+    assert [a.text for a in fig.layout.annotations][:1] == [
+        interp.heatmap(scores, ["induction"]).layout.annotations[0].text
+    ]
+    report = interp.sink_scores(toy, interp.random_tokens(toy, batch=2, seq_len=16), n_boot=50)
+    assert isinstance(report.figure(), go.Figure) and list(report.figures()) == ["heatmap", "layers", "residual"]
+    np.testing.assert_allclose(report.figure().data[0].z, report.grid("first_mass"))
+
+
+def test_sink_scores_takes_a_run_config(toy):
+    probe = interp.random_tokens(toy, batch=3, seq_len=16)
+    by_keyword = interp.sink_scores(toy, probe, n_boot=40, level=0.9, seed=3, engine="pattern")
+    config = interp.RunConfig(n_boot=40, level=0.9, seed=3, engine="pattern")
+    by_config = interp.sink_scores(toy, probe, config=config)
+    pd.testing.assert_frame_equal(by_keyword.table, by_config.table)
+    assert by_config.meta["n_boot"] == 40 and by_config.meta["ci_level"] == 0.9 and by_config.meta["seed"] == 3
+    # a keyword overrides the config; the run header leads the meta
+    other = interp.sink_scores(toy, probe, config=config, level=0.5)
+    assert other.meta["ci_level"] == 0.5 and not np.allclose(
+        other.grid("first_mass_lo"), by_config.grid("first_mass_lo")
+    )
+    assert list(other.meta)[:5] == ["model", "n_layers", "n_heads", "causal", "probe"]
+    with pytest.raises(UsageError, match="config must be an interp.RunConfig"):
+        interp.sink_scores(toy, probe, config={"n_boot": 5})
+
+
+def test_commands_are_registered_once():
+    from interp.cli import COMMANDS, usage
+
+    assert COMMANDS.names() == ("induction", "sinks", "ablate", "report")
+    assert all(COMMANDS.doc(name) in usage() for name in COMMANDS)

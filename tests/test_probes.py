@@ -63,3 +63,18 @@ def test_bad_probe_arguments(gpt2_tiny, kwargs, message):
     with pytest.raises(ValueError) as err:
         repeated_tokens(gpt2_tiny, **kwargs)
     assert str(err.value).startswith(message)
+
+
+def test_probe_constructors_have_one_implementation_and_the_old_names_warn(gpt2_tiny):
+    import interp.probes as probes
+
+    texts = ["w5 w6 w7 w8 w5 w6", "w9 w10 w11 w12 w9 w10"]
+    by_class = probes.TokenProbe.from_texts(gpt2_tiny, texts)
+    assert torch.equal(by_class.tokens, probes.probe_from_texts(gpt2_tiny, texts).tokens)
+    body = by_class.tokens[:, 1:]
+    assert torch.equal(probes.TokenProbe.from_tokens(gpt2_tiny, body).tokens, by_class.tokens)
+    assert torch.equal(probes.probe_from_tokens(gpt2_tiny, body).tokens, by_class.tokens)
+    for old, new in (("texts_probe", probes.probe_from_texts), ("tokens_probe", probes.probe_from_tokens)):
+        with pytest.warns(DeprecationWarning, match=f"interp.probes.{old} is renamed {new.__name__}"):
+            assert getattr(probes, old) is new
+    assert "texts_probe" not in probes.__all__

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from plotly.offline import get_plotlyjs
 
+from interp.errors import UsageError
 from interp.heads import uniform_baseline
 from interp.models import load_model
 from interp.probes import repeated_tokens
@@ -92,3 +93,38 @@ def test_atlas_page_is_self_contained_and_preselects_role_heads(toy_atlas, tmp_p
     table = pd.read_csv(tmp_path / "atlas_roles.csv", dtype={"label": str})
     assert {"exact_importance", "gradient_importance", "first_mass_lo"} <= set(table)
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_atlas_loads_back_and_draws_its_figure(toy_atlas, tmp_path):
+    from interp.report import Atlas, render_atlas
+
+    toy_atlas.save(tmp_path)
+    back = Atlas.load(tmp_path)
+    pd.testing.assert_frame_equal(back.roles, toy_atlas.roles, check_dtype=False)
+    assert back.table is back.roles and back.baselines == pytest.approx(toy_atlas.baselines)
+    assert back.meta == json.loads(json.dumps(toy_atlas.meta)) and back.named("induction") == toy_atlas.named(
+        "induction"
+    )
+    np.testing.assert_allclose(back.grid("induction"), toy_atlas.grid("induction"))
+    assert Atlas.load(tmp_path / "atlas.json").named("previous-token") == ["0.1"]
+    panels = [t for t in toy_atlas.figure().data if t.type == "heatmap"]
+    assert len(panels) == 5 and np.allclose(panels[2].z, toy_atlas.grid("induction"))
+    # a loaded atlas has no renderer of its own: its page is drawn when one is passed
+    again = tmp_path / "again"
+    assert sorted(p.name for p in back.save(again)) == ["atlas.json", "atlas_roles.csv"]
+    page = back.save(again, render=render_atlas)[0].read_text()
+    assert page.startswith("<!DOCTYPE html>") and "Scores of every head" in page
+    with pytest.raises(UsageError, match="no saved atlas in"):
+        Atlas.load(tmp_path / "nowhere")
+
+
+def test_roles_and_parts_are_registries():
+    from interp.report import PARTS, ROLES
+    from interp.report.roles import role_columns
+
+    assert ROLES.names() == ("induction", "previous-token", "duplicate-token", "sink")
+    assert role_columns() == {"induction": "induction", "prev_token": "previous-token", "duplicate": "duplicate-token",
+                              "first_mass": "sink"}  # fmt: skip
+    assert PARTS.names() == ("sinks", "exact", "gradient", "pruning", "patterns")
+    with pytest.raises(UsageError, match="unknown role 'nope'"):
+        ROLES.check("nope")

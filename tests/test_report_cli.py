@@ -54,3 +54,14 @@ def test_interp_report_is_registered(capsys):
         interp_main(["report", "--help"])
     assert e.value.code == 0
     assert "usage: interp report" in capsys.readouterr().out
+
+
+def test_help_lists_the_registered_parts_and_ablations(capsys):
+    from interp.ablation import ABLATIONS
+    from interp.report import PARTS
+
+    with pytest.raises(SystemExit):
+        cli(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name}: {' '.join(PARTS.doc(name).split())}" in text for name in PARTS)
+    assert "{" + ",".join(ABLATIONS) + "}" in text

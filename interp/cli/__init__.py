@@ -12,18 +12,21 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = {
-    "induction": "score heads as previous-token, duplicate-token and induction heads",
-    "sinks": "attention sinks: first-token heads, sink tokens, massive activations",
-    "ablate": "ablation sweeps: exact, gradient importance, pruning curves, L0 gates",
-    "report": "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns",
-}
-_MODULES = {name: f"interp.cli.{name}" for name in COMMANDS}
+from interp.registry import Registry
+
+# the commands: name -> what it does (the listing) and the module whose cli() runs it
+COMMANDS: Registry[str] = Registry("command")
+COMMANDS.add("induction", "score heads as previous-token, duplicate-token and induction heads", "interp.cli.induction")
+COMMANDS.add("sinks", "attention sinks: first-token heads, sink tokens, massive activations", "interp.cli.sinks")
+COMMANDS.add("ablate", "ablation sweeps: exact, gradient importance, pruning curves, L0 gates", "interp.cli.ablate")
+COMMANDS.add(
+    "report", "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns", "interp.cli.report"
+)
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {what}" for name, what in COMMANDS.items()]
+    lines = [f"  {name:<{width}}  {COMMANDS.doc(name)}" for name in COMMANDS]
     return (
         "usage: interp <command> [options]\n\n"
         "What does each attention head do, and which heads matter?\n\ncommands:\n" + "\n".join(lines) + "\n\n"
@@ -43,11 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"interp {__version__}")
         return 0
     name, rest = args[0], args[1:]
-    if name not in _MODULES:
+    if name not in COMMANDS:
         print(usage(), end="", file=sys.stderr)
         print(f"interp: error: unknown command {name!r}: choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    command = importlib.import_module(_MODULES[name])
+    command = importlib.import_module(COMMANDS.get(name))
     return command.cli(rest, prog=f"interp {name}")
 
 

@@ -16,12 +16,11 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from interp import distributed
 from interp._io import ensure_writable_dir, writes_skipped
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
 from interp.models import load_model, resolve_device, resolve_dtype
+from interp.scores import format_table  # noqa: F401  (the commands' summary table; it lives with the results)
 
 EXIT_MODEL = 1
 EXIT_USAGE = 2
@@ -205,21 +204,6 @@ def fail(parser: argparse.ArgumentParser, error: BaseException, code: int, *, qu
     if not quiet:
         print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return code
-
-
-def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = (), fmt: str = ".3f") -> str:
-    """A compact fixed-width table; score columns in ``ci`` print as ``v [lo, hi]``; numbers in ``fmt``
-    (``".3g"`` for scores of any scale)."""
-    shown = pd.DataFrame({"head": frame["label"].astype(str)})
-    for col in columns:
-        if col in ci:
-            shown[col] = [
-                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]"
-                for v, a, b in zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])
-            ]
-        else:
-            shown[col] = [f"{v:{fmt}}" for v in frame[col]]
-    return shown.to_string(index=False)
 
 
 def float_in(

@@ -1,6 +1,6 @@
 """``python -m interp.induction``: which heads are previous-token, duplicate-token and induction heads.
 
-A thin layer over :func:`interp.heads.head_scores` and :func:`interp.plots.heatmap`: it prints the
+A thin layer over :func:`interp.heads.head_scores` and :meth:`HeadScores.figure`: it prints the
 heads ranked by induction score and writes ``induction.csv``, ``induction.json``,
 ``induction.html`` (and ``induction.png`` when an exporter is available) under ``--out``.
 """
@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.cli.common import add_engine_flag, base_parser, format_table, positive_int, run_cli
+from interp.cli.common import add_engine_flag, base_parser, positive_int, run_cli
 from interp.errors import UsageError
-from interp.heads import ATTENTION_SCORES, head_scores, uniform_baseline
+from interp.heads import ATTENTION_SCORES, head_scores, uniform_baseline, uniform_baselines
 from interp.models import describe
-from interp.plots import heatmap, save_figure, short_name
+from interp.plots import save_figure, short_name
 from interp.probes import repeated_tokens
-from interp.report.roles import uniform_baselines
+from interp.scores import format_table
 
 STEM = "induction"
 
@@ -69,8 +69,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         print(f"top {name} head: {layer}.{head} ({scores.grid(name)[layer, head]:.3f})")
 
     written = scores.save(out, STEM)
-    fig = heatmap(
-        scores,
+    fig = scores.figure(
         [*ATTENTION_SCORES, "copying"],
         title=f"{short_name(info.name)}: head scores on repeated random tokens",
         baselines=uniform_baselines(probe),

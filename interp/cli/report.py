@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.ablation import ABLATIONS
+from interp.cli.common import base_parser, float_in, positive_int, run_cli
 from interp.models import describe
-from interp.report.atlas import PARTS, head_atlas
-from interp.report.roles import ROLES, THRESHOLD
-
-STEM = "atlas"
+from interp.report.atlas import STEM
+from interp.report.build import PARTS, head_atlas
+from interp.report.roles import THRESHOLD, role_columns
+from interp.scores import format_table
 
 
 def _parts(text: str) -> list[str]:
@@ -48,7 +49,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block of the score probe")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
     p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
-    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="mean", help="how heads are ablated")
+    p.add_argument("--ablation", choices=list(ABLATIONS), default="mean", help="how heads are ablated")
     p.add_argument(
         "--threshold",
         type=float_in(0, 1, low_open=True, high_open=True),
@@ -59,7 +60,8 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         "--skip",
         type=_parts,
         default=[],
-        help=f"parts to leave out, comma-separated: {', '.join(PARTS)} (e.g. exact,pruning for a large model)",
+        help=f"parts to leave out, comma-separated: {', '.join(PARTS)} (e.g. exact,pruning for a large model); "
+        + PARTS.help(),
     )
     p.add_argument(
         "--view-heads", type=_heads, default=None, help="heads shown first in the pattern viewer, e.g. 1.2,0.1"
@@ -91,15 +93,16 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads); "
         f"atlas in {elapsed:.1f}s" + (f"; skipped {', '.join(args.skip)}" if args.skip else "")
     )
-    base = ", ".join(f"{ROLES[c]} {v:.3f}" for c, v in atlas.baselines.items() if c in ROLES)
+    roles = role_columns()
+    base = ", ".join(f"{roles[c]} {v:.3f}" for c, v in atlas.baselines.items() if c in roles)
     print(f"uniform baselines: {base}\n")
-    for col, role in ROLES.items():
+    for col, role in roles.items():
         if col in atlas.roles:
             named = atlas.named(role)
             print(f"{role} heads: {', '.join(named[: args.top]) if named else 'none'}")
     named = atlas.roles[atlas.roles["role"] != ""]
     if len(named):
-        cols = [c for c in ROLES if c in named]
+        cols = [c for c in roles if c in named]
         print(f"\nheads with a role ({len(named)} of {len(atlas.roles)}; score [{atlas.meta['ci_level']:.0%} CI]):")
         table = format_table(named.head(args.top), cols, ci=cols)
         lines = table.splitlines()

@@ -1,6 +1,7 @@
 """``python -m interp.sinks`` / ``interp sinks``: attention-sink heads, sink tokens and massive activations.
 
-A thin layer over :func:`interp.sinks.sink_scores` and the sink figures."""
+A thin layer over :func:`interp.sinks.sink_scores`: it prints :meth:`SinkReport.summary` and writes
+the report (:meth:`SinkReport.save`) and its figures (:meth:`SinkReport.figures`) under ``--out``."""
 
 from __future__ import annotations
 
@@ -11,22 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.cli.common import add_engine_flag, base_parser, float_in, format_table, positive_int, run_cli
+from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
-from interp.models import ModelInfo, describe
 from interp.plots import save_figure
-from interp.probes import TokenProbe, random_tokens, text_probe
-from interp.sinks import (
-    ABS_THRESHOLD,
-    EPSILON,
-    REL_THRESHOLD,
-    SINK_RATIO,
-    SinkReport,
-    first_mass_heatmap,
-    residual_curves,
-    sink_rate_bars,
-    sink_scores,
-)
+from interp.probes import random_tokens, text_probe
+from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores
 
 STEM = "sinks"
 
@@ -98,7 +88,6 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         )
     else:
         probe = random_tokens(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed)
-    info = describe(model)
     t0 = time.perf_counter()
     report = sink_scores(
         model,
@@ -114,91 +103,12 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     )
     elapsed = time.perf_counter() - t0
     report.meta["model_spec"] = report.heads.meta["model_spec"] = args.model
-    print(_summary(report, info, probe, args.top, elapsed))
+    print(report.summary(probe, top=args.top, elapsed=elapsed))
 
     written = report.save(out, STEM)
-    for suffix, fig in (
-        ("heatmap", first_mass_heatmap(report)),
-        ("layers", sink_rate_bars(report)),
-        ("residual", residual_curves(report)),
-    ):
+    for suffix, fig in report.figures().items():
         written += save_figure(fig, out, f"{STEM}_{suffix}")
     return written
-
-
-def _summary(report: SinkReport, info: ModelInfo, probe: TokenProbe, top: int, elapsed: float) -> str:
-    m = report.meta
-    first, eps = m["first_token"], m["epsilon"]
-    framing = probe.meta.get("framing", [])
-    shape = "+".join(
-        [f for f in framing if f != "[SEP]"]
-        + [str(probe.body_end - probe.body_start)]
-        + [f for f in framing if f == "[SEP]"]
-    )
-    what = "random tokens" if probe.meta.get("kind") == "random_tokens" else f"text from {probe.meta.get('source')}"
-    sep = m["sep_position"] is not None
-    lines = [
-        f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} "
-        f"heads); probe: {probe.batch} x ({shape}) tokens of {what}, seed {m['seed']}; scored in {elapsed:.2f}s",
-        f"first token = {first}"
-        + (f"; [SEP] at position {m['sep_position']}" if sep else "")
-        + f"; a uniform head gives the first token {m['uniform_first_mass']:.3f}",
-        f"engine: {m['engine_reason']}",
-        "",
-        f"Sink_0^eps (eps = {eps}): {m['sink_rate']:.1%} of heads put more than {eps} on the first token"
-        + (f"; {m['sep_sink_rate']:.1%} on [SEP]" if sep else ""),
-        "per layer: Sink^eps; largest |residual| and outlier ratio max|x|/median|x| at sink positions vs elsewhere:",
-    ]
-    lay = report.layers
-    cols = (
-        ["layer", "sink_heads", "sink_share"]
-        + (["sep_sink_heads", "sep_sink_share"] if sep else [])
-        + ["resid_top1", "outlier_ratio_sink", "outlier_ratio_other", "n_massive"]
-    )
-    lines += [lay[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"), ""]
-
-    ranked = report.heads.rank("first_mass", top=top)
-    score_cols = (
-        ["first_mass"]
-        + (["sep_mass"] if sep else [])
-        + ["confidence", "confidence_no_first", "value_norm_ratio", "first_mass_by_norm"]
-    )
-    lines += [
-        f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
-        format_table(ranked, score_cols, ci=["first_mass"]),
-        "",
-    ]
-
-    roles = report.roles()
-    if len(roles):
-        lines += [
-            "attention drawn by role (x uniform): "
-            + ", ".join(f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"]))
-        ]
-    toks = report.tokens.head(top)
-    if len(toks):
-        lines += [
-            f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
-            f"or a head dumps > {eps} on it):",
-            toks.assign(token=toks["token"].map(repr))[
-                ["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share", "is_sink"]
-            ].to_string(index=False, float_format=lambda v: f"{v:.2f}"),
-            "",
-        ]
-
-    mas = report.massive.head(top)
-    limits = f"|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the median of its hidden state"
-    if len(mas):
-        lines += [
-            f"largest {len(mas)} of {m['n_massive']} massive activations ({limits}):",
-            mas.assign(token=mas["token"].map(repr))[
-                ["layer", "sequence", "position", "token", "dim", "value", "magnitude_ratio", "on_sink"]
-            ].to_string(index=False, float_format=lambda v: f"{v:.1f}"),
-        ]
-    else:
-        i = int(lay["resid_top1"].to_numpy().argmax())
-        lines.append(f"no massive activations ({limits}); largest |x| {lay['resid_top1'].iloc[i]:.3g} at layer {i}")
-    return "\n".join(lines)
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.sinks") -> int:

@@ -16,8 +16,17 @@ The probe knows, for every query position ``q``:
 These are returned as boolean masks that analyses reduce attention patterns against.
 
 A *text probe* (:func:`text_probe`) is seeded windows of natural English text (the bundled
-``data/text/`` or a Hub data set), framed the same way; it has no repeat structure.
+``data/text/`` or a Hub data set), framed the same way; it has no repeat structure. Your own
+prompts or token ids become a probe with :meth:`TokenProbe.from_texts` / :meth:`TokenProbe.from_tokens`
+(also :func:`probe_from_texts` / :func:`probe_from_tokens`).
+
+Modules, lowest first: ``probe`` (the :class:`TokenProbe` data and its masks), ``draw`` (the
+model's framing, the built-in random draws), ``text`` and ``user`` (text data sets; your own texts
+and ids).
 """
+
+import warnings
+from typing import Any
 
 from interp.probes.draw import (
     draws_distinct,
@@ -29,7 +38,7 @@ from interp.probes.draw import (
 )
 from interp.probes.probe import TokenProbe
 from interp.probes.text import text_probe
-from interp.probes.user import texts_probe, tokens_probe
+from interp.probes.user import probe_from_texts, probe_from_tokens
 
 __all__ = [
     "TokenProbe",
@@ -37,9 +46,24 @@ __all__ = [
     "frame_tokens",
     "framed_probe",
     "ordinary_vocab",
+    "probe_from_texts",
+    "probe_from_tokens",
     "random_tokens",
     "repeated_tokens",
     "text_probe",
-    "texts_probe",
-    "tokens_probe",
 ]
+
+# old spellings: ``texts_probe`` was one letter from ``text_probe`` (which reads a text data set)
+_RENAMED = {"texts_probe": "probe_from_texts", "tokens_probe": "probe_from_tokens"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"interp.probes.{name} is renamed {new}; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module 'interp.probes' has no attribute {name!r}")

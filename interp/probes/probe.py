@@ -1,9 +1,16 @@
 """TokenProbe: token sequences that know where their structure lies (framing, previous tokens,
-duplicates, induction targets), as masks and as target pairs."""
+duplicates, induction targets), as masks and as target pairs.
+
+This module is the probes' leaf: it knows tensors, not models. The constructors that need a model
+(:meth:`TokenProbe.from_tokens`, :meth:`TokenProbe.from_texts`) are declared here, so that editors
+and users find them on the class, and implemented above it in :mod:`interp.probes.user`, which
+registers them with :func:`builds`; importing :mod:`interp.probes` (which any import of this module
+does first) loads it. Imports therefore only run down: ``user -> draw -> probe``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,6 +19,25 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from interp.errors import UsageError
+
+# the model-aware constructors, registered by the module that implements them (interp.probes.user)
+_BUILDERS: dict[str, Callable[..., TokenProbe]] = {}
+
+
+def builds(name: str) -> Callable[[Callable[..., TokenProbe]], Callable[..., TokenProbe]]:
+    """Register the implementation of ``TokenProbe.<name>`` (a decorator, used by :mod:`interp.probes.user`)."""
+
+    def register(fn: Callable[..., TokenProbe]) -> Callable[..., TokenProbe]:
+        _BUILDERS[name] = fn
+        return fn
+
+    return register
+
+
+def _built_by(name: str) -> Callable[..., TokenProbe]:
+    if name not in _BUILDERS:  # only when this module was loaded without its package, which Python never does
+        raise RuntimeError(f"TokenProbe.{name} is implemented in interp.probes.user: import interp.probes")
+    return _BUILDERS[name]
 
 
 @dataclass
@@ -54,9 +80,7 @@ class TokenProbe:
         already carry it (``model.to_tokens(text)`` prepends a BOS) take ``framed=True``: the framing
         is then checked, not added. Scores read the duplicate and induction targets from the ids.
         """
-        from interp.probes.user import tokens_probe
-
-        return tokens_probe(model, tokens, framed=framed)
+        return _built_by("from_tokens")(model, tokens, framed=framed)
 
     @classmethod
     def from_texts(cls, model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
@@ -67,9 +91,7 @@ class TokenProbe:
         tokenizer (the toy) reads UTF-8 bytes mapped onto its ordinary vocabulary, as
         :func:`text_probe` does.
         """
-        from interp.probes.user import texts_probe
-
-        return texts_probe(model, texts, seq_len=seq_len)
+        return _built_by("from_texts")(model, texts, seq_len=seq_len)
 
     # ---- structural masks -------------------------------------------------------------------
 

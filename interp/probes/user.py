@@ -11,10 +11,13 @@ import torch
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes.draw import check_fits, check_positive, frame_tokens, framed_probe, ordinary_vocab
-from interp.probes.probe import TokenProbe
+from interp.probes.probe import TokenProbe, builds
 
 
-def tokens_probe(model: Any, tokens: Any, *, framed: bool = False, meta: dict[str, Any] | None = None) -> TokenProbe:
+@builds("from_tokens")
+def probe_from_tokens(
+    model: Any, tokens: Any, *, framed: bool = False, meta: dict[str, Any] | None = None
+) -> TokenProbe:
     """:meth:`TokenProbe.from_tokens`; ``meta`` adds to the probe's record."""
     info = describe(model)
     ids = torch.as_tensor(tokens)
@@ -53,7 +56,8 @@ def tokens_probe(model: Any, tokens: Any, *, framed: bool = False, meta: dict[st
     return framed_probe(info, ids, meta=record)
 
 
-def texts_probe(model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
+@builds("from_texts")
+def probe_from_texts(model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
     """:meth:`TokenProbe.from_texts`."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
@@ -84,4 +88,4 @@ def texts_probe(model: Any, texts: str | Sequence[str], *, seq_len: int | None =
             stacklevel=3,
         )
     body = torch.tensor([r[:n] for r in rows], dtype=torch.long)
-    return tokens_probe(model, body, meta={"kind": "texts", "tokenization": how, "text_tokens": lengths})
+    return probe_from_tokens(model, body, meta={"kind": "texts", "tokenization": how, "text_tokens": lengths})

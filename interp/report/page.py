@@ -1,22 +1,25 @@
-""":func:`render_atlas`: the head atlas as one self-contained HTML page (plotly.js inlined, offline)."""
+""":func:`render_atlas`: the head atlas as one self-contained HTML page (plotly.js inlined, offline).
+
+The page is drawn from an :class:`~interp.report.atlas.Atlas` and sits above it: the atlas holds
+data, this module knows HTML. :func:`interp.report.head_atlas` hands :func:`render_atlas` to the
+atlas it builds, so that :meth:`Atlas.save` writes the page.
+"""
 
 from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from interp.plots import PRETTY, Scale, curves, heatmap, short_name
-from interp.report.roles import ROLES
+from interp.report.atlas import Atlas
+from interp.report.roles import role_columns
 from interp.report.viewer import VIEWER_JS
 from interp.scores import HeadScores
-
-if TYPE_CHECKING:
-    from interp.report.atlas import Atlas
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; padding: 24px;
@@ -97,7 +100,7 @@ def _describe_run(atlas: Atlas) -> str:
 def _roles_section(atlas: Atlas) -> str:
     m = atlas.meta
     cards = []
-    for col, role in ROLES.items():
+    for col, role in role_columns().items():
         if col not in atlas.roles:
             continue
         named = atlas.named(role)
@@ -115,7 +118,7 @@ def _roles_section(atlas: Atlas) -> str:
 
 def _role_html(atlas: Atlas) -> str:
     t = atlas.roles
-    cols = [c for c in (*ROLES, "copying", "exact_importance", "gradient_importance") if c in t]
+    cols = [c for c in (*role_columns(), "copying", "exact_importance", "gradient_importance") if c in t]
     names = {
         **{c: PRETTY.get(c, c) for c in cols},
         "first_mass": "sink (first-token mass)",
@@ -147,9 +150,7 @@ def _figure(fig: go.Figure, div_id: str) -> str:
 
 
 def _heatmaps_section(atlas: Atlas) -> str:
-    cols = [c for c in ("prev_token", "duplicate", "induction", "first_mass", "copying") if c in atlas.roles]
-    scores = HeadScores(atlas.roles)
-    fig = heatmap(scores, cols, baselines=atlas.baselines, title=None)
+    fig = atlas.figure()
     return (
         "<p class='note'>One colour scale per family: attention masses on 0..1, copying on -1..1 centred on 0. "
         "Hover a cell for the head, its score, CI and the uniform baseline.</p>" + _figure(fig, "atlas-heatmaps")

@@ -15,16 +15,29 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from interp.heads import uniform_baselines
+from interp.heads import uniform_baselines as uniform_baselines  # re-exported: the one baseline function
+from interp.registry import Registry
 from interp.scores import HeadScores
 
-ROLES = {  # score column -> role label
-    "induction": "induction",
-    "prev_token": "previous-token",
-    "duplicate": "duplicate-token",
-    "first_mass": "sink",
-}
+# The roles a head can be named for: the role label, what it means, and the score column it is read from
+# (``column``). Order matters: a head's labels are joined in this order, and the viewer preselects the
+# strongest head of each role in it.
+ROLES: Registry[str] = Registry("role")
+ROLES.add("induction", "attends to the token after an earlier copy of the current one", column="induction")
+ROLES.add("previous-token", "attends to the previous position", column="prev_token")
+ROLES.add("duplicate-token", "attends to earlier copies of the current token", column="duplicate")
+ROLES.add("sink", "parks its attention on the first token", column="first_mass")
 THRESHOLD = 0.3
+
+
+def role_columns() -> dict[str, str]:
+    """``{score column: role label}`` for every registered role, in registration order."""
+    return {ROLES.info(role, "column"): role for role in ROLES}
+
+
+def role_column(role: str) -> str:
+    """The score column role ``role`` is read from (a :class:`UsageError` for an unknown role)."""
+    return ROLES.info(role, "column")
 
 
 def role_table(
@@ -48,7 +61,7 @@ def role_table(
         dup = [c for c in renamed.columns if c in table.columns and c not in ("layer", "head")]
         table = table.merge(renamed.drop(columns=dup), on=["layer", "head"], how="left")
     labels = [[] for _ in range(len(table))]
-    for col, role in ROLES.items():
+    for col, role in role_columns().items():
         base = baselines.get(col)
         if col not in table or f"{col}_lo" not in table or base is None:
             continue
@@ -57,6 +70,3 @@ def role_table(
             labels[i].append(role)
     table.insert(3, "role", [", ".join(r) for r in labels])
     return table
-
-
-__all__ = ["ROLES", "THRESHOLD", "role_table", "uniform_baselines"]

@@ -64,6 +64,7 @@ from interp.sinks.stats import (
     sink_statistics,
     uniform_mass,
 )
+from interp.sinks.summary import sink_summary
 from interp.sinks.tables import token_texts
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "sink_rate_bars",
     "sink_scores",
     "sink_statistics",
+    "sink_summary",
     "token_texts",
     "uniform_mass",
 ]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from interp import distributed
 from interp._io import atomic_write, atomic_write_json
+from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes import TokenProbe, random_tokens
@@ -28,6 +29,7 @@ from interp.sinks.stats import (
     sink_statistics,
     uniform_mass,
 )
+from interp.sinks.summary import sink_summary
 from interp.sinks.tables import (
     first_label,
     head_table,
@@ -39,7 +41,10 @@ from interp.sinks.tables import (
     sink_positions,
     token_table,
 )
-from interp.stream.budget import PATTERN_BUDGET, choose_engine
+from interp.stream.budget import choose_engine
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 
 @dataclass
@@ -89,6 +94,24 @@ class SinkReport:
         out["attention_ratio"] = out.pop("r") / out["occurrences"]
         out["sink_head_share"] = out.pop("s") / out["occurrences"]
         return out.reset_index().sort_values("attention_ratio", ascending=False, kind="mergesort")
+
+    def figure(self) -> go.Figure:
+        """The layer x head heatmap of first-token mass (and ``[SEP]`` mass for encoders): the one
+        figure of the report; :meth:`figures` gives all three."""
+        from interp.sinks.figures import first_mass_heatmap  # plotly loads only when a figure is drawn
+
+        return first_mass_heatmap(self)
+
+    def figures(self) -> dict[str, go.Figure]:
+        """Every figure of the report by name: ``heatmap`` (:meth:`figure`), ``layers`` (Sink^eps per
+        layer) and ``residual`` (the largest residual magnitudes by layer)."""
+        from interp.sinks.figures import first_mass_heatmap, residual_curves, sink_rate_bars
+
+        return {"heatmap": first_mass_heatmap(self), "layers": sink_rate_bars(self), "residual": residual_curves(self)}
+
+    def summary(self, probe: TokenProbe, top: int = 10, elapsed: float | None = None) -> str:
+        """The text ``interp sinks`` prints for this report on ``probe`` (see :func:`sink_summary`)."""
+        return sink_summary(self, probe, top, elapsed)
 
     def save(self, out: str | Path, stem: str = "sinks") -> list[Path]:
         """Write ``<stem>.csv/.json`` (heads), ``<stem>_{layers,positions,tokens,massive}.csv`` and
@@ -141,20 +164,27 @@ def sink_scores(
     sink_ratio: float = SINK_RATIO,
     min_queries: int = MIN_QUERIES,
     max_massive: int = MAX_MASSIVE_PER_LAYER,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    config: RunConfig | None = None,
+    n_boot: int | None = None,
+    level: float | None = None,
+    seed: int | None = None,
     minibatch: int | None = None,
-    progress: bool = False,
-    engine: str = "auto",
-    budget: int = PATTERN_BUDGET,
+    progress: bool | None = None,
+    engine: str | None = None,
+    budget: int | None = None,
 ) -> SinkReport:
     """Find attention sinks and massive activations in ``model`` on ``probe``.
 
+    ``config`` (a :class:`~interp.config.RunConfig`) holds the run settings; the keywords
+    ``n_boot`` ... ``budget`` override it (``None``: the config's value, by default
+    ``RunConfig()``'s: 1000 resamples, level 0.95, seed 0, the whole probe per pass, engine auto).
     ``probe`` defaults to Gu et al.'s: ``random_tokens(model, seed=seed)`` (16 x 64 random tokens).
     ``first_mass`` carries a bootstrap interval over sequences at ``level``. ``engine`` and
     ``budget`` choose the pattern or the stream engine as in :func:`interp.heads.head_scores`.
     """
+    given = dict(n_boot=n_boot, level=level, seed=seed, minibatch=minibatch, progress=progress, engine=engine)
+    cfg = RunConfig.of(config, **{k: v for k, v in {**given, "budget": budget}.items() if v is not None})
+    n_boot, level, seed, minibatch, progress = cfg.n_boot, cfg.level, cfg.seed, cfg.minibatch, cfg.progress
     if not 0 < epsilon < 1:
         raise UsageError(f"epsilon must be between 0 and 1, got {epsilon}")
     for name, value in (("abs_threshold", abs_threshold), ("rel_threshold", rel_threshold), ("sink_ratio", sink_ratio)):
@@ -163,7 +193,9 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
-    engine, why = choose_engine(engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, budget)
+    engine, why = choose_engine(
+        cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget
+    )
     stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
         lambda p: sink_statistics(
             model,
@@ -197,29 +229,26 @@ def sink_scores(
     positions = position_table(alpha, epsilon, sep, n_k, first)
 
     shares = (alpha[:, :, 0] > epsilon).float()
-    meta = {
-        "model": info.name,
-        "n_layers": info.n_layers,
-        "n_heads": info.n_heads,
-        "causal": causal,
-        "first_token": first,
-        "sep_position": sep,
-        "probe": probe.meta,
-        "epsilon": epsilon,
-        "sink_rate": float(shares.mean()),
-        "sep_sink_rate": None if sep is None else float((alpha[:, :, sep] > epsilon).float().mean()),
-        "uniform_first_mass": float(uniform_mass(T, causal)[0]),
-        "abs_threshold": abs_threshold,
-        "rel_threshold": rel_threshold,
-        "sink_ratio": sink_ratio,
-        "min_queries": min_queries,
-        "n_massive": len(massive),
-        "max_row_sum_deviation": stats.max_row_deviation,
-        "ci_level": level,
-        "n_boot": n_boot,
-        "seed": seed,
-        "engine": engine,
-        "engine_reason": why,
-    }
+    meta = run_header(
+        info,
+        probe,
+        first_token=first,
+        sep_position=sep,
+        epsilon=epsilon,
+        sink_rate=float(shares.mean()),
+        sep_sink_rate=None if sep is None else float((alpha[:, :, sep] > epsilon).float().mean()),
+        uniform_first_mass=float(uniform_mass(T, causal)[0]),
+        abs_threshold=abs_threshold,
+        rel_threshold=rel_threshold,
+        sink_ratio=sink_ratio,
+        min_queries=min_queries,
+        n_massive=len(massive),
+        max_row_sum_deviation=stats.max_row_deviation,
+        ci_level=level,
+        n_boot=n_boot,
+        seed=seed,
+        engine=engine,
+        engine_reason=why,
+    )
     heads.meta.update(meta)
     return SinkReport(heads=heads, layers=layers, positions=positions, tokens=tokens, massive=massive, meta=meta)

@@ -1,0 +1,171 @@
+""":func:`head_atlas`: run every per-head analysis of a model and gather them into an :class:`Atlas`.
+
+The atlas runs, on seeded probes: the head scores with their CIs on repeated random tokens
+(:func:`interp.heads.head_scores`), the sink report on random tokens
+(:func:`interp.sinks.sink_scores`), the exact single-head ablation sweep and Michel et al.'s
+gradient importance on the in-context loss of the repeated probe, pruning curves, and every
+head's attention pattern on one short repeated sequence. The optional parts are registered in
+:data:`PARTS`; those named in ``skip`` are left out.
+
+This module sits above the atlas and its page: it builds the :class:`Atlas` (data) and hands it
+the page's renderer, so ``atlas.save(dir)`` writes the HTML without the atlas importing it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from interp.config import RunConfig, run_header
+from interp.errors import UsageError
+from interp.heads import head_scores, uniform_baselines
+from interp.models import describe
+from interp.probes import random_tokens, repeated_tokens
+from interp.registry import Registry
+from interp.report.atlas import Atlas
+from interp.report.page import render_atlas
+from interp.report.patterns import attention_patterns
+from interp.report.roles import THRESHOLD, role_columns, role_table
+from interp.scores import HeadScores
+
+# The parts of the atlas a run may leave out (``skip=``, ``--skip``); the head scores are always there.
+PARTS: Registry[str] = Registry("atlas part")
+PARTS.add("sinks", "the sink report on random tokens (first-token mass, Sink^eps per layer)")
+PARTS.add("exact", "the exact single-head ablation sweep")
+PARTS.add("gradient", "Michel et al.'s gradient importance")
+PARTS.add("pruning", "pruning curves (gradient, exact and random orders)")
+PARTS.add("patterns", "the attention-pattern viewer")
+
+ABLATION_PARTS = ("exact", "gradient", "pruning")
+
+
+def head_atlas(
+    model: Any,
+    *,
+    config: RunConfig | None = None,
+    batch: int = 10,
+    seq_len: int = 50,
+    repeats: int = 2,
+    sink_batch: int = 16,
+    sink_seq_len: int = 64,
+    ablation: str = "mean",
+    threshold: float = THRESHOLD,
+    view_len: int = 12,
+    view_heads: list[str] | None = None,
+    skip: tuple[str, ...] | list[str] = (),
+    seed: int | None = None,
+    progress: bool | None = None,
+) -> Atlas:
+    """Run every per-head analysis of ``model`` and gather them into an :class:`Atlas`.
+
+    ``config`` (a :class:`~interp.config.RunConfig`; ``seed=`` and ``progress=`` override it) sets
+    the bootstrap, seed, minibatch, progress and engine of the head scores and the sink report; the
+    ablation parts take its seed and progress.
+    """
+    cfg = RunConfig.of(config, **{k: v for k, v in {"seed": seed, "progress": progress}.items() if v is not None})
+    skip = list(skip)
+    unknown = sorted(set(skip) - set(PARTS))
+    if unknown:
+        raise UsageError(f"cannot skip {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    if not 0 < threshold < 1:
+        raise UsageError(f"the role threshold must be between 0 and 1, got {threshold}")
+    info = describe(model)
+    bad = [h for h in view_heads or [] if h not in set(info.head_labels())]
+    if bad:
+        raise UsageError(
+            f"no head {', '.join(bad)} in this model: heads are LAYER.HEAD, up to {info.head_labels()[-1]}"
+        )
+    run = dict(
+        n_boot=cfg.n_boot,
+        level=cfg.level,
+        seed=cfg.seed,
+        minibatch=cfg.minibatch,
+        progress=cfg.progress,
+        engine=cfg.engine,
+        budget=cfg.budget,
+    )
+    probe = repeated_tokens(model, batch=batch, block_len=seq_len, n_repeats=repeats, seed=cfg.seed)
+    scores = head_scores(model, probe, **run)
+    baselines = uniform_baselines(probe)
+    extra: dict[str, HeadScores] = {}
+    meta = run_header(
+        info,
+        probe,
+        ci_level=scores.meta["ci_level"],
+        seed=cfg.seed,
+        threshold=threshold,
+        skipped=sorted(set(skip)),
+    )
+    atlas = Atlas(roles=pd.DataFrame(), baselines=baselines, meta=meta, render=render_atlas)
+    if "sinks" not in skip:
+        from interp.sinks import sink_scores
+
+        sink_probe = random_tokens(model, batch=sink_batch, seq_len=sink_seq_len, seed=cfg.seed)
+        atlas.sinks = sink_scores(model, sink_probe, **run)
+        extra[""] = HeadScores(
+            atlas.sinks.heads.table[["layer", "head", "first_mass", "first_mass_lo", "first_mass_hi"]]
+        )
+        baselines["first_mass"] = float(atlas.sinks.meta["uniform_first_mass"])
+        meta.update(sink_probe=sink_probe.meta, epsilon=atlas.sinks.meta["epsilon"], sink_rate=atlas.sinks.sink_rate)
+    if set(ABLATION_PARTS) - set(skip):
+        _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra)
+    atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
+    if "patterns" not in skip:
+        atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed)
+    return atlas
+
+
+def _ablations(
+    atlas: Atlas, model: Any, probe: Any, ablation: str, skip: Any, seed: int, progress: bool, extra: dict
+) -> None:
+    from interp.ablation import builtin_metric, exact_sweep, gradient_importance, pruning_curves
+
+    # decoders: the loss on the repeated half; encoders (no next token): the pooled output's cosine to the clean one
+    metric = builtin_metric("incontext" if probe.causal else "pooled-cos", probe)
+    common = dict(ablation=ablation, seed=seed, progress=progress)
+    atlas.meta.update(metric=metric.name, ablation=ablation)
+    if "exact" not in skip:
+        atlas.exact = exact_sweep(model, probe, metric, **common)
+        extra["exact_"] = HeadScores(atlas.exact.table[["layer", "head", "importance"]])
+        atlas.meta["clean_metric"] = atlas.exact.meta.get("clean_metric")
+    if "gradient" not in skip:
+        atlas.gradient = gradient_importance(model, probe, metric, **common)
+        extra["gradient_"] = HeadScores(atlas.gradient.table[["layer", "head", "importance"]])
+    if "pruning" not in skip:
+        orders = [o for o in ("gradient", "exact") if o not in skip] + ["random"]
+        atlas.pruning = pruning_curves(model, probe, metric, orders=orders, random_seeds=(seed,), **common).table
+
+
+def _pattern_view(model: Any, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int) -> dict:
+    from interp.sinks import token_texts
+
+    probe = repeated_tokens(model, batch=1, block_len=view_len, n_repeats=2, seed=seed + 1)
+    ids = probe.tokens[0]
+    patterns = attention_patterns(model, ids).numpy()
+    names = token_texts(model, probe, sorted(set(ids.tolist())))
+    labels = set(roles["label"])
+    if view_heads:
+        bad = [h for h in view_heads if h not in labels]
+        if bad:
+            raise UsageError(
+                f"no head {', '.join(bad)} in this model: heads are LAYER.HEAD, e.g. {roles['label'].iloc[-1]}"
+            )
+        selected = list(dict.fromkeys(view_heads))
+    else:
+        selected = []
+        for col in role_columns():
+            if col in roles and roles[col].notna().any():
+                best = roles.sort_values([col, "layer", "head"], ascending=[False, True, True], kind="mergesort")
+                selected.append(best["label"].iloc[0])
+        selected = list(dict.fromkeys(selected))
+    return {
+        "tokens": [names[int(t)] for t in ids.tolist()],
+        "patterns": np.round(patterns, 3),
+        "selected": selected,
+        "probe": probe.meta,
+    }
+
+
+__all__ = ["PARTS", "head_atlas"]

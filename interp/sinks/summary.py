@@ -1,0 +1,92 @@
+"""The text summary of a :class:`~interp.sinks.report.SinkReport`, as ``interp sinks`` prints it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from interp.probes import TokenProbe
+from interp.scores import format_table
+
+if TYPE_CHECKING:
+    from interp.sinks.report import SinkReport
+
+
+def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: float | None = None) -> str:
+    """The text ``interp sinks`` prints: the run, Sink^eps per layer, the top sink heads, sink roles
+    and tokens, and the largest massive activations (``top`` rows each)."""
+    m = report.meta
+    scored = "" if elapsed is None else f"; scored in {elapsed:.2f}s"
+    first, eps = m["first_token"], m["epsilon"]
+    framing = probe.meta.get("framing", [])
+    shape = "+".join(
+        [f for f in framing if f != "[SEP]"]
+        + [str(probe.body_end - probe.body_start)]
+        + [f for f in framing if f == "[SEP]"]
+    )
+    what = "random tokens" if probe.meta.get("kind") == "random_tokens" else f"text from {probe.meta.get('source')}"
+    sep = m["sep_position"] is not None
+    lines = [
+        f"{m['model']} ({'causal' if m['causal'] else 'encoder'}, {m['n_layers']} layers x {m['n_heads']} "
+        f"heads); probe: {probe.batch} x ({shape}) tokens of {what}, seed {m['seed']}{scored}",
+        f"first token = {first}"
+        + (f"; [SEP] at position {m['sep_position']}" if sep else "")
+        + f"; a uniform head gives the first token {m['uniform_first_mass']:.3f}",
+        f"engine: {m['engine_reason']}",
+        "",
+        f"Sink_0^eps (eps = {eps}): {m['sink_rate']:.1%} of heads put more than {eps} on the first token"
+        + (f"; {m['sep_sink_rate']:.1%} on [SEP]" if sep else ""),
+        "per layer: Sink^eps; largest |residual| and outlier ratio max|x|/median|x| at sink positions vs elsewhere:",
+    ]
+    lay = report.layers
+    cols = (
+        ["layer", "sink_heads", "sink_share"]
+        + (["sep_sink_heads", "sep_sink_share"] if sep else [])
+        + ["resid_top1", "outlier_ratio_sink", "outlier_ratio_other", "n_massive"]
+    )
+    lines += [lay[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"), ""]
+
+    ranked = report.heads.rank("first_mass", top=top)
+    score_cols = (
+        ["first_mass"]
+        + (["sep_mass"] if sep else [])
+        + ["confidence", "confidence_no_first", "value_norm_ratio", "first_mass_by_norm"]
+    )
+    lines += [
+        f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
+        format_table(ranked, score_cols, ci=["first_mass"]),
+        "",
+    ]
+
+    roles = report.roles()
+    if len(roles):
+        lines += [
+            "attention drawn by role (x uniform): "
+            + ", ".join(f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"]))
+        ]
+    toks = report.tokens.head(top)
+    if len(toks):
+        lines += [
+            f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
+            f"or a head dumps > {eps} on it):",
+            toks.assign(token=toks["token"].map(repr))[
+                ["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share", "is_sink"]
+            ].to_string(index=False, float_format=lambda v: f"{v:.2f}"),
+            "",
+        ]
+
+    mas = report.massive.head(top)
+    limits = f"|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the median of its hidden state"
+    if len(mas):
+        lines += [
+            f"largest {len(mas)} of {m['n_massive']} massive activations ({limits}):",
+            mas.assign(token=mas["token"].map(repr))[
+                ["layer", "sequence", "position", "token", "dim", "value", "magnitude_ratio", "on_sink"]
+            ].to_string(index=False, float_format=lambda v: f"{v:.1f}"),
+        ]
+    else:
+        i = int(lay["resid_top1"].to_numpy().argmax())
+        lines.append(f"no massive activations ({limits}); largest |x| {lay['resid_top1'].iloc[i]:.3g} at layer {i}")
+    return "\n".join(lines)
+
+
+__all__ = ["sink_summary"]
