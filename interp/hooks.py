@@ -1,19 +1,15 @@
 """Hook names: TransformerLens's, on the bridge and on the toy alike, and :func:`layer_of`.
 
 Running a model with reducers (stopping early, freeing kept patterns) is the model adapters' job:
-:func:`interp.adapters.run_with_reducers`, also importable from here under its old name.
+:func:`interp.adapters.run_with_reducers`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from interp.adapters import run_with_reducers
-    from interp.adapters.bridge import keeps_patterns, release_kept_pattern
 
 Hook = Callable[[Tensor, Any], Any]
 
@@ -56,37 +52,13 @@ def layer_of(hook: Any) -> int:
     return int(name.split(".")[1])
 
 
-# --------------------------------------------------------------------------------------------
-# the runner lives with the model adapters; these names stay importable from here
-
-
-_MOVED = {  # name -> where it lives now
-    "run_with_reducers": "interp.adapters",
-    "keeps_patterns": "interp.adapters.bridge",
-    "release_kept_pattern": "interp.adapters.bridge",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """``interp.hooks.run_with_reducers`` and kin, resolved on first use from :mod:`interp.adapters`
-    (which imports the hook names above, so this module cannot import it back at load time)."""
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "Hook",
     "k_hook",
-    "keeps_patterns",
     "layer_of",
     "pattern_hook",
     "q_hook",
-    "release_kept_pattern",
     "resid_post_hook",
-    "run_with_reducers",
     "v_hook",
     "z_hook",
 ]

@@ -20,9 +20,10 @@ from interp.ablation import (
     train_gates,
 )
 from interp.ablation.pruning import spearman
+from interp.adapters import run_with_reducers
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
-from interp.hooks import pattern_hook, run_with_reducers
+from interp.hooks import pattern_hook
 from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.toy import ToyConfig, ToyTransformer

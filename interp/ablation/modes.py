@@ -17,9 +17,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.ablation.settings import checked
-from interp.adapters import HookedModel
+from interp.adapters import HookedModel, run_with_reducers
 from interp.errors import AblationError
-from interp.hooks import run_with_reducers, z_hook
+from interp.hooks import z_hook
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
 from interp.registry import Registry

@@ -27,10 +27,10 @@ from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.settings import checked, replay_choice, run_config
 from interp.ablation.shortcuts import head_outputs, reused_attention, trimmed_mlp
-from interp.adapters import HookedModel
+from interp.adapters import HookedModel, release_kept_pattern, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import AblationError
-from interp.hooks import release_kept_pattern, resid_post_hook, run_with_reducers, z_hook
+from interp.hooks import resid_post_hook, z_hook
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.registry import Registry

@@ -8,7 +8,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.hooks import layer_of, pattern_hook, run_with_reducers
+from interp.adapters import run_with_reducers
+from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 
 

@@ -46,7 +46,7 @@ Memory: the hooks reduce each layer's ``[batch, head, T, T]`` pattern to per-key
 maxima as it is produced, value vectors to their norms and residuals to per-position maxima and
 medians (plus the few massive entries): everything kept across layers is linear in ``T``. The
 forward pass stops after the last layer's residual output. (The TransformerBridge itself keeps
-each layer's pattern on its attention module; :func:`interp.hooks.run_with_reducers` drops it once the layer
+each layer's pattern on its attention module; :func:`interp.adapters.run_with_reducers` drops it once the layer
 is done, see ``analyses/bench_sinks.py``.)
 """
 
