@@ -66,7 +66,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
 }
 
-# the circles the issue names that are still here, being removed on other branches (see the xfail)
+# the circles still in the graph, which the design refactor removes (see the xfail below)
 KNOWN = {
     ("interp.probes.probe", "interp.probes.user"),
     ("interp.probes.user", "interp.probes.draw"),
@@ -248,8 +248,8 @@ def test_the_graph_sees_lazy_imports_and_skips_type_checking(tmp_path):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="the probes circle and sinks/stats <-> stream/engine (KNOWN) are being removed on other "
-    "branches; switch this on once they are merged",
+    reason="known circles (KNOWN): the probes circle and sinks/stats <-> stream/engine; "
+    "drop this mark once they are gone",
 )
 def test_no_import_cycles_and_every_import_runs_down():
     edges = graph()
