@@ -32,18 +32,9 @@ import os
 import time
 
 import torch
+from _common import random_gpt2
 
 TARGETS = {"exact[incontext]": 0.6, "exact[last]": 0.45, "gradient": 1 / 30}
-
-
-def build(n_layer: int | None):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from interp.models import from_hf_model
-
-    torch.manual_seed(0)
-    cfg = GPT2Config() if n_layer is None else GPT2Config(n_layer=n_layer)
-    return from_hf_model(GPT2LMHeadModel(cfg).eval(), name="gpt2-small-random")
 
 
 def macs_floor(cfg, seq_len: int, n_read: int) -> float:
@@ -115,7 +106,7 @@ def main() -> None:
     from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_logit_diff, incontext_loss
     from interp.probes import repeated_tokens
 
-    model = build(4 if args.quick else None)
+    model = random_gpt2(4 if args.quick else None)
     probe = repeated_tokens(model, batch=args.batch, block_len=args.block, n_repeats=2, seed=0)
     incontext, last = incontext_loss(probe), incontext_logit_diff(probe)
     with torch.no_grad():  # warm-up: lazy initialisation is nobody's cost

@@ -32,21 +32,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import random_gpt2
+
 
 def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from interp import distributed
     from interp.ablation import exact_sweep, incontext_loss
-    from interp.models import from_hf_model
     from interp.probes import repeated_tokens
 
     distributed.start("cpu")
-    torch.manual_seed(0)
-    model = from_hf_model(GPT2LMHeadModel(GPT2Config(n_layer=args.layers)).eval(), name="gpt2-small-random")
+    model = random_gpt2(args.layers)
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=2, seed=0)
     metric = incontext_loss(probe)
     distributed.check_in("building the model")  # a barrier: every rank starts the clock together

@@ -20,31 +20,17 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _common import child_env, peak_growth
 
 from interp.toy.flash import blockwise_attention
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU_SHAPE = dict(batch=1, heads=4, d_head=64)  # fp32
 BLOCK = inspect.signature(blockwise_attention).parameters["block_size"].default  # the tile the model uses
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # kB
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current resident set
 
 
 def cpu_worker(method: str, n: int, repeats: int, threads: int) -> dict:
@@ -64,10 +50,7 @@ def cpu_worker(method: str, n: int, repeats: int, threads: int) -> dict:
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }[method]
     with torch.no_grad():
-        _reset_peak()
-        baseline = _status_bytes("VmRSS")
-        out = run()  # the first call sets the peak
-        peak = _status_bytes("VmHWM") - baseline
+        out, peak = peak_growth(run)  # the first call sets the peak
         times = []
         for _ in range(repeats):
             del out
@@ -92,8 +75,7 @@ def cpu_sweep(lengths: list[int], repeats: int, threads: int) -> list[dict]:
                 "--threads",
                 str(threads),
             ]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-            result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+            result = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), check=True)
             rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
             print(
                 f"  n={n:5d} {method:9s} {rows[-1]['seconds'] * 1e3:9.1f} ms  {rows[-1]['peak_bytes'] / 2**20:8.1f} MiB",

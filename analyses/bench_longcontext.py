@@ -12,7 +12,7 @@ Llama-style model built in-process (2 layers, d_model 128, 4 heads, 2 K/V heads,
 Each (method, T) runs in a fresh subprocess. After the model and probe are built the worker caps its
 own address space at its current size plus ``--mem-limit-gib`` (default 8), so a method that needs
 more fails with an allocation error, reported as OOM, instead of swapping the machine. Reported: the
-process's peak resident set (``ru_maxrss``), its growth over the call, and the wall time of the call.
+process's peak resident set (``VmHWM``), its growth over the call, and the wall time of the call.
 A table is printed and written with a plot (memory and time against T) under ``--out``.
 
     python analyses/bench_longcontext.py --quick          # T = 1K .. 8K
@@ -24,62 +24,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import child_env, llama_model, save_tiny_llama, status_bytes
+
 METHODS = ("pattern", "stream", "tl-cache")
 SHAPE = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, n_positions=65536, vocab=32000)
 
 
 def build_model(seed: int = 0):
     """The tiny random Llama-style model, as an ``transformers`` model (random weights, no download)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        num_hidden_layers=SHAPE["n_layers"],
-        hidden_size=SHAPE["d_model"],
-        num_attention_heads=SHAPE["n_heads"],
-        num_key_value_heads=SHAPE["n_kv_heads"],
-        intermediate_size=2 * SHAPE["d_model"],
-        max_position_embeddings=SHAPE["n_positions"],
-        vocab_size=SHAPE["vocab"],
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return llama_model(**SHAPE, seed=seed)
 
 
 def save_model(directory: Path) -> Path:
     """The model and a word-level tokenizer (``w1 .. w31999``), saved for ``--model DIR``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    build_model().save_pretrained(directory)
-    words = {"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, SHAPE["vocab"])}}
-    tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    special = "<|endoftext|>"
-    PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token=special, eos_token=special, unk_token=special
-    ).save_pretrained(directory)
-    return directory
-
-
-def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return save_tiny_llama(directory, **SHAPE)
 
 
 def _cap_address_space(extra_bytes: int) -> None:
-    with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (size + extra_bytes, resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_AS, (status_bytes("VmSize") + extra_bytes, resource.RLIM_INFINITY))
 
 
 def worker(method: str, T: int, threads: int, mem_limit: int) -> dict:
@@ -93,7 +61,7 @@ def worker(method: str, T: int, threads: int, mem_limit: int) -> dict:
 
     model = from_hf_model(build_model(), name="llama-tiny-64k")
     probe = random_tokens(model, batch=1, seq_len=T - 1)  # BOS + T - 1
-    before = _rss_bytes()
+    before = status_bytes("VmHWM")
     _cap_address_space(mem_limit)
     start = time.perf_counter()
     try:
@@ -110,7 +78,7 @@ def worker(method: str, T: int, threads: int, mem_limit: int) -> dict:
             raise
         return {"method": method, "T": T, "oom": True, "base_rss": before}
     seconds = time.perf_counter() - start
-    peak = _rss_bytes()
+    peak = status_bytes("VmHWM")
     return {
         "method": method,
         "T": T,
@@ -125,8 +93,7 @@ def worker(method: str, T: int, threads: int, mem_limit: int) -> dict:
 
 def sweep(lengths: list[int], methods: list[str], threads: int, mem_limit: int) -> list[dict]:
     rows = []
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = child_env(OMP_NUM_THREADS=str(threads))
     for T in lengths:
         for method in methods:
             cmd = [sys.executable, __file__, "--worker", method, str(T), "--threads", str(threads)]

@@ -33,30 +33,20 @@ import tempfile
 import time
 
 import torch
+from _common import GPT2_SMALL, peak_growth, random_gpt2, word_tokenizer
 
 METHODS = ["forward", "ours", "detect_head", "run_with_cache", "run_with_cache[patterns]", "run_with_cache[fair]"]
 HEADS = ["previous_token_head", "duplicate_token_head", "induction_head"]
 
 
 def build(quick: bool):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    from interp.models import from_hf_model
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=4) if quick else GPT2Config()
-    hf = GPT2LMHeadModel(cfg).eval()
     # A word-level tokenizer over the full vocabulary ("w123" -> 123), so detect_head can run on text.
-    words = {f"w{i}": i for i in range(cfg.vocab_size - 1)}
-    words["<|endoftext|>"] = cfg.vocab_size - 1
-    tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    vocab = GPT2_SMALL["vocab"]
     tmp = tempfile.mkdtemp(prefix="bench-tok-")
-    PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
-    ).save_pretrained(tmp)
-    return from_hf_model(hf, AutoTokenizer.from_pretrained(tmp), name="gpt2-small-random")
+    word_tokenizer(vocab, special_id=vocab - 1).save_pretrained(tmp)
+    return random_gpt2(4 if quick else None, AutoTokenizer.from_pretrained(tmp))
 
 
 def runners(model):
@@ -102,14 +92,6 @@ def runners(model):
     }
 
 
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024  # kB
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def measure_memory(method: str, quick: bool) -> None:
     """Child process: build the model, reset the peak-RSS mark, run one method, print the growth.
 
@@ -120,11 +102,8 @@ def measure_memory(method: str, quick: bool) -> None:
     run = runners(model)[method]
     with torch.no_grad():  # one-time lazy initialisation (threads, describe()) is not the method's
         model(torch.tensor([[1, 2, 3, 4]]))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_mb("VmRSS")
-    run()
-    print(json.dumps({"method": method, "peak_mb": _status_mb("VmHWM") - base}))
+    _, peak = peak_growth(run)
+    print(json.dumps({"method": method, "peak_mb": peak / 2**20}))
 
 
 def main() -> None:

@@ -35,26 +35,9 @@ import os
 import sys
 
 import torch
+from _common import can_reset_peak, peak_growth, random_gpt2
 
 METHODS = ("sinks", "sinks[1 layer]", "cache", "bare")
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def build(n_layer: int | None):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from interp.models import from_hf_model
-
-    torch.manual_seed(0)
-    cfg = GPT2Config() if n_layer is None else GPT2Config(n_layer=n_layer)
-    return from_hf_model(GPT2LMHeadModel(cfg).eval(), name="gpt2-small-random")
 
 
 class _Stop(Exception):
@@ -102,13 +85,9 @@ def measure(method: str, model, probe, warm) -> float:
             os.close(read)
             run_method(method, model, warm)
             gc.collect()
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset the high-water mark to the current resident set
-            before = _status_kb("VmRSS")
-            result = run_method(method, model, probe)
-            peak = _status_kb("VmHWM") - before
+            result, peak = peak_growth(lambda: run_method(method, model, probe))
             del result
-            os.write(write, json.dumps({"peak_mb": peak / 1024}).encode())
+            os.write(write, json.dumps({"peak_mb": peak / 2**20}).encode())
         except BaseException as e:  # report, never fall back into the parent's code
             os.write(write, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
             code = 1
@@ -130,7 +109,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layers", type=int, default=None, help="GPT-2 layers (default 12)")
     args = p.parse_args()
-    if not os.path.exists("/proc/self/clear_refs"):
+    if not can_reset_peak():
         sys.exit("this benchmark reads peak memory from Linux's /proc/self/{clear_refs,status}")
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         # glibc raises its mmap threshold as large blocks are freed, after which freed tensors stay
@@ -146,7 +125,7 @@ def main() -> None:
     n_layer = args.layers if args.layers is not None else (4 if args.quick else None)
     default = "64,128,256" if args.quick else "128,256,512,1024"
     lengths = [int(t) for t in (args.lengths or default).split(",")]
-    models = {"full": build(n_layer), "one": build(1)}
+    models = {"full": random_gpt2(n_layer), "one": random_gpt2(1)}
     for m in models.values():
         describe(m)
     warm = random_tokens(models["full"], batch=args.batch, seq_len=15, seed=1)

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 VOCAB = 300
+ROOT = Path(__file__).resolve().parents[1]  # the repository: what a child process must import from
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # this is the Triton interpreter's child run
+# GPT2Config's defaults: GPT-2 small (12 layers x 12 heads, d_model 768, vocabulary 50257)
+GPT2_SMALL = dict(
+    n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab=50257, bos_token_id=50256, eos_token_id=50256
+)
 
 
-def word_tokenizer(vocab: int = VOCAB, *, bert: bool = False):
-    """A whitespace word-level tokenizer over ``w1 ... w{vocab-1}`` (plus special tokens)."""
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, with the repository first on ``PYTHONPATH``: a child
+    Python started anywhere imports this checkout's ``interp`` and ``tests``."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def word_tokenizer(vocab: int = VOCAB, *, bert: bool = False, special_id: int = 0):
+    """A whitespace word-level tokenizer over ``w0 ... w{vocab-1}`` (plus special tokens); for GPT-2
+    ``<|endoftext|>`` (BOS, EOS and unknown) takes the id ``special_id`` in place of its word."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -29,7 +45,7 @@ def word_tokenizer(vocab: int = VOCAB, *, bert: bool = False):
             sep_token="[SEP]",
             mask_token="[MASK]",
         )
-    words = {"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, vocab)}}
+    words = {"<|endoftext|>": special_id, **{f"w{i}": i for i in range(vocab) if i != special_id}}
     tk = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(
@@ -46,21 +62,19 @@ def gpt2_model(
     seed: int = 0,
     **config,
 ):
-    """A random-weight GPT-2; ``config`` sets further GPT2Config fields (e.g. ``initializer_range``)."""
+    """A random-weight GPT-2; ``config`` sets further GPT2Config fields (e.g. ``initializer_range``;
+    BOS and EOS are token 0 unless it says otherwise)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(
-        n_layer=n_layer,
-        n_head=n_head,
-        n_embd=n_embd,
-        n_positions=n_positions,
-        vocab_size=vocab,
-        bos_token_id=0,
-        eos_token_id=0,
-        **config,
-    )
+    config = {"bos_token_id": 0, "eos_token_id": 0, **config}
+    cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions, vocab_size=vocab, **config)
     return GPT2LMHeadModel(cfg).eval()
+
+
+def gpt2_small(n_layer: int = 12, seed: int = 0):
+    """GPT-2 small's architecture (:data:`GPT2_SMALL`) with random weights, ``n_layer`` blocks deep."""
+    return gpt2_model(**{**GPT2_SMALL, "n_layer": n_layer}, seed=seed)
 
 
 def bert_model(vocab: int = VOCAB, seed: int = 0, **config):

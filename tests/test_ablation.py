@@ -34,13 +34,9 @@ from interp.ablation.pruning import spearman
 from interp.hooks import z_hook
 from interp.models import describe, from_hf_model
 from interp.probes import repeated_tokens
-from tests.helpers import bert_model, gpt2_model, one_thread
+from tests.helpers import bert_model, gpt2_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,11 @@ import pytest
 import interp.ablation
 import interp.cli.common
 from interp.ablate import cli
-from tests.helpers import one_thread
 
 SMALL = ["--batch", "3", "--seq-len", "8", "--device", "cpu", "--no-progress"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture

@@ -27,13 +27,8 @@ from interp.hooks import pattern_hook
 from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.toy import ToyConfig, ToyTransformer
-from tests.helpers import one_thread
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -1,91 +1,253 @@
-"""The import graph under ``interp/``: the engine machinery and the model adapters sit below the
-analyses, with no circle among them.
+"""The import graph of ``interp``: no circles, and every import runs down a declared ladder of layers.
 
-Imports are read with ``ast`` (module level, function bodies included; ``if TYPE_CHECKING:`` blocks
-excluded, as they never run). ``interp/stream`` and ``interp/adapters`` may import only modules
-below them, never an analysis, and no import circle may pass through either package.
+Read from the source with :mod:`ast`, without importing anything. An edge is an ``import`` or
+``from ... import`` statement anywhere in a module (top level, inside a function, a lazy one), except
+under ``if TYPE_CHECKING:``, which never runs. Its target is the deepest ``interp`` module the
+statement names: ``from interp.sinks import stats`` is ``interp.sinks.stats``, ``from interp.sinks
+import sink_scores`` is the package's ``__init__`` (``interp.sinks``). Names a package ``__init__``
+hands out lazily by string (``__getattr__`` over a table of module names) are not imports and do not
+count. The facade ``interp/__init__.py`` is exempt: it names the whole public API and imports
+nothing at import time.
+
+``LAYERS`` declares each top-level module or package's floor; an import must go to a lower floor,
+or stay inside its own package (those edges are still checked for circles).
 """
 
+from __future__ import annotations
+
 import ast
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "interp"
-LOW = ("interp.stream", "interp.adapters")
-ALLOWED_BELOW = (  # what the machinery may use
-    "interp.stream",
-    "interp.adapters",
-    "interp.errors",
-    "interp.hooks",
-    "interp.models",
-    "interp.kernels",
-    "interp.config",
-    "interp.registry",
-    "interp.toy",
-)
+PACKAGE = Path(__file__).resolve().parents[1] / "interp"
+FACADE = "interp"
+
+# the floor of each module or package under interp/, by its dotted name below interp (the longest
+# name that matches counts): an import must go to a strictly lower floor or stay in its own package
+LAYERS: dict[str, int] = {
+    # entry points: `python -m interp`, `python -m interp.ablate`, ...
+    "__main__": 13,
+    "ablate": 13,
+    "induction": 13,
+    "report.__main__": 13,
+    "sinks.__main__": 13,
+    # the command lines
+    "cli": 12,
+    # the atlas: it reads every analysis
+    "report": 11,
+    # the analyses
+    "heads": 10,
+    "sinks": 10,
+    "ablation": 10,
+    "retrieval": 10,
+    # the long-context machinery the analyses run on: capture, blockwise passes, driver, budget
+    "stream": 9,
+    # what the analyses run on: probes, and the texts they are drawn from
+    "probes": 8,
+    "texts": 7,
+    # models: loading them, the adapters behind one interface, the bundled toy (it draws its training)
+    "models": 6,
+    "adapters": 5,
+    "toy": 4,
+    # result tables (each draws its own figure), the figures they draw (typed against them only for
+    # checkers), and the kernels
+    "scores": 3,
+    "plots": 2,
+    "kernels": 2,
+    # plumbing every layer may use
+    "hooks": 1,
+    "_io": 1,
+    "registry": 1,
+    "config": 1,
+    "distributed": 1,
+    "browser": 1,
+    "_lazy": 1,
+    "errors": 0,
+}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__``)."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
     )
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The ``interp`` modules ``path`` imports (a ``from pkg import sub`` counts ``pkg.sub``)."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
-    return {m for m in found if m in modules}
+def statements(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements under ``node`` at any depth, skipping ``if TYPE_CHECKING:`` bodies."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+        return
+    if isinstance(node, ast.If) and is_type_checking(node.test):
+        children = node.orelse
+    else:
+        children = list(ast.iter_child_nodes(node))
+    for child in children:
+        yield from statements(child)
 
 
+def resolve(dotted: str) -> str | None:
+    """The deepest package module ``dotted`` names (``interp.sinks.sink_scores`` -> ``interp.sinks``)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in modules():
+            return name
+    return None
+
+
+def targets(name: str, stmt: ast.Import | ast.ImportFrom) -> Iterator[str]:
+    if isinstance(stmt, ast.Import):
+        dotted = [alias.name for alias in stmt.names]
+    else:
+        base = stmt.module or ""
+        if stmt.level:  # relative: from the module's own package, up level - 1 packages
+            package = name.split(".") if modules()[name].name == "__init__.py" else name.split(".")[:-1]
+            anchor = package[: len(package) - (stmt.level - 1)]
+            base = ".".join([*anchor, *([base] if base else [])])
+        dotted = [f"{base}.{alias.name}" for alias in stmt.names]
+    for d in dotted:
+        target = resolve(d)
+        if target is not None:
+            yield target
+
+
+@cache
 def graph() -> dict[str, set[str]]:
-    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
-    return {name: imports_of(path, set(paths)) - {name} for name, path in paths.items()}
+    """module -> the package modules it imports (the facade's edges, in or out, left out)."""
+    edges: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        if name == FACADE:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found = {t for stmt in statements(tree) for t in targets(name, stmt)}
+        edges[name] = found - {name, FACADE}
+    return edges
 
 
-def cycles_through(g: dict[str, set[str]], start: str) -> list[list[str]]:
-    """Import circles that pass through ``start`` (a parent package importing its own submodule
-    and that submodule importing a sibling through the package is how packages load; skipped)."""
-    found, stack = [], [(start, [start])]
-    while stack:
-        node, path = stack.pop()
-        for nxt in g.get(node, ()):
-            if nxt == start and not path[-1].startswith(start + "."):
-                found.append(path + [start])
-            elif nxt not in path and not nxt.startswith(start + ".") and len(path) < 12:
-                stack.append((nxt, path + [nxt]))
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as a closed walk."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(walk(sorted(component), edges))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
     return found
 
 
-def test_machinery_imports_only_downward():
-    g = graph()
-    for name, deps in g.items():
-        if name.startswith(LOW):
-            upward = sorted(d for d in deps if not d.startswith(ALLOWED_BELOW))
-            assert not upward, f"{name} imports {upward}: the engine and adapters must not reach up"
+def walk(component: list[str], edges: dict[str, set[str]]) -> list[str]:
+    """A shortest circle through the component's first module, inside the component (breadth first)."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(edges[v] & members):
+                if w == start:
+                    return [*paths[v], start]
+                if w not in paths:
+                    paths[w] = [*paths[v], w]
+                    nxt.append(w)
+        frontier = nxt
+    return component  # unreachable for a strongly connected component
 
 
-def test_no_import_circle_through_the_machinery():
-    g = graph()
-    for name in g:
-        if name.startswith(LOW):
-            assert not cycles_through(g, name), (name, cycles_through(g, name)[:3])
+def top(name: str) -> str:
+    """The module or package directly under ``interp`` that ``name`` belongs to."""
+    return name.split(".")[1]
+
+
+def layer(name: str) -> int | None:
+    """``name``'s floor: the longest of its dotted prefixes (below ``interp``) that LAYERS lists."""
+    parts = name.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        found = LAYERS.get(".".join(parts[:n]))
+        if found is not None:
+            return found
+    return None
+
+
+def climbs(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Edges that leave their own package for a floor that is not strictly lower."""
+    return sorted((a, b) for a, bs in edges.items() for b in bs if top(a) != top(b) and layer(b) >= layer(a))
+
+
+def floor(name: str) -> str:
+    return f"{name} (floor {layer(name)})"
+
+
+def test_every_module_has_a_floor():
+    missing = sorted(n for n in modules() if n != FACADE and layer(n) is None)
+    assert not missing, f"add these to LAYERS in {Path(__file__).name}: {missing}"
+
+
+def test_the_graph_sees_lazy_imports_and_skips_type_checking(tmp_path):
+    """The walker itself: a lazy import counts, one under TYPE_CHECKING does not, relative ones resolve."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import tables\n"
+        "if TYPE_CHECKING:\n"
+        "    from interp.report import atlas\n"
+        "else:\n"
+        "    import interp.errors\n"
+        "def f():\n"
+        "    from ..models import describe\n"
+        "    from interp.sinks import sink_scores\n"
+    )
+    tree = ast.parse(source)
+    found = {t for stmt in statements(tree) for t in targets("interp.sinks.stats", stmt)}
+    assert found == {"interp.sinks.tables", "interp.errors", "interp.models", "interp.sinks"}
+
+
+def test_no_import_cycles_and_every_import_runs_down():
+    edges = graph()
+    lines = []
+    found = cycles(edges)
+    if found:
+        lines.append("import cycles among interp modules:")
+        for c in found:
+            inside = sorted((a, b) for a in set(c) for b in edges[a] if b in c)
+            lines.append("  " + " -> ".join(c))
+            lines.append("    its edges: " + ", ".join(f"{a} -> {b}" for a, b in inside))
+    up = climbs(edges)
+    if up:
+        lines.append("imports that do not run down the layers (LAYERS in this file):")
+        lines += [f"  {floor(a)} -> {floor(b)}" for a, b in up]
+    assert not lines, "\n".join(lines)

@@ -23,15 +23,12 @@ from interp.sinks import sink_scores
 from interp.sinks.stats import sink_statistics
 from interp.stream.blockwise import column_sums, gathered_weights, row_stats
 from interp.stream.budget import choose_engine
-from tests.helpers import VOCAB, llama_model, one_thread
+from tests.helpers import VOCAB, llama_model
 
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -6,33 +6,20 @@ TRITON_INTERPRET=1; the `interp_*` tests run only there. GPU timings are not mea
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import one_thread
+from tests.helpers import INTERPRETING, one_thread
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the child run")
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (pip install -e '.[gpu]')")
-def test_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_", __file__],
-        env=env, cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
-    assert " passed" in child.stdout and "skipped" not in child.stdout.splitlines()[-1], child.stdout[-2000:]
+def test_kernels_under_the_interpreter(triton_interpreter):
+    triton_interpreter(__file__)
 
 
 @needs_interpreter

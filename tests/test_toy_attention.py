@@ -11,14 +11,8 @@ import torch.nn.functional as F
 
 from interp.toy.attention import Attention, AttentionShape, LatentAttention, reference_attention
 from interp.toy.flash import blockwise_attention
-from tests.helpers import one_thread
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: one thread is as fast, and far faster when other jobs share the CPU."""
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}

@@ -11,14 +11,8 @@ from transformer_lens import HookedRootModule
 
 from interp.toy import ToyConfig, ToyTransformer
 from interp.toy.model import lm_cross_entropy
-from tests.helpers import one_thread
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: one thread is as fast, and far faster when other jobs share the CPU."""
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, n_ctx=64, d_vocab=50)

@@ -15,14 +15,8 @@ from interp.toy.train import (
     second_repeat_loss,
     train,
 )
-from tests.helpers import one_thread
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: one thread is as fast, and far faster when other jobs share the CPU."""
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_repeated_blocks_repeat_by_content_with_random_periods():

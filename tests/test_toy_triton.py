@@ -8,19 +8,16 @@ the `gpu` tests run the compiled kernel in this process.
 """
 
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from interp.toy.flash import HAS_TRITON  # importable Triton (an absent or broken one is False)
-from tests.helpers import one_thread
+from tests.helpers import INTERPRETING, ROOT, child_env
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interpreter = pytest.mark.skipif(
     not (INTERPRETING and HAS_TRITON),
     reason="runs in the TRITON_INTERPRET=1 child" if HAS_TRITON else "Triton is not installed (pip install triton)",
@@ -29,11 +26,7 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and Triton")
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors: one thread is as fast, and far faster when other jobs share the CPU."""
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
@@ -41,16 +34,8 @@ HEADS = {"MHA": (4, 4), "GQA": (4, 2), "MQA": (4, 1)}
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the child run")
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (pip install triton)")
-def test_kernel_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}  # small ops: threads only wait
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_", __file__],
-        env=env, cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
-    assert " passed" in child.stdout and "skipped" not in child.stdout.splitlines()[-1], child.stdout[-2000:]
+def test_kernel_under_the_interpreter(triton_interpreter):
+    triton_interpreter(__file__)
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the child run")
@@ -77,10 +62,8 @@ else:
 expected = "triton_attention needs Triton, which is not installed: pip install triton (the 'gpu' extra of interp)"
 assert message == expected, message
 """
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    child = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    env = child_env(OMP_NUM_THREADS="1")
+    child = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]
 
 
