@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -240,6 +241,38 @@ _FAMS = [
         windows=(WINDOW, None),
         has_sinks=True,
         notes="learned sink logits, alternating band, MoE",
+    ),
+    Family(
+        "gpt_oss_128",
+        "gpt_oss",
+        _common(
+            num_key_value_heads=2,
+            head_dim=D_HEAD,
+            sliding_window=128,
+            layer_types=["sliding_attention", "full_attention"],
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        windows=(128, None),
+        has_sinks=True,
+        notes="gpt_oss with its shipped 128-token band, longer than the probe: no mask reaches the stream engine",
+    ),
+    Family(
+        "gemma2_wide",
+        "gemma2",
+        _common(
+            num_key_value_heads=2,
+            head_dim=D_HEAD,
+            query_pre_attn_scalar=D_HEAD,
+            sliding_window=4096,
+            layer_types=["sliding_attention", "full_attention"],
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+        windows=(4096, None),
+        softcap=50.0,
+        init=0.5,
+        notes="gemma2 with its shipped 4096 window, longer than the probe: only the softcap differs from plain attention",
     ),
     Family(
         "deepseek_v3",
@@ -665,7 +698,7 @@ def check_family(family: str, *, seed: int = 0, checks: tuple[str, ...] = CHECKS
             got[int(hook.name.split(".")[1])] = p.detach().float()
 
         with torch.no_grad():
-            model.run_with_hooks(tokens, fwd_hooks=[(pattern_hook(l), grab) for l in range(info.n_layers)])
+            model.run_with_hooks(tokens, fwd_hooks=[(pattern_hook(l), grab) for l in layers])
         missing = [l for l in layers if l not in got]
         if missing:
             raise AssertionError(f"no hook_pattern for layers {missing}")
@@ -698,7 +731,12 @@ def check_family(family: str, *, seed: int = 0, checks: tuple[str, ...] = CHECKS
         "exact_sweep": sweep,
     }
     for c in checks:
-        rep.outcomes[c] = outcome_of(runs[c])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rep.outcomes[c] = outcome_of(runs[c])
+        said = sorted({_first_line(w.message) for w in caught if "interp" in str(w.filename)})
+        if said:
+            rep.facts[f"warnings_{c}"] = said
     return rep
 
 
@@ -711,6 +749,7 @@ def main(argv: list[str] | None = None) -> None:
     for n in names:
         r = check_family(n)
         print(f"| {n} | " + " | ".join(str(r.outcomes.get(c, "")) for c in CHECKS) + " |", flush=True)
+        print(f"  facts {n}: {r.facts}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
