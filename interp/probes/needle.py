@@ -48,6 +48,7 @@ All targets are kept as ``(batch, query, key)`` rows (a few per needle), never a
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -264,7 +265,7 @@ def _check_needle_len(k: int, what: str = "needle_len") -> None:
 
 
 def _check_depth(d: Any) -> float:
-    if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0 or math.isnan(d):
+    if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0.0 <= float(d) <= 1.0 or math.isnan(float(d)):
         raise UsageError(f"depth must be within [0, 1] (0: the needle opens the haystack, 1: it closes it), got {d!r}")
     return float(d)
 
