@@ -133,8 +133,8 @@ def run_cli(
     if not lead and hasattr(args, "no_progress"):
         args.no_progress = True
     try:
-        device = distributed.rank_device(args.device)
-        resolve_device(device)
+        # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
+        device = resolve_device(distributed.rank_device(args.device))
         resolve_dtype(args.dtype)
         placement = _placement(args)
         distributed.start(device if placement is None else "cpu")
