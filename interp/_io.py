@@ -2,11 +2,16 @@
 
 Every file the toolkit writes goes through :func:`atomic_write`: the content is written to a
 temporary file in the same folder and moved into place with :func:`os.replace`, so a reader never
-sees a half-written result, and a crash leaves the previous file (or nothing) behind.
+sees a half-written result, and a crash leaves the previous file (or nothing) behind. A failed write
+(a full disk) removes its temporary file and raises :class:`~interp.errors.OutputError`; a
+``kill -9`` mid-write leaves a hidden ``.<name>.<random>.tmp`` beside the target, never the target's
+name. Those are not swept away by later runs: another analysis may be writing into the same folder
+at that moment.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -20,6 +25,7 @@ from typing import Any
 from interp.errors import OutputError
 
 DATA_ENV = "INTERP_DATA_DIR"
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def bundled(name: str) -> Path:
@@ -64,7 +70,10 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OutputError(_cannot_write(path, e)) from None
     try:
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
             f.write(data)
@@ -74,10 +83,19 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk, a quota, a folder gone: one line, not a traceback
+            raise OutputError(_cannot_write(path, e)) from None
         raise
     return path
+
+
+def _cannot_write(path: Path, error: OSError) -> str:
+    why = (error.strerror or type(error).__name__).lower()
+    return f"cannot write {path}: {why}; it was not replaced (its previous content, if any, is intact): " + (
+        "free some space or pass another --out" if error.errno in _FULL else "pass a writable --out"
+    )
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

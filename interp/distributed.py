@@ -80,12 +80,18 @@ def is_main() -> bool:
 # start and stop
 
 
-def rank_device(device: str | torch.device | None) -> str | torch.device | None:
-    """The device this rank should use: ``auto``/``cuda`` become ``cuda:LOCAL_RANK`` under torchrun."""
-    if not launched():
-        return device
-    wants_cuda = device in (None, "auto") and torch.cuda.is_available()
-    if wants_cuda or str(device) == "cuda":
+def rank_device(device: str | torch.device | None) -> str | torch.device:
+    """The one device this rank computes on, every spelling resolved once (before the group starts).
+
+    ``None``/``"auto"``: ``cuda:LOCAL_RANK`` under torchrun (``cuda`` alone) when CUDA is there, else
+    ``cpu``; ``"cuda"`` under torchrun: ``cuda:LOCAL_RANK`` (each rank its own GPU). Anything else is
+    returned as given (``cpu``, ``cuda:N``, ``mps``; :func:`interp.models.resolve_device` checks it).
+    """
+    if device is None or str(device) == "auto":
+        if not torch.cuda.is_available():
+            return "cpu"
+        return f"cuda:{local_rank()}" if launched() else "cuda"
+    if launched() and str(device) == "cuda":
         return f"cuda:{local_rank()}"
     return device
 

@@ -157,7 +157,48 @@ def _load_local_dir(path: Path, dev: torch.device, dt: torch.dtype, placement: d
             f"{path} has a config.json but no weights ({', '.join(_WEIGHT_FILES[:2])}): "
             "save the model with model.save_pretrained(dir), or pass a Hub name."
         )
-    return _boot(str(path), dev, dt, placement, what=f"the local directory {path}")
+    _check_safetensors(path)
+    try:
+        return _boot(str(path), dev, dt, placement, what=f"the local directory {path}")
+    except ModelLoadError as e:
+        if "mismatch" not in str(e).lower():
+            raise
+        files = ", ".join(str(path / f) for f in _WEIGHT_FILES if (path / f).exists())
+        raise ModelLoadError(
+            f"the weights in {files} do not match {path / 'config.json'}: a tensor's shape differs from the "
+            "one the config asks for; save the model again with model.save_pretrained(dir), or fix the config"
+        ) from None
+
+
+def _check_safetensors(path: Path) -> None:
+    """A truncated or corrupt ``.safetensors`` file, named, before the loader says something vaguer.
+
+    Reads only each file's header (8 bytes of length, then JSON): the tensors' byte ranges must end
+    where the file ends.
+    """
+    import json
+    import struct
+
+    for file in sorted(path.glob("*.safetensors")):
+        size = file.stat().st_size
+        why = None
+        try:
+            with open(file, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8)) if size >= 8 else (None,)
+                header = json.loads(f.read(n)) if n is not None and 8 + n <= size else None
+            if header is None:
+                why = f"its {size} bytes do not hold the header it announces"
+            else:
+                end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+                if 8 + n + end != size:
+                    why = f"its tensors need {8 + n + end} bytes, the file has {size}"
+        except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+            why = f"its header cannot be read ({type(e).__name__})"
+        if why:
+            raise ModelLoadError(
+                f"{file} is truncated or corrupt: {why}. Copy or download it again "
+                "(or save the model again with model.save_pretrained(dir))."
+            )
 
 
 def _load_hub(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, Any]) -> Any:

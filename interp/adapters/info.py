@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from interp.errors import ModelLoadError
+from interp.errors import ModelLoadError, NonFiniteAttentionError
 from interp.hooks import pattern_hook
 
 
@@ -124,6 +124,11 @@ def _observe_causal(adapter: Any, d_vocab: int, special: set[int]) -> bool:
         raise ModelLoadError(
             "the model never produced blocks.0.attn.hook_pattern: its attention runs in a fused "
             "kernel. Load it with attn_implementation='eager' (interp.models.from_hf_model does)."
+        )
+    if not torch.isfinite(seen["pattern"]).all():  # else NaN would read as "attends forward": an encoder
+        raise NonFiniteAttentionError(
+            "layer 0: the attention pattern holds NaN or inf on 4 ordinary tokens; the model's weights "
+            "or its dtype make it unstable: check the weights, or try --dtype float32"
         )
     upper = torch.triu(seen["pattern"][0].float(), diagonal=1)
     return bool(upper.abs().max() < 1e-6)

@@ -12,13 +12,14 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 from interp import distributed
 from interp._io import ensure_writable_dir, writes_skipped
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
+from interp.lock import out_lock
 from interp.models import load_model, resolve_device, resolve_dtype
 from interp.scores import format_table  # noqa: F401  (the commands' summary table; it lives with the results)
 
@@ -132,15 +133,21 @@ def run_cli(
     if not lead and hasattr(args, "no_progress"):
         args.no_progress = True
     try:
-        device = distributed.rank_device(args.device)
-        resolve_device(device)
+        # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
+        device = resolve_device(distributed.rank_device(args.device))
         resolve_dtype(args.dtype)
         placement = _placement(args)
         distributed.start(device if placement is None else "cpu")
-        with distributed.interrupt_once(), _quiet(not lead, stderr=False), writes_skipped(not lead):
+        with (
+            distributed.interrupt_once(),
+            _quiet(not lead, stderr=False),
+            writes_skipped(not lead),
+            ExitStack() as held,
+        ):
             with distributed.checked("checking --out and loading the model"):
                 target = args.out or default_out(args.model, analysis)
                 out = ensure_writable_dir(target) if lead else Path(target)
+                held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
                 kwargs = {"device": device} if placement is None else placement
                 model = load_model(args.model, dtype=args.dtype, **kwargs)
             with distributed.checked(f"running {analysis}"):

@@ -1,0 +1,239 @@
+"""A run journal: long work records each finished unit under ``--out``, so a crash loses one unit.
+
+An exact sweep, a pruning curve or a gate sweep is a list of units (a head, a pruning step, a
+lambda) whose results do not depend on the order they are computed in. :class:`Journal` appends
+each finished unit as one line of ``<out>/.journal/<kind>.jsonl``, flushed and ``fsync``-ed, so a
+``kill -9``, an out-of-memory kill or a lost node leaves every unit finished before it on disk. A
+run started again with ``--resume`` reads them back (:meth:`Journal.open`), computes only the rest,
+and its numbers equal an uninterrupted run's: payloads are JSON, whose floats are written with
+``repr`` and read back bit for bit (infinities included; a NaN comes back as NaN).
+
+The file::
+
+    <crc32 of the JSON, 8 hex digits> {"journal": 1, "kind": ..., "fingerprint": {...}}
+    <crc32> {"unit": ..., "payload": ...}
+    ...
+
+Every line carries the CRC-32 of its own text: a line torn by a kill in the middle of a write (no
+newline, or a checksum that does not match) ends the valid part; it and anything after it are
+dropped on reading, and cut off the file before the next append.
+
+The first line is the run's fingerprint (:func:`fingerprint`): the arguments that affect the
+results, the model's identity (name, parameter names and shapes, each parameter's sum) and the probe's tokens. What :meth:`Journal.open` does with a journal already there:
+
+==========================  ===================================  =============================
+journal under --out         without ``--resume``                 with ``--resume``
+==========================  ===================================  =============================
+none (or only a torn        start                                start (nothing to resume:
+header)                                                          a first attempt may pass it)
+same fingerprint            refuse: ``--resume`` or ``--fresh``  continue with the units done
+another fingerprint         refuse, naming what differs          refuse, naming what differs
+==========================  ===================================  =============================
+
+``fresh=True`` (``--fresh``) deletes a journal of either kind and starts over. A refusal is a
+:class:`~interp.errors.UsageError` (exit 2, nothing written). :meth:`Journal.finish` deletes the
+journal once the final outputs are written (atomically), so a finished folder holds no journal.
+
+Under ``torchrun`` only rank 0 opens and appends (from the results gathered from every rank), so
+the ranks never race on the file; appends are skipped where :func:`interp._io.writing` is off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from interp._io import _json_default, writing
+from interp.errors import UsageError
+
+VERSION = 1
+FOLDER = ".journal"
+NOT_RESULTS = ("out", "top", "no_progress", "resume", "fresh")
+"""Flags that change where and how a run reports, never its numbers: left out of the fingerprint."""
+
+
+# --------------------------------------------------------------------------------------------
+# fingerprints
+
+
+def _sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+
+
+def run_arguments(args: Any, ignore: Iterable[str] = NOT_RESULTS) -> dict[str, Any]:
+    """The arguments that affect results: an argparse namespace (or a mapping) minus ``ignore``,
+    as JSON-ready values (so they can be shown when they differ)."""
+    values = dict(vars(args) if not isinstance(args, Mapping) else args)
+    skip = set(ignore)
+    return json.loads(json.dumps({k: v for k, v in sorted(values.items()) if k not in skip}, default=str))
+
+
+def model_identity(model: Any, name: str) -> str:
+    """A hash of the model's name, its parameters' names, shapes and dtypes, and each parameter's
+    float64 sum: one read of the weights, where they live (milliseconds on a GPU, seconds for a
+    7B model on a CPU), against runs of hours."""
+    params = list(model.named_parameters())
+    layout = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in params)
+    with torch.no_grad():
+        sums = [float(p.detach().sum(dtype=torch.float64)).hex() for _, p in params if p.device.type != "meta"]
+    return _sha(f"{name}|{layout}|{','.join(sums)}")
+
+
+def tokens_hash(tokens: torch.Tensor) -> str:
+    """A hash of a probe's token ids (shape and values)."""
+    t = tokens.detach().to("cpu", torch.int64).contiguous()
+    return _sha(f"{tuple(t.shape)}|".encode() + t.numpy().tobytes())
+
+
+def fingerprint(arguments: Mapping[str, Any], model: str, probe: str) -> dict[str, Any]:
+    """What a resumed run must share with the run it continues: ``run_arguments(args)``,
+    ``model_identity(model, name)`` and ``tokens_hash(probe.tokens)``."""
+    return {"arguments": dict(arguments), "model": model, "probe": probe}
+
+
+def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    said = []
+    a, b = old.get("arguments", {}), new.get("arguments", {})
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if changed:
+        shown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)!r} then, {b.get(k)!r} now" for k in changed)
+        said.append(f"the arguments differ ({shown})")
+    if old.get("model") != new.get("model"):
+        said.append("the model differs (another name, shape or weights)")
+    if old.get("probe") != new.get("probe"):
+        said.append("the probe's tokens differ")
+    return said
+
+
+# --------------------------------------------------------------------------------------------
+# lines
+
+
+def _line(obj: Any) -> bytes:
+    text = json.dumps(obj, default=_json_default, separators=(",", ":"), sort_keys=True)
+    data = text.encode()
+    return b"%08x %s\n" % (zlib.crc32(data), data)
+
+
+def _read_lines(path: Path) -> tuple[list[Any], int]:
+    """The valid lines' objects and the byte length of the valid prefix (a torn tail is left out)."""
+    objects: list[Any] = []
+    good = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n") or len(raw) < 10 or raw[8:9] != b" ":
+                break
+            data = raw[9:-1]
+            try:
+                if int(raw[:8], 16) != zlib.crc32(data):
+                    break
+                objects.append(json.loads(data))
+            except ValueError:
+                break
+            good += len(raw)
+    return objects, good
+
+
+def _unit(value: Any) -> Any:
+    """JSON gives lists back; units such as ``(layer, head)`` are tuples again."""
+    return tuple(_unit(v) for v in value) if isinstance(value, list) else value
+
+
+# --------------------------------------------------------------------------------------------
+# the journal
+
+
+class Journal:
+    """The journal of one kind of long work (``"exact"``, ``"prune"``, ``"gates"``, ...) under ``out``.
+
+    >>> j = Journal(out, "exact", fingerprint(run_arguments(args), model_identity(m, spec), tokens_hash(t)))
+    >>> done = j.open(resume=args.resume)          # {unit: payload} of the units already finished
+    >>> for unit in todo: j.append(unit, compute(unit))
+    >>> write_final_outputs(...); j.finish()
+    """
+
+    def __init__(self, out: str | os.PathLike, kind: str, fingerprint: Mapping[str, Any]) -> None:
+        self.path = Path(out) / FOLDER / f"{kind}.jsonl"
+        self.kind = kind
+        self.fingerprint = json.loads(json.dumps(dict(fingerprint), default=str))
+        self._done: dict[Any, Any] = {}
+        self._file: Any = None
+
+    def open(self, resume: bool = False, *, fresh: bool = False) -> dict[Any, Any]:
+        """Start or continue the journal (see the module docstring); the units already done."""
+        self._done = {}
+        if fresh:
+            self.path.unlink(missing_ok=True)
+        objects, good = _read_lines(self.path) if self.path.exists() else ([], 0)
+        if objects:
+            header = objects[0]
+            differs = _differences(header.get("fingerprint", {}), self.fingerprint)
+            if header.get("journal") != VERSION or header.get("kind") != self.kind:
+                differs = differs or ["it is not a journal this version of interp can read"]
+            if differs:
+                raise UsageError(
+                    f"{self.path} belongs to another run: {'; '.join(differs)}. "
+                    f"{'Cannot resume it: ' if resume else ''}"
+                    "use another --out, or delete the journal (or pass --fresh) to start over"
+                )
+            units = {_unit(o["unit"]): o["payload"] for o in objects[1:]}
+            if not resume:
+                raise UsageError(
+                    f"{self.path} holds {len(units)} finished unit(s) of an unfinished run with the same "
+                    "arguments, model and probe: pass --resume to continue it, or --fresh to start over"
+                )
+            self._done = units
+        if not writing():
+            return dict(self._done)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if objects:
+            with open(self.path, "r+b") as f:  # drop a torn tail before appending after it
+                f.truncate(good)
+            self._file = open(self.path, "ab")
+        else:
+            self._file = open(self.path, "wb")
+            self._write(_line({"journal": VERSION, "kind": self.kind, "fingerprint": self.fingerprint}))
+        return dict(self._done)
+
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def append(self, unit: Any, payload: Any) -> None:
+        """Record one finished unit (one line, flushed and fsync-ed before this returns)."""
+        self._done[_unit(json.loads(json.dumps(unit)))] = payload
+        if self._file is not None:
+            self._write(_line({"unit": unit, "payload": payload}))
+
+    def done(self) -> dict[Any, Any]:
+        """``{unit: payload}`` of every unit finished so far (read back, then appended)."""
+        return dict(self._done)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def finish(self) -> None:
+        """The run's outputs are written: delete the journal (and its folder when empty)."""
+        self.close()
+        if writing():
+            self.path.unlink(missing_ok=True)
+            try:
+                self.path.parent.rmdir()
+            except OSError:
+                pass
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
