@@ -49,8 +49,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.adapters import run_with_reducers
 from interp.errors import NonFiniteAttentionError, UsageError
-from interp.hooks import layer_of, pattern_hook, run_with_reducers
+from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 from interp.probes.needle import NeedleProbe, needle_probe
 from interp.scores import HeadScores, bootstrap_ratio
