@@ -63,6 +63,8 @@ LAYERS: dict[str, int] = {
     "distributed": 1,
     "browser": 1,
     "_lazy": 1,
+    "lock": 1,
+    "journal": 2,
     "errors": 0,
 }
 
