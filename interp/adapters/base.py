@@ -45,7 +45,23 @@ class HookedModel(Protocol):
 
 @dataclass
 class AttentionInputs:
-    """One layer's attention inputs as the model attends with them."""
+    """One layer's attention inputs as the model attends with them.
+
+    The logit of query ``q`` for key ``k`` is, in this order (``interp.stream.blockwise.logits_tile``
+    is the one function that applies it):
+
+    1. ``s = scale * q . k``;
+    2. ``s = softcap * tanh(s / softcap)`` when ``softcap`` is set (Gemma 2);
+    3. ``s += bias_slopes[h] * (k - q)`` when ``bias_slopes`` is set (ALiBi; a per-row constant
+       shift of Bloom's ``slope * k`` form, which the softmax does not see);
+    4. ``-inf`` where the key is masked: right of the diagonal when ``causal``, at or before
+       ``q - window`` when ``window`` is set (Hugging Face's band ``q - window < k <= q``), and at
+       padded keys where ``key_mask`` is False.
+
+    ``sink`` (GPT-OSS) is one learned logit per head that joins every row's softmax denominator
+    without being a key: ``lse = logaddexp(lse over keys, sink[h])``, so the weights on real keys
+    sum to ``1 - exp(sink[h] - lse)``, the share the sink absorbs.
+    """
 
     layer: int
     q: Float[Tensor, "batch head pos d_head"]
@@ -53,6 +69,22 @@ class AttentionInputs:
     v: Float[Tensor, "batch kv_head pos d_head"]
     scale: float
     causal: bool
+    window: int | None = None  # sliding window: keys q - window < k <= q
+    softcap: float | None = None  # logit softcapping
+    bias_slopes: Float[Tensor, " head"] | None = None  # ALiBi slopes
+    sink: Float[Tensor, " head"] | None = None  # learned sink logits, in the denominator only
+    key_mask: Bool[Tensor, "batch pos"] | None = None  # False at padded keys
+
+    @property
+    def plain(self) -> bool:
+        """No window, softcap, bias, sink or padding: the fused kernels' fast case."""
+        return (
+            self.window is None
+            and self.softcap is None
+            and self.bias_slopes is None
+            and self.sink is None
+            and self.key_mask is None
+        )
 
 
 OnAttention = Callable[[AttentionInputs], None]

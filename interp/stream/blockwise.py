@@ -22,10 +22,13 @@ pass reuses its score tile.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.adapters.base import AttentionInputs
 from interp.kernels import OnlineSoftmax, grouped, key_end, online_softmax, score_tile, ungrouped
 
 BLOCK = 512
@@ -90,4 +93,40 @@ def gathered_weights(
     return out
 
 
-__all__ = ["BLOCK", "RowStats", "column_sums", "gathered_weights", "row_stats"]
+def logits_tile(
+    a: AttentionInputs,
+    q0: int,
+    q1: int,
+    k0: int,
+    k1: int,
+) -> Float[Tensor, "batch head bq bk"]:
+    """The logits of queries ``q0:q1`` against keys ``k0:k1`` of every head, exactly as the model forms
+    them before its softmax (see :class:`~interp.adapters.AttentionInputs` for the order): scale,
+    softcap, ALiBi bias, and ``-inf`` at causal, windowed and padded keys. Float32.
+
+    The reference for every pass: a pass that skips tiles (a window's band) or fuses the steps must
+    equal this tile by tile. The sink logit is not a key and is not in the tile.
+    """
+    H, n_kv = a.q.shape[1], a.k.shape[1]
+    kv_of_head = torch.arange(H, device=a.q.device) // (H // n_kv)
+    q = a.q[:, :, q0:q1].float()
+    k = a.k[:, :, k0:k1].float()[:, kv_of_head]
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * a.scale
+    if a.softcap is not None:
+        s = torch.tanh(s / a.softcap) * a.softcap
+    qi = torch.arange(q0, q1, device=s.device)[:, None]
+    ki = torch.arange(k0, k1, device=s.device)[None, :]
+    if a.bias_slopes is not None:
+        s = s + a.bias_slopes.float().to(s.device)[:, None, None] * (ki - qi).float()
+    masked = torch.zeros(q1 - q0, k1 - k0, dtype=torch.bool, device=s.device)
+    if a.causal:
+        masked |= ki > qi
+    if a.window is not None:
+        masked |= ki <= qi - a.window
+    s = s.masked_fill(masked, -math.inf)
+    if a.key_mask is not None:
+        s = s.masked_fill(~a.key_mask[:, None, None, k0:k1].to(s.device), -math.inf)
+    return s
+
+
+__all__ = ["BLOCK", "RowStats", "column_sums", "gathered_weights", "logits_tile", "row_stats"]
