@@ -39,6 +39,7 @@ measure; the tests use this to check our numbers against the peer.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,7 +51,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp import distributed
-from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
+from interp.adapters import AttentionInputs, HookedModel, ModelInfo, describe, run_with_reducers
 from interp.config import RunConfig, run_header
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
@@ -196,7 +197,7 @@ def attention_scores(
             if float(c.sum()) == 0:
                 raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
     L, H, B = info.n_layers, info.n_heads, probe.batch
-    num = {k: torch.zeros(B, L, H) for k in targets}
+    num = {k: _absent_nan(torch.zeros(B, L, H), info) for k in targets}
     den = {k: torch.zeros(B, L, H) for k in targets}
     step = minibatch or B
     chunks = range(0, B, step)
@@ -221,8 +222,8 @@ def attention_scores(
         run_with_reducers(
             model,
             probe.tokens[sl],
-            [(pattern_hook(l), reduce) for l in range(L)],
-            stop_after=pattern_hook(L - 1),
+            [(pattern_hook(l), reduce) for l in info.attention_layers],
+            stop_after=pattern_hook(info.attention_layers[-1]),
         )
     if queries == "targets":
         for name in den:
@@ -252,7 +253,7 @@ def stream_attention_scores(
         if float(count.sum()) == 0:
             raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
         den[name] = count[:, None, None].expand(B, L, H).clone()
-    num = {name: torch.zeros(B, L, H) for name in pairs}
+    num = {name: _absent_nan(torch.zeros(B, L, H), info) for name in pairs}
 
     def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
         chunk = {}
@@ -272,6 +273,12 @@ def stream_attention_scores(
 
     run_streamed(model, probe.tokens, minibatch, progress, "scoring heads (stream)", on_chunk)
     return num, den
+
+
+def _absent_nan(num: Float[Tensor, "batch layer head"], info: ModelInfo) -> Tensor:
+    """NaN for the heads of layers without softmax attention (they have no pattern to score)."""
+    num[:, list(info.absent_layers)] = float("nan")
+    return num
 
 
 def _queries_with_target(pairs: Int[Tensor, "n 3"], batch: int) -> Float[Tensor, " batch"]:
@@ -294,6 +301,7 @@ def copying_scores(model: HookedModel) -> Float[Tensor, "layer head"]:
     See the module docstring for the exact definition.
     """
     info = describe(model)
+    check_copying(info)
     try:
         weights = [model.W_E, model.W_U, model.W_V, model.W_O]
     except NotImplementedError as e:  # TransformerLens cannot read weights offloaded to disk / meta
@@ -304,14 +312,32 @@ def copying_scores(model: HookedModel) -> Float[Tensor, "layer head"]:
     with torch.no_grad():
         dev = weights[0].device  # a model spread over devices: the embedding's (the unembedding may be elsewhere)
         W_E, W_U, W_V, W_O = (w.detach().to(dev).double() for w in weights)
-        W_V = _per_query_head(W_V, info.n_heads)  # [layer, head, d_model, d_head]
-        W_O = _per_query_head(W_O, info.n_heads)  # [layer, head, d_head, d_model]
+        W_V = _per_query_head(W_V, info.n_heads)  # [attention layer, head, d_model, d_head]
+        W_O = _per_query_head(W_O, info.n_heads)  # [attention layer, head, d_head, d_model]
         vocab = min(W_E.shape[0], W_U.shape[1])
         UE = W_U[:, :vocab] @ W_E[:vocab]  # [d_model, d_model]
         small = W_O @ UE @ W_V  # [layer, head, d_head, d_head]: same non-zero spectrum as F
         eig = torch.linalg.eigvals(small)
         score = eig.real.sum(-1) / eig.abs().sum(-1).clamp_min(1e-30)
-    return score.float()
+    if score.shape[0] == info.n_layers:
+        return score.float()
+    # a hybrid model: TransformerLens stacks the attention layers' weights only
+    full = torch.full((info.n_layers, info.n_heads), float("nan"))
+    full[list(info.attention_layers)] = score.float().cpu()
+    return full
+
+
+def check_copying(info: ModelInfo) -> None:
+    """Refuse, before any work, a model whose heads have no ``W_V`` of their own to score."""
+    if info.latent_attention:
+        raise UsageError(f"{_no_copying(info)}: pass copying=False; the attention scores are unaffected")
+
+
+def _no_copying(info: ModelInfo) -> str:
+    return (
+        f"the copying score reads each head's W_V and W_O, and {info.name} has multi-head latent attention "
+        "(values come out of a shared compressed projection, no per-head W_V)"
+    )
 
 
 def _per_query_head(w: Tensor, n_heads: int) -> Tensor:
@@ -378,7 +404,10 @@ def head_scores(
     for name in scores:
         point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
         grids.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
-    if copying:
+    if copying and info.latent_attention:  # no per-head W_V: the column says so, the rest stands
+        warnings.warn(f"{_no_copying(info)}; its copying column is NaN", stacklevel=2)
+        grids["copying"] = torch.full((info.n_layers, info.n_heads), float("nan"))
+    elif copying:
         grids["copying"] = copying_scores(model)
     meta = run_header(
         info,

@@ -274,16 +274,45 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, name: str = "external
     The model is switched to eager attention first: the fused SDPA kernels never form the pattern,
     so ``hook_pattern`` would not fire.
     """
+    import tempfile
+
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
     use_eager_attention(hf_model)
     config = hf_model.config
     architecture = (getattr(config, "architectures", None) or [type(hf_model).__name__])[0]
-    bridge = build_bridge_from_module(
-        hf_model.eval(), architecture, hf_config=config, tokenizer=tokenizer, model_name=name
-    )
+    with tempfile.TemporaryDirectory(prefix="interp-tokenizer-") as folder:
+        tokenizer = _reloadable_tokenizer(tokenizer, folder)
+        bridge = build_bridge_from_module(
+            hf_model.eval(), architecture, hf_config=config, tokenizer=tokenizer, model_name=name
+        )
     bridge.eval()
     return bridge
+
+
+def _reloadable_tokenizer(tokenizer: Any, folder: str) -> Any:
+    """``tokenizer``, or a copy saved to and loaded from ``folder`` when TransformerLens could not
+    reload it.
+
+    TransformerLens rebuilds a tokenizer that has a BOS token from its ``init_kwargs["name_or_path"]``
+    (to set ``add_bos_token``); a tokenizer built in memory has none, and TransformerLens would raise a
+    bare ``KeyError: 'name_or_path'``. The copy has one (``folder``, read while the bridge is built).
+    """
+    if tokenizer is None or getattr(tokenizer, "bos_token", None) is None:
+        return tokenizer
+    if "name_or_path" in (getattr(tokenizer, "init_kwargs", None) or {}):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer.save_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as e:  # a tokenizer class that cannot be saved or read back
+        raise ModelLoadError(
+            f"TransformerLens reloads a tokenizer that has a BOS token from its files, and this in-memory "
+            f"{type(tokenizer).__name__} could not be saved and read back ({type(e).__name__}: {e}): save it "
+            "with tokenizer.save_pretrained(dir) and pass AutoTokenizer.from_pretrained(dir)"
+        ) from None
 
 
 __all__ = [

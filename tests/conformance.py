@@ -11,7 +11,10 @@ Not a test file: the suite and the README table script import it.
   :func:`reference_sink_stats` (a few lines each, from those patterns), :func:`hf_head_ablation_delta`
   (a forward pre-hook zeroing one head's slice of the output projection's input).
 - :func:`attention_call_kwargs`: what the attention-interface function of each layer receives.
-- :func:`check_family`: every interp engine against the references, one :class:`Outcome` per check.
+- :func:`hf_gradient_importance`: Michel et al.'s importance by autograd through the Hugging Face
+  model, a gate per (sequence, head) multiplying the head's slice of the output projection's input.
+- :func:`prepare` (one family built once) and :func:`run_check` (one engine against its reference,
+  with the work done before the outcome); :func:`check_family` runs every check of a family.
 """
 
 from __future__ import annotations
@@ -341,25 +344,7 @@ def build(family: str | Family, seed: int = 0) -> tuple[Any, Any]:
                 p.copy_(torch.randn_like(p))
             elif name.endswith(("q_norm.weight", "k_norm.weight")):  # qk-norm undoes a large init
                 p.copy_(p * 4 if bool((p != 0).any()) else p + 3)  # gemma norms scale by (1 + weight)
-    return model.eval(), _tokenizer(fam.is_encoder)
-
-
-def _tokenizer(encoder: bool) -> Any:
-    """The word tokenizer, saved and reloaded: TransformerLens rebuilds a tokenizer that has a BOS
-    from its ``name_or_path`` (an in-memory one has none, and raises ``KeyError: 'name_or_path'``)."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from transformers import AutoTokenizer
-
-    tok = word_tokenizer(bert=encoder)
-    if tok.bos_token is None:
-        return tok
-    folder = tempfile.mkdtemp(prefix="conformance-tok-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    tok.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    return model.eval(), word_tokenizer(bert=fam.is_encoder)  # in memory: from_hf_model copes
 
 
 # --------------------------------------------------------------------------------------------
@@ -608,6 +593,8 @@ class Outcome:
     status: str
     error: float | None = None
     message: str = ""
+    work: int = 0  # block calls before the outcome (a refusal must come before any)
+    warnings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         if self.status in ("exact", "mismatch"):
@@ -644,6 +631,52 @@ def _max_err(a: Any, b: Any) -> float:
     return float(diff.max()) if diff.numel() else 0.0
 
 
+def hf_gradient_importance(
+    hf_model: Any,
+    tokens: Tensor,
+    metric: Callable[[Tensor, Tensor], Tensor],
+    *,
+    family: str | Family | None = None,
+) -> Tensor:
+    """Michel et al.'s importance ``[layer, head]`` (NaN for layers without attention) from the
+    Hugging Face model alone: a gate per (sequence, head) multiplies the head's slice of the output
+    projection's input; importance = mean over sequences of ``|d metric(sequence) / d gate|``."""
+    fam = _family_of(hf_model, family)
+    n_heads = _n_heads(hf_model.config)
+    B = tokens.shape[0]
+    gates: dict[int, Tensor] = {}
+    handles = []
+
+    def gate_hook(layer: int, d: int) -> Callable:
+        def pre(module: Any, args: tuple) -> tuple:
+            x = args[0]
+            g = gates[layer].repeat_interleave(d, dim=-1)[:, None, :].to(x.dtype)  # [batch, 1, H * d]
+            return (x * g, *args[1:])
+
+        return pre
+
+    for l in fam.attention_layers:
+        proj = _submodule(_submodule(hf_model, fam.attn_path.format(l=l)), fam.o_proj)
+        gates[l] = torch.ones(B, n_heads, requires_grad=True)
+        handles.append(proj.register_forward_pre_hook(gate_hook(l, _proj_in_features(proj) // n_heads)))
+    params = [p for p in hf_model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        value = metric(hf_model(tokens).logits, tokens)
+        layers = list(gates)
+        grads = torch.autograd.grad(value.sum(), [gates[l] for l in layers])
+    finally:
+        for h in handles:
+            h.remove()
+        for p in params:
+            p.requires_grad_(True)
+    out = torch.full((fam.n_layers, n_heads), float("nan"))
+    for l, g in zip(layers, grads):
+        out[l] = g.abs().mean(0)
+    return out
+
+
 @dataclass
 class FamilyReport:
     family: str
@@ -651,47 +684,92 @@ class FamilyReport:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-CHECKS = ("patterns", "scores_pattern", "scores_stream", "sinks_pattern", "sinks_stream", "exact_sweep")
+CHECKS = (
+    "patterns",
+    "scores_pattern",
+    "scores_stream",
+    "sinks_pattern",
+    "sinks_stream",
+    "exact_sweep",
+    "gradient",
+)
+STREAM_CHECKS = ("scores_stream", "sinks_stream")
 
 
-def check_family(family: str, *, seed: int = 0, checks: tuple[str, ...] = CHECKS, block_len: int = 20) -> FamilyReport:
-    """Build ``family`` twice, wrap one copy in a bridge, and compare interp's engines to the
-    references from the other copy."""
-    from interp.ablation import as_metric, exact_sweep
-    from interp.heads import head_scores
-    from interp.hooks import pattern_hook
+@dataclass
+class Setup:
+    """One family built for checking: the reference copy, the bridge over the other copy, the probe,
+    the references, and a counter of the bridge's block calls (work done)."""
+
+    family: Family
+    ref_model: Any
+    model: Any
+    probe: Any
+    ref_patterns: list[Tensor | None]
+    ref_scores: dict[str, Tensor]
+    ref_sinks: dict[str, Tensor]
+    block_calls: list[int]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def causal(self) -> bool:
+        return not self.family.is_encoder
+
+    def metric(self, logits: Tensor, tokens: Tensor) -> Tensor:
+        return token_loss(logits, tokens, self.causal)
+
+
+def prepare(family: str, *, seed: int = 0, block_len: int = 20) -> Setup:
+    """Build ``family`` twice, wrap one copy in a bridge (``from_hf_model`` with the in-memory word
+    tokenizer), draw the probe and compute the references from the other copy."""
     from interp.models import describe, from_hf_model
     from interp.probes import repeated_tokens
-    from interp.sinks import sink_scores
 
     fam = FAMILIES[family]
-    rep = FamilyReport(family)
-    ref_model, tok = build(fam, seed)
-    hf_copy, _ = build(fam, seed)
-    try:
-        model = from_hf_model(hf_copy, tok, name=family)
-        info = describe(model)
-        probe = repeated_tokens(model, batch=2, block_len=block_len, n_repeats=2, seed=seed)
-    except Exception as e:
-        o = Outcome("error", message=f"{type(e).__name__}: {_first_line(e)}")
-        rep.outcomes = {c: o for c in checks}
-        return rep
+    ref_model, _ = build(fam, seed)
+    hf_copy, tokenizer = build(fam, seed)
+    model = from_hf_model(hf_copy, tokenizer, name=family)
+    info = describe(model)
+    probe = repeated_tokens(model, batch=2, block_len=block_len, n_repeats=2, seed=seed)
     tokens = probe.tokens
     ref = hf_patterns(ref_model, tokens)
     causal = not fam.is_encoder
-    rep.facts = {
-        "seq_len": probe.seq_len,
-        "bridge_n_layers": info.n_layers,
-        "bridge_causal": info.is_causal,
-        "mean_max_weight": float(torch.stack([p.amax(-1).mean() for p in ref if p is not None]).mean()),
-    }
     body = (probe.body_start, probe.body_end)
-    special = set(probe.special_token_ids)
-    ref_scores = reference_head_scores(ref, tokens, body, special, causal)
-    ref_sinks = reference_sink_stats(ref, causal)
-    layers = list(fam.attention_layers)
+    counter = [0]
 
-    def patterns() -> float:
+    def count(module: Any, args: tuple) -> None:
+        counter[0] += 1
+
+    for block in model.blocks:
+        block.register_forward_pre_hook(count)
+    return Setup(
+        fam,
+        ref_model,
+        model,
+        probe,
+        ref,
+        reference_head_scores(ref, tokens, body, set(probe.special_token_ids), causal),
+        reference_sink_stats(ref, causal),
+        counter,
+        {
+            "seq_len": probe.seq_len,
+            "bridge_causal": info.is_causal,
+            "attention_layers": info.attention_layers,
+            "mean_max_weight": float(torch.stack([p.amax(-1).mean() for p in ref if p is not None]).mean()),
+        },
+    )
+
+
+def _largest_error(setup: Setup, check: str) -> float:
+    """Run one check of interp against the references; its largest absolute error."""
+    from interp.ablation import as_metric, exact_sweep, gradient_importance
+    from interp.heads import head_scores
+    from interp.hooks import pattern_hook
+    from interp.sinks import sink_scores
+
+    model, probe, layers = setup.model, setup.probe, list(setup.family.attention_layers)
+    tokens = probe.tokens
+    if check == "patterns":
         got: dict[int, Tensor] = {}
 
         def grab(p: Tensor, hook: Any) -> None:
@@ -699,44 +777,54 @@ def check_family(family: str, *, seed: int = 0, checks: tuple[str, ...] = CHECKS
 
         with torch.no_grad():
             model.run_with_hooks(tokens, fwd_hooks=[(pattern_hook(l), grab) for l in layers])
-        missing = [l for l in layers if l not in got]
-        if missing:
-            raise AssertionError(f"no hook_pattern for layers {missing}")
-        return max(_max_err(got[l], ref[l]) for l in layers)
-
-    def scores(engine: str) -> float:
-        hs = head_scores(model, probe, engine=engine, copying=False, n_boot=10)
-        return max(_max_err(hs.grid(k)[layers], ref_scores[k][layers]) for k in ("prev_token", "induction"))
-
-    def sinks(engine: str) -> float:
-        sr = sink_scores(model, probe, engine=engine, n_boot=10)
-        return max(_max_err(sr.grid(k)[layers], ref_sinks[k][layers]) for k in ("first_mass", "confidence"))
-
-    def sweep() -> float:
-        metric = lambda logits, toks: token_loss(logits, toks, causal)  # noqa: E731
-        res = exact_sweep(model, probe, as_metric(metric, name="token_loss"), ablation="zero")
-        got = torch.as_tensor(res.grid("delta"))
-        want = torch.full_like(got, float("nan"))
+        return max(_max_err(got[l], setup.ref_patterns[l]) for l in layers)
+    if check.startswith("scores_"):
+        hs = head_scores(model, probe, engine=check[7:], copying=False, n_boot=10)
+        return max(_max_err(hs.grid(k)[layers], setup.ref_scores[k][layers]) for k in ("prev_token", "induction"))
+    if check.startswith("sinks_"):
+        sr = sink_scores(model, probe, engine=check[6:], n_boot=10)
+        return max(_max_err(sr.grid(k)[layers], setup.ref_sinks[k][layers]) for k in ("first_mass", "confidence"))
+    metric = as_metric(setup.metric, name="token_loss")
+    if check == "exact_sweep":
+        got_sweep = torch.as_tensor(exact_sweep(model, probe, metric, ablation="zero").grid("delta"))
+        want = torch.full_like(got_sweep, float("nan"))
         for l in layers:
             for h in range(N_HEADS):
-                want[l, h] = hf_head_ablation_delta(ref_model, tokens, l, h, metric, family=fam)
-        return _max_err(got[layers], want[layers])
+                want[l, h] = hf_head_ablation_delta(setup.ref_model, tokens, l, h, setup.metric, family=setup.family)
+        return _max_err(got_sweep, want)
+    if check == "gradient":
+        got_grad = torch.as_tensor(gradient_importance(model, probe, metric).grid("importance"))
+        want = hf_gradient_importance(setup.ref_model, tokens, setup.metric, family=setup.family)
+        return _max_err(got_grad, want)
+    raise ValueError(f"unknown check {check!r}")
 
-    runs = {
-        "patterns": patterns,
-        "scores_pattern": lambda: scores("pattern"),
-        "scores_stream": lambda: scores("stream"),
-        "sinks_pattern": lambda: sinks("pattern"),
-        "sinks_stream": lambda: sinks("stream"),
-        "exact_sweep": sweep,
-    }
+
+def run_check(setup: Setup, check: str) -> Outcome:
+    """One check as an :class:`Outcome`; ``outcome.work`` is how many block calls ran before it
+    ended (a refusal must come before any), ``outcome.warnings`` what interp warned."""
+    setup.block_calls[0] = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = outcome_of(lambda: _largest_error(setup, check))
+    outcome.work = setup.block_calls[0]
+    outcome.warnings = sorted({_first_line(w.message) for w in caught if "interp" in str(w.filename)})
+    return outcome
+
+
+def check_family(family: str, *, seed: int = 0, checks: tuple[str, ...] = CHECKS, block_len: int = 20) -> FamilyReport:
+    """Every check of ``checks`` on ``family`` (see :func:`prepare` and :func:`run_check`)."""
+    rep = FamilyReport(family)
+    try:
+        setup = prepare(family, seed=seed, block_len=block_len)
+    except Exception as e:
+        o = Outcome("error", message=f"{type(e).__name__}: {_first_line(e)}")
+        rep.outcomes = {c: o for c in checks}
+        return rep
+    rep.facts = dict(setup.facts)
     for c in checks:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            rep.outcomes[c] = outcome_of(runs[c])
-        said = sorted({_first_line(w.message) for w in caught if "interp" in str(w.filename)})
-        if said:
-            rep.facts[f"warnings_{c}"] = said
+        rep.outcomes[c] = run_check(setup, c)
+        if rep.outcomes[c].warnings:
+            rep.facts[f"warnings_{c}"] = rep.outcomes[c].warnings
     return rep
 
 

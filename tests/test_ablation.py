@@ -214,10 +214,20 @@ def test_several_heads_of_one_layer_and_a_base_in_the_ablated_layer(gpt2_loud):
     assert np.abs(swept.grid("delta")[1, 1:]).min() > 1e-3  # the heads matter beside the base
 
 
-def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny):
-    """BERT's MLM logits pass a head transform the replay does not know: the self-check sees it."""
+def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny, monkeypatch):
+    """BERT's MLM logits pass a head transform (dense + gelu) before the final norm: the replay runs
+    the model's own head and is exact; read out without it (the replay's former read-out), the
+    self-check sees the difference and the sweep falls back to the loop."""
+    from interp.adapters import HookedAdapter
+
     p = repeated_tokens(bert_tiny, batch=2, block_len=6, seed=0)
     metric = as_metric(lambda logits, tokens: logits[:, 1].logsumexp(-1), name="mlm_logsumexp")
+    fast = exact_sweep(bert_tiny, p, metric, replay="fast")
+    loop = exact_sweep(bert_tiny, p, metric, replay="loop")
+    assert fast.meta["engine"] == "fast"
+    assert np.allclose(fast.grid("delta"), loop.grid("delta"), rtol=1e-3, atol=1e-6)
+    assert np.abs(loop.grid("delta")).max() > 1e-4  # well above the tolerance
+    monkeypatch.setattr(HookedAdapter, "unembed", lambda self, x: self.model.unembed(self.model.ln_final(x)))
     with pytest.warns(
         UserWarning, match="falling back to the run_with_hooks loop: replaying its blocks does not reproduce its output"
     ):

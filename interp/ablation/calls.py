@@ -3,7 +3,8 @@
 The replay runs blocks ``l .. L-1`` itself, so it must hand each block what the model
 handed it (attention masks, position ids, rotary tables, ...). Each argument is classified once, by
 recording the same model's block calls at two batch sizes: a tensor whose leading axis follows the
-batch is per sequence (``"seq"``: repeated once per batched ablation), a tensor equal in shape at
+batch (or the batch folded batch-major with another axis, as Bloom's ``[batch * head, 1, T]`` ALiBi
+bias) is per sequence (``"seq"``: repeated once per batched ablation), a tensor equal in shape at
 both sizes is shared (``"shared"``: passed as is). Containers (tuple, list, dict) are walked;
 anything else that is not a plain value makes the call unreplayable, and the replay says why.
 """
@@ -55,7 +56,7 @@ def call_plan(big: Call, small: Call, n_big: int, n_small: int) -> Any:
                 raise UnreplayableCall(f"{where} is a tensor at one batch size and not at another")
             if a.shape == b.shape:
                 return "shared"
-            if a.ndim == b.ndim >= 1 and (a.shape[0], b.shape[0]) == (n_big, n_small) and a.shape[1:] == b.shape[1:]:
+            if a.ndim == b.ndim >= 1 and a.shape[1:] == b.shape[1:] and _follows_batch(a.shape[0], b.shape[0]):
                 return "seq"
             raise UnreplayableCall(
                 f"{where} has shape {list(a.shape)} for {n_big} sequences and {list(b.shape)} for {n_small}"
@@ -73,6 +74,11 @@ def call_plan(big: Call, small: Call, n_big: int, n_small: int) -> Any:
                 raise UnreplayableCall(f"{where} is {a!r} for {n_big} sequences and {b!r} for {n_small}")
             return None
         raise UnreplayableCall(f"{where} is a {type(a).__name__}, which the replay cannot copy per ablation")
+
+    def _follows_batch(a: int, b: int) -> bool:
+        # the batch, or the batch folded with another axis batch-major (Bloom's ALiBi is
+        # [batch * head, 1, T]): repeating along the leading axis then repeats whole sequences
+        return a * n_small == b * n_big and a % n_big == 0 and b % n_small == 0
 
     (args_a, kw_a), (args_b, kw_b) = big, small
     return walk(list(args_a), list(args_b), "argument"), walk(kw_a, kw_b, "keyword argument")

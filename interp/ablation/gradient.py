@@ -50,6 +50,7 @@ def gated_forward(
 ) -> Tensor:
     """Metric per sequence with every head's output mixed as ``r + g (z - r)`` (base heads at r)."""
     L = len(gates)
+    layers = describe(model).attention_layers  # a layer without attention has no hook_z
 
     def gate_hook(layer: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> Tensor:
@@ -60,7 +61,7 @@ def gated_forward(
 
         return hook
 
-    out = read_out(model, tokens, metric, [(z_hook(l), gate_hook(l)) for l in range(L)], L, grad=True)
+    out = read_out(model, tokens, metric, [(z_hook(l), gate_hook(l)) for l in layers], L, grad=True)
     return metric(out, tokens, reference, rows)
 
 
@@ -151,6 +152,7 @@ def gradient_importance(
     if normalize:
         imp = imp / imp.norm(dim=-1, keepdim=True).clamp_min(1e-20)
     imp[base_mask] = float("nan")
+    imp[list(info.absent_layers)] = float("nan")
     return HeadScores.from_grids(
         {"importance": imp},
         scores_meta(

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from interp.ablation.settings import checked
 from interp.adapters import HookedModel, run_with_reducers
+from interp.adapters.patch import by_head
 from interp.errors import AblationError
 from interp.hooks import z_hook
 from interp.models import ModelInfo, describe
@@ -50,6 +51,12 @@ def head_mask(model: HookedModel | ModelInfo, heads: Any, *, allow_empty: bool =
                     f"(layers 0..{L - 1}, heads 0..{H - 1})"
                 )
             mask[layer, head] = True
+    absent = [l for l in getattr(info, "absent_layers", ()) if bool(mask[l].any())]
+    if absent:
+        raise AblationError(
+            f"layer {absent[0]} has no softmax attention (a linear-attention layer), so it has no heads to "
+            f"ablate: name heads of layers {', '.join(map(str, info.attention_layers))}"
+        )
     if not allow_empty and not bool(mask.any()):
         raise AblationError("the head set is empty: name at least one head to ablate")
     return mask
@@ -109,8 +116,9 @@ class HeadAblation:
         rows: Tensor | slice | None = None,
     ) -> Tensor:
         """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``."""
-        rep = ablate.shape[0]
-        zz = z.reshape(rep, z.shape[0] // rep, *z.shape[1:])
+        rep, heads = ablate.shape
+        zh = by_head(z, heads)  # latent attention: TransformerLens's hook_z has the wrong head axis
+        zz = zh.reshape(rep, z.shape[0] // rep, *zh.shape[1:])
         r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
         self._check_batch(r, zz.shape[1])
         where = ablate.to(z.device)[:, None, None, :, None]
@@ -122,7 +130,8 @@ class HeadAblation:
         """``r + gate * (z - r)``: gate 1 keeps the head, 0 ablates it (gates broadcast over ``z``)."""
         r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
         self._check_batch(r, z.shape[0])
-        return r + gate * (z - r)
+        zh = by_head(z, gate.shape[-2]) if gate.ndim >= 2 else z
+        return (r + gate * (zh - r)).reshape(z.shape)
 
     def _check_batch(self, r: Tensor, batch: int) -> None:
         if r.ndim == 4 and r.shape[0] != batch:
@@ -262,21 +271,27 @@ def derangement(n: int, seed: int = 0) -> Int[Tensor, " n"]:
 
 def _clean_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
     """Every layer's clean ``hook_z`` on ``tokens``; the pass stops after the last layer's."""
-    L = describe(model).n_layers
-    parts: list[list[Tensor]] = [[] for _ in range(L)]
+    info = describe(model)
+    layers = info.attention_layers
+    parts: dict[int, list[Tensor]] = {l: [] for l in layers}
 
     def grab(layer: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> None:
-            parts[layer].append(z.detach().clone())
+            parts[layer].append(by_head(z.detach(), info.n_heads).clone())
 
         return hook
 
     step = minibatch or tokens.shape[0]
     for start in range(0, tokens.shape[0], step):
         run_with_reducers(
-            model, tokens[start : start + step], [(z_hook(l), grab(l)) for l in range(L)], stop_after=z_hook(L - 1)
+            model, tokens[start : start + step], [(z_hook(l), grab(l)) for l in layers], stop_after=z_hook(layers[-1])
         )
-    return [torch.cat(p) for p in parts]
+    # a layer without attention gets zeros: no head of it can be named (see head_mask)
+    shape = torch.cat(parts[layers[0]]).shape
+    return [
+        torch.cat(parts[l]) if l in parts else torch.zeros(shape, device=parts[layers[0]][0].device)
+        for l in range(info.n_layers)
+    ]
 
 
 @contextmanager

@@ -5,14 +5,15 @@ each block was called, then evaluates head sets by replaying blocks ``l .. L-1``
 residual (``replay="fast"``), several ablations batched along the batch axis, or by one plain
 ``run_with_hooks`` per head set (``replay="loop"``, the reference). :data:`REPLAYS` registers the
 choices. What touches the model's internals (hooks on its blocks, calling them, its unembedding,
-its stacked ``W_O``) is kept in the functions at the end of this module.
+its stacked ``W_O``, the shortcuts' module patches) is the model's adapter's
+(:class:`interp.adapters.Adapter`); this module only calls it.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,9 @@ from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.settings import checked, replay_choice, run_config
-from interp.ablation.shortcuts import head_outputs, reused_attention, trimmed_mlp
-from interp.adapters import HookedModel, release_kept_pattern, run_with_reducers
+from interp.ablation.shortcuts import head_outputs
+from interp.adapters import HookedModel, adapter_for, run_with_reducers
+from interp.adapters.patch import by_head
 from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import resid_post_hook, z_hook
@@ -92,6 +94,7 @@ class Sweeper:
         replay = checked(REPLAYS, replay_choice(replay, engine))
         self.config = config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
         self.model, self.probe, self.metric = model, probe, as_metric(metric)
+        self.adapter = adapter_for(model)
         self.info = describe(model)
         if probe.seq_len > self.info.n_ctx:
             raise AblationError(
@@ -138,18 +141,19 @@ class Sweeper:
     def _record(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> tuple[Tensor, list, list, list, list]:
         """A plain forward with ``mask`` ablated: its read-out, and each block's residual and call,
         ``hook_z`` (after the ablation) and attention output."""
-        L = self.info.n_layers
+        L, H = self.info.n_layers, self.info.n_heads
         zs: list[Any] = [None] * L
         shortcuts = self.replay == "fast"  # what the attention shortcut needs; the loop needs none of it
 
         def keep_z(layer: int) -> Callable:
             def hook(z: Tensor, hook: Any) -> None:
-                zs[layer] = z.detach()
+                zs[layer] = by_head(z.detach(), H)
 
             return hook
 
-        extra = [(z_hook(l), keep_z(l)) for l in range(L)] if shortcuts and block_count(self.model) == L else []
-        with recorded_blocks(self.model, L, keep_attention=shortcuts) as (calls, attn_out):
+        layers = self.info.attention_layers
+        extra = [(z_hook(l), keep_z(l)) for l in layers] if shortcuts and self.adapter.block_count() == L else []
+        with self.adapter.record_blocks(L, keep_attention=shortcuts, detach_call=detach_call) as (calls, attn_out):
             out = self._run(tokens, mask, rows, extra)
         return out, [c and c[0] for c in calls], [c and c[1] for c in calls], zs, attn_out
 
@@ -166,7 +170,7 @@ class Sweeper:
 
     def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head"]) -> Tensor:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
-        rep, model, L = masks.shape[0], self.model, self.info.n_layers
+        rep, model, L, adapter = masks.shape[0], self.model, self.info.n_layers, self.adapter
         hidden = batch.resid[start].repeat(rep, 1, 1)
         reuse = self._reuse and batch.attn_out[start] is not None and batch.z[start] is not None
         hooks = [
@@ -180,17 +184,15 @@ class Sweeper:
             if reuse:
                 clean, n_out = batch.attn_out[start]
                 extra = masks[:, start] & ~self.base[start]
-                stack.enter_context(
-                    reused_attention(block_attention(model, start), clean, n_out, self._per_head(batch, start), extra)
-                )
+                stack.enter_context(adapter.reuse_attention(start, clean, n_out, self._per_head(batch, start), extra))
             if self._trim:
                 T = hidden.shape[1]
                 keep = torch.tensor(sorted({p % T for p in self.metric.positions}))
-                stack.enter_context(trimmed_mlp(last_mlp(model), keep, T))
+                stack.enter_context(adapter.trim_mlp(L - 1, keep, T))
             calls = [expand_call(batch.calls[l], self._plans[l], rep) for l in range(start, L)]
-            picked = self.metric.read(run_blocks(model, hidden, start, calls))
+            picked = self.metric.read(adapter.run_blocks(hidden, start, calls))
             if self.metric.reads == "logits":
-                picked = unembed(model, picked)
+                picked = adapter.unembed(picked)
         return picked
 
     def _per_head(self, batch: CleanBatch, layer: int) -> Tensor:
@@ -199,19 +201,20 @@ class Sweeper:
         if cached_batch is not batch or cached_layer != layer:
             r = self.ablation.replacement(layer, batch.rows)
             z = batch.z[layer]
-            W_O = stacked_W_O(self.model)[layer].detach().to(device=z.device)
+            W_O = self.adapter.stacked_W_O()[layer].detach().to(device=z.device)
             self._head_cache = (batch, layer, head_outputs(z, r.to(device=z.device, dtype=z.dtype), W_O))
         return self._head_cache[2]
 
     def _can_reuse(self) -> bool:
         """Are the stacked ``W_O`` weights readable (not offloaded to the meta device or disk)?"""
-        W_O = stacked_W_O(self.model)
+        W_O = self.adapter.stacked_W_O()
         shape = (self.info.n_layers, self.info.n_heads)
         return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape and W_O.device.type != "meta"
 
     def _can_trim(self) -> bool:
         positions, T = self.metric.positions, self.probe.seq_len
-        return positions is not None and last_mlp(self.model) is not None and len({p % T for p in positions}) < T
+        last = self.info.n_layers - 1
+        return positions is not None and self.adapter.can_trim_mlp(last) and len({p % T for p in positions}) < T
 
     def _self_check(self) -> str | None:
         """Can replaying this model's blocks stand in for running it? ``None`` if so, else why not.
@@ -225,9 +228,9 @@ class Sweeper:
         bf16: a model whose blocks take inputs computed by earlier blocks (which the replay would
         take from the clean pass) fails it.
         """
-        if block_count(self.model) is None:
+        if self.adapter.block_count() is None:
             return "the model has no `blocks` to replay"
-        if self.metric.reads == "logits" and not can_unembed(self.model):
+        if self.metric.reads == "logits" and not self.adapter.can_unembed():
             return "the model has no ln_final/unembed to read logits with"
         B = self.probe.batch
         check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
@@ -274,6 +277,7 @@ class Sweeper:
     def _check_masks(self) -> list[tuple[int, Bool[Tensor, "rep layer head"]]]:
         """Head sets for the self-check, grouped by the block their replay starts at."""
         free = ~self.base
+        free[list(self.info.absent_layers)] = False  # layers without attention have no heads to ablate
         layers = free.any(-1).nonzero().squeeze(-1).tolist()
         if not layers:
             return []
@@ -405,91 +409,3 @@ def read_out(
 
     run_with_reducers(model, tokens, [*hooks, (last, grab)], stop_after=last, grad=grad)
     return metric.read(seen["hidden"])
-
-
-# ---- model internals: what the replay needs from a model's blocks (to move into interp.adapters) ----
-
-
-def block_count(model: HookedModel) -> int | None:
-    """How many blocks ``model.blocks`` holds (``None``: no blocks to replay)."""
-    blocks = getattr(model, "blocks", None)
-    return None if blocks is None else len(blocks)
-
-
-@contextmanager
-def recorded_blocks(model: HookedModel, n_layers: int, *, keep_attention: bool) -> Iterator[tuple[list, list]]:
-    """Inside the block, every forward records how each block was called (``calls[l]``: its input
-    residual and the rest of its call, see :func:`~interp.ablation.calls.detach_call`) and, with
-    ``keep_attention``, each block's attention output (``attn_out[l]``: the tensor and the length of
-    the tuple it came in, ``None`` for a bare tensor). Lists stay ``None`` where nothing ran."""
-    calls: list[Any] = [None] * n_layers
-    attn_out: list[Any] = [None] * n_layers
-    blocks = getattr(model, "blocks", None)
-    handles = []
-    if blocks is not None and len(blocks) == n_layers:
-
-        def record(layer: int) -> Callable:
-            def pre(module: Any, args: tuple, kwargs: dict) -> None:
-                calls[layer] = detach_call(args, kwargs)
-
-            return pre
-
-        def keep_attn(layer: int) -> Callable:
-            def post(module: Any, args: tuple, out: Any) -> None:
-                if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
-                    attn_out[layer] = (out[0].detach(), len(out))
-                elif isinstance(out, Tensor):
-                    attn_out[layer] = (out.detach(), None)
-
-            return post
-
-        handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
-        if keep_attention:
-            handles += [
-                b.attn.register_forward_hook(keep_attn(l))
-                for l, b in enumerate(blocks)
-                if isinstance(getattr(b, "attn", None), torch.nn.Module)
-            ]
-    try:
-        yield calls, attn_out
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def run_blocks(
-    model: HookedModel, hidden: Float[Tensor, "batch pos d_model"], start: int, calls: list[Call]
-) -> Float[Tensor, "batch pos d_model"]:
-    """Blocks ``start, start + 1, ...`` (one per call in ``calls``) on ``hidden``: the final residual."""
-    for l, (args, kwargs) in enumerate(calls, start):
-        out = model.blocks[l](hidden, *args, **kwargs)
-        hidden = out[0] if isinstance(out, (tuple, list)) else out
-        release_kept_pattern(model, l)  # the bridge would keep [rep * batch, head, T, T] alive
-    return hidden
-
-
-def can_unembed(model: HookedModel) -> bool:
-    return hasattr(model, "ln_final") and hasattr(model, "unembed")
-
-
-def unembed(model: HookedModel, hidden: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos vocab"]:
-    """Logits from the final residual stream: the final norm, then the unembedding."""
-    return model.unembed(model.ln_final(hidden))
-
-
-def block_attention(model: HookedModel, layer: int) -> torch.nn.Module:
-    return model.blocks[layer].attn
-
-
-def last_mlp(model: HookedModel) -> torch.nn.Module | None:
-    """The last block's MLP module, ``None`` if it has none the replay can trim."""
-    mlp = getattr(model.blocks[-1], "mlp", None) if getattr(model, "blocks", None) else None
-    return mlp if isinstance(mlp, torch.nn.Module) else None
-
-
-def stacked_W_O(model: HookedModel) -> Tensor | None:
-    """``W_O`` of every layer, ``[layer, head, d_head, d_model]``, or ``None`` where it cannot be read."""
-    try:
-        return getattr(model, "W_O", None)
-    except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
-        return None

@@ -76,7 +76,8 @@ def exact_sweep(
 
 def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
     L, H = sweeper.info.n_layers, sweeper.info.n_heads
-    heads = [(l, h) for l in range(L) for h in range(H) if not bool(sweeper.base[l, h])]
+    layers = sweeper.info.attention_layers  # a layer without attention has no heads
+    heads = [(l, h) for l in layers for h in range(H) if not bool(sweeper.base[l, h])]
     masks = torch.zeros(len(heads), L, H, dtype=torch.bool)
     for i, (l, h) in enumerate(heads):
         masks[i, l, h] = True

@@ -4,7 +4,8 @@
 ``TransformerBridge`` or the bundled toy (both expose ``cfg``, ``blocks`` and ``run_with_hooks``).
 :class:`Adapter` is what an analysis asks *of* such a model: describe it, run it with reducers
 (stopping early), capture each layer's attention inputs while attention runs fused, name a head's
-output, and the ablation replay's two exact shortcuts. :class:`HookedAdapter` implements all of it
+output, and what the ablation replay does to its modules (record and re-run its blocks, read logits
+from the final residual, its stacked ``W_O``, the two exact shortcuts). :class:`HookedAdapter` implements all of it
 through TransformerLens hook points and public torch APIs; the toy and bridge adapters add only what
 their model does differently.
 """
@@ -21,7 +22,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.adapters.info import describe_model
-from interp.adapters.patch import reused_attention, trimmed_mlp
+from interp.adapters.patch import logits_from_resid, recorded_blocks, reused_attention, run_blocks, trimmed_mlp
 from interp.hooks import z_hook
 
 if TYPE_CHECKING:
@@ -143,6 +144,39 @@ class Adapter(Protocol):
         """Layer ``layer``'s MLP runs on positions ``keep`` only."""
         ...
 
+    def block_count(self) -> int | None:
+        """How many blocks the model has to replay (``None``: no ``blocks``)."""
+        ...
+
+    def record_blocks(
+        self, n_layers: int, *, keep_attention: bool, detach_call: Callable[[tuple, dict], Any]
+    ) -> AbstractContextManager[tuple[list, list]]:
+        """Within the block every forward records each block's call and (``keep_attention``) its
+        attention output: see :func:`interp.adapters.patch.recorded_blocks`."""
+        ...
+
+    def run_blocks(
+        self, hidden: Float[Tensor, "batch pos d_model"], start: int, calls: list[tuple[tuple, dict]]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Blocks ``start, start + 1, ...`` on ``hidden``, one per recorded call: the final residual."""
+        ...
+
+    def can_unembed(self) -> bool:
+        """Can :meth:`unembed` read logits from the final residual?"""
+        ...
+
+    def unembed(self, hidden: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos vocab"]:
+        """Logits from the final residual, as the model's own forward makes them."""
+        ...
+
+    def stacked_W_O(self) -> Tensor | None:
+        """``W_O`` of every layer, ``[layer, head, d_head, d_model]``, ``None`` where it cannot be read."""
+        ...
+
+    def can_trim_mlp(self, layer: int) -> bool:
+        """Does block ``layer`` have an MLP module that :meth:`trim_mlp` can trim?"""
+        ...
+
 
 class _StopForward(Exception):
     """Raised from a hook to end a forward pass that has given all it was asked for."""
@@ -226,6 +260,48 @@ class HookedAdapter:
     def trim_mlp(self, layer: int, keep: Tensor, T: int) -> Iterator[None]:
         with trimmed_mlp(self.model.blocks[layer].mlp, keep, T):
             yield
+
+    def can_trim_mlp(self, layer: int) -> bool:
+        blocks = getattr(self.model, "blocks", None)
+        return bool(blocks) and isinstance(getattr(blocks[layer], "mlp", None), torch.nn.Module)
+
+    # ---- the replay: blocks, logits, W_O ----------------------------------------------------------
+
+    def block_count(self) -> int | None:
+        blocks = getattr(self.model, "blocks", None)
+        return None if blocks is None else len(blocks)
+
+    def record_blocks(
+        self, n_layers: int, *, keep_attention: bool, detach_call: Callable[[tuple, dict], Any]
+    ) -> AbstractContextManager[tuple[list, list]]:
+        return recorded_blocks(
+            getattr(self.model, "blocks", None), n_layers, keep_attention=keep_attention, detach_call=detach_call
+        )
+
+    def run_blocks(
+        self, hidden: Float[Tensor, "batch pos d_model"], start: int, calls: list[tuple[tuple, dict]]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        # the bridge would keep [rep * batch, head, T, T] alive: free each layer's pattern after it
+        return run_blocks(self.model.blocks, hidden, start, calls, self.release_patterns)
+
+    def can_unembed(self) -> bool:
+        return hasattr(self.model, "ln_final") and hasattr(self.model, "unembed")
+
+    def unembed(self, hidden: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos vocab"]:
+        return logits_from_resid(self.model, hidden)
+
+    def stacked_W_O(self) -> Tensor | None:
+        try:
+            W_O = getattr(self.model, "W_O", None)
+        except (NotImplementedError, RuntimeError):  # TransformerLens refuses weights it cannot materialise
+            return None
+        info = self.describe()
+        if isinstance(W_O, Tensor) and W_O.ndim == 4 and W_O.shape[0] == len(info.attention_layers) < info.n_layers:
+            # a hybrid model: TransformerLens stacks its attention layers only; zeros elsewhere
+            full = W_O.new_zeros(info.n_layers, *W_O.shape[1:])
+            full[list(info.attention_layers)] = W_O
+            return full
+        return W_O
 
 
 __all__ = ["Adapter", "AttentionInputs", "Hook", "HookList", "HookedAdapter", "HookedModel", "OnAttention"]

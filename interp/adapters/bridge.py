@@ -138,7 +138,9 @@ class BridgeAdapter(HookedAdapter):
     @contextlib.contextmanager
     def capture_attention(self, on_attention: OnAttention) -> Iterator[HookList]:
         model = self.model
-        attns = [getattr(block, "attn", None) for block in getattr(model, "blocks", [])]
+        blocks = getattr(model, "blocks", [])
+        index = [l for l in self.describe().attention_layers] if blocks else []  # linear-attention layers have none
+        attns = [blocks[l].attn for l in index]
         hf_model = getattr(model, "original_model", None)
         wrapped = [getattr(a, "original_component", None) for a in attns]
         if not attns or hf_model is None or any(w is None for w in wrapped):
@@ -156,7 +158,7 @@ class BridgeAdapter(HookedAdapter):
             raise UsageError(
                 f"{type(hf_model).__name__} has no attention implementation to switch: use --engine pattern"
             )
-        layers = {id(sub): layer for layer, w in enumerate(wrapped) for sub in w.modules()}
+        layers = {id(sub): layer for layer, w in zip(index, wrapped) for sub in w.modules()}
         _register()
         saved = {key: c._attn_implementation for key, c in configs.items()}
         _ACTIVE.append((layers, on_attention))

@@ -1,7 +1,11 @@
 """What the analyses know about a model: :class:`ModelInfo`, read once by :func:`describe_model`.
 
 Shapes come from the TransformerLens config, special tokens from the tokenizer, and causality is
-observed: four tokens run to layer 0's pattern, and a causal model never attends forward.
+observed: four tokens run to the first attention layer's pattern, and a causal model never attends
+forward. Layers without softmax attention (Qwen3-Next's linear-attention layers) are not in
+:attr:`ModelInfo.attention_layers`; every analysis iterates that tuple, and its tables give those
+layers' heads NaN. Latent attention (DeepSeek-V3) has query/key heads wider than its value heads:
+:attr:`ModelInfo.d_head` is the value (head output) size, :attr:`ModelInfo.d_head_qk` the other.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ class ModelInfo:
     n_layers: int
     n_heads: int
     d_model: int
-    d_head: int
+    d_head: int  # each head's output size (its value width: what ``hook_z`` holds per head)
     n_ctx: int
     d_vocab: int
     is_causal: bool
@@ -33,6 +37,22 @@ class ModelInfo:
     sep_token_id: int | None
     special_token_ids: frozenset[int]
     device: torch.device
+    attention_layers: tuple[int, ...] = ()  # layers with softmax attention (empty: read as all)
+    d_head_qk: int = 0  # query/key head size (0: read as d_head)
+    v_layout: str = "b p h d"  # how hook_v lays out its axes (latent attention: head first)
+    latent_attention: bool = False  # multi-head latent attention (DeepSeek-V2/V3): no per-head W_V
+
+    def __post_init__(self) -> None:
+        if not self.attention_layers:
+            object.__setattr__(self, "attention_layers", tuple(range(self.n_layers)))
+        if not self.d_head_qk:
+            object.__setattr__(self, "d_head_qk", self.d_head)
+
+    @property
+    def absent_layers(self) -> tuple[int, ...]:
+        """Layers without softmax attention: no pattern, no ``hook_z``, NaN in every head table."""
+        present = set(self.attention_layers)
+        return tuple(l for l in range(self.n_layers) if l not in present)
 
     @property
     def is_encoder(self) -> bool:
@@ -71,15 +91,21 @@ def describe_model(adapter: Any) -> ModelInfo:
     in_vocab = lambda t: t if t is not None and 0 <= int(t) < d_vocab else None  # noqa: E731
     bos, cls, sep = in_vocab(bos), in_vocab(cls), in_vocab(sep)
     special = {t for t in special if 0 <= t < d_vocab}
+    layers = attention_layers(model)
+    heads = head_sizes(model)
     info = ModelInfo(
         name=str(getattr(cfg, "model_name", None) or type(model).__name__),
         n_layers=int(cfg.n_layers),
         n_heads=int(cfg.n_heads),
         d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
+        d_head=heads["v"],
+        d_head_qk=heads["qk"],
+        v_layout=heads["v_layout"],
+        latent_attention=heads["latent"],
+        attention_layers=layers,
         n_ctx=int(cfg.n_ctx),
         d_vocab=d_vocab,
-        is_causal=_observe_causal(adapter, d_vocab, special),
+        is_causal=_observe_causal(adapter, d_vocab, special, layers[0] if layers else 0),
         bos_token_id=None if bos is None else int(bos),
         cls_token_id=None if cls is None else int(cls),
         sep_token_id=None if sep is None else int(sep),
@@ -93,6 +119,32 @@ def describe_model(adapter: Any) -> ModelInfo:
     return info
 
 
+def attention_layers(model: Any) -> tuple[int, ...]:
+    """The blocks that have a softmax attention module (``blocks[l].attn``); all of them for a model
+    without ``blocks``. Qwen3-Next's linear-attention blocks have ``linear_attn`` instead."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        return tuple(range(int(model.cfg.n_layers)))
+    return tuple(l for l, b in enumerate(blocks) if isinstance(getattr(b, "attn", None), torch.nn.Module))
+
+
+def head_sizes(model: Any) -> dict[str, Any]:
+    """Query/key and value head sizes, and the layout of ``hook_v``.
+
+    TransformerLens copies Hugging Face's ``head_dim`` into ``cfg.d_head``; for multi-head latent
+    attention (DeepSeek-V2/V3) that is the rotary part of the query/key head only
+    (``qk_rope_head_dim``), while heads attend with ``qk_nope_head_dim + qk_rope_head_dim`` and output
+    ``v_head_dim``. Their bridge's ``hook_v`` is head first (Hugging Face's layout).
+    """
+    d = int(model.cfg.d_head)
+    hf_config = getattr(getattr(model, "original_model", None), "config", None)
+    v_dim = getattr(hf_config, "v_head_dim", None)
+    rope, nope = getattr(hf_config, "qk_rope_head_dim", None), getattr(hf_config, "qk_nope_head_dim", None)
+    if v_dim and rope is not None and nope is not None:  # latent attention
+        return {"v": int(v_dim), "qk": int(rope) + int(nope), "v_layout": "b h p d", "latent": True}
+    return {"v": d, "qk": d, "v_layout": "b p h d", "latent": False}
+
+
 def _model_device(model: Any) -> torch.device:
     """Where inputs go: the embedding's device (``cfg.device``) for a model spread over devices."""
     if int(getattr(model.cfg, "n_devices", 1) or 1) > 1 and getattr(model.cfg, "device", None) is not None:
@@ -103,8 +155,9 @@ def _model_device(model: Any) -> torch.device:
         return torch.device(str(getattr(model.cfg, "device", "cpu")))
 
 
-def _observe_causal(adapter: Any, d_vocab: int, special: set[int]) -> bool:
-    """Run four tokens to layer 0's pattern and look: a causal model never attends forward.
+def _observe_causal(adapter: Any, d_vocab: int, special: set[int], layer: int = 0) -> bool:
+    """Run four tokens to ``layer``'s pattern (the first attention layer) and look: a causal model
+    never attends forward.
 
     Architecture names lie less often than configs but are open-ended; the pattern cannot lie.
     """
@@ -119,19 +172,19 @@ def _observe_causal(adapter: Any, d_vocab: int, special: set[int]) -> bool:
     def grab(pattern: torch.Tensor, hook: Any) -> None:
         seen["pattern"] = pattern.detach()
 
-    adapter.run_with_reducers(tokens, [(pattern_hook(0), grab)], stop_after=pattern_hook(0))
+    adapter.run_with_reducers(tokens, [(pattern_hook(layer), grab)], stop_after=pattern_hook(layer))
     if "pattern" not in seen:
         raise ModelLoadError(
-            "the model never produced blocks.0.attn.hook_pattern: its attention runs in a fused "
+            f"the model never produced {pattern_hook(layer)}: its attention runs in a fused "
             "kernel. Load it with attn_implementation='eager' (interp.models.from_hf_model does)."
         )
     if not torch.isfinite(seen["pattern"]).all():  # else NaN would read as "attends forward": an encoder
         raise NonFiniteAttentionError(
-            "layer 0: the attention pattern holds NaN or inf on 4 ordinary tokens; the model's weights "
+            f"layer {layer}: the attention pattern holds NaN or inf on 4 ordinary tokens; the model's weights "
             "or its dtype make it unstable: check the weights, or try --dtype float32"
         )
     upper = torch.triu(seen["pattern"][0].float(), diagonal=1)
     return bool(upper.abs().max() < 1e-6)
 
 
-__all__ = ["ModelInfo", "describe_model"]
+__all__ = ["ModelInfo", "attention_layers", "describe_model", "head_sizes"]

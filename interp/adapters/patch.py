@@ -1,6 +1,14 @@
-"""Exact shortcuts of the ablation replay, each a context manager around a replay (for any model
-whose blocks expose ``attn`` and ``mlp``; :meth:`interp.adapters.Adapter.reuse_attention` and
-:meth:`~interp.adapters.Adapter.trim_mlp` reach them by layer).
+"""What the ablation replay does to a model's modules: record and re-run its blocks, read logits from
+the final residual, and two exact shortcuts (each a context manager around a replay, for any model
+whose blocks expose ``attn`` and ``mlp``). The adapters' methods (:meth:`~interp.adapters.Adapter.run_blocks`,
+:meth:`~interp.adapters.Adapter.unembed`, :meth:`~interp.adapters.Adapter.reuse_attention`, ...)
+reach them; nothing outside :mod:`interp.adapters` calls a block or an unembedding itself.
+
+- :func:`recorded_blocks` / :func:`run_blocks`: each block's input and call, recorded by a
+  forward pre-hook; blocks ``l, l + 1, ...`` run again on a residual.
+- :func:`logits_from_resid`: the model's own head on the final residual: the final norm and the
+  unembedding, after a masked-LM head's dense + activation (BERT, RoBERTa: the Hugging Face head
+  module runs itself) and before a final logit softcap (Gemma 2: ``cap * tanh(logits / cap)``).
 
 - :func:`reused_attention`: the replay for heads of layer ``l`` starts at block ``l``, whose input is
   the clean pass's. Its attention output is then the clean one plus the ablated heads' change,
@@ -15,7 +23,7 @@ Both are exact up to rounding for the usual pre-norm and parallel blocks; the en
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,6 +31,112 @@ import torch
 from einops import einsum
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+Call = tuple[tuple, dict]
+
+
+@contextmanager
+def recorded_blocks(
+    blocks: Any, n_layers: int, *, keep_attention: bool, detach_call: Callable[[tuple, dict], Any]
+) -> Iterator[tuple[list, list]]:
+    """Inside the block, every forward records how each block was called (``calls[l]``: what
+    ``detach_call(args, kwargs)`` makes of it) and, with ``keep_attention``, each block's attention
+    output (``attn_out[l]``: the tensor and the length of the tuple it came in, ``None`` for a bare
+    tensor). Lists stay ``None`` where nothing ran (a layer without ``attn`` keeps no output)."""
+    calls: list[Any] = [None] * n_layers
+    attn_out: list[Any] = [None] * n_layers
+    handles = []
+    if blocks is not None and len(blocks) == n_layers:
+
+        def record(layer: int) -> Callable:
+            def pre(module: Any, args: tuple, kwargs: dict) -> None:
+                calls[layer] = detach_call(args, kwargs)
+
+            return pre
+
+        def keep_attn(layer: int) -> Callable:
+            def post(module: Any, args: tuple, out: Any) -> None:
+                if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                    attn_out[layer] = (out[0].detach(), len(out))
+                elif isinstance(out, Tensor):
+                    attn_out[layer] = (out.detach(), None)
+
+            return post
+
+        handles = [b.register_forward_pre_hook(record(l), with_kwargs=True) for l, b in enumerate(blocks)]
+        if keep_attention:
+            handles += [
+                b.attn.register_forward_hook(keep_attn(l))
+                for l, b in enumerate(blocks)
+                if isinstance(getattr(b, "attn", None), torch.nn.Module)
+            ]
+    try:
+        yield calls, attn_out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_blocks(
+    blocks: Any,
+    hidden: Float[Tensor, "batch pos d_model"],
+    start: int,
+    calls: list[Call],
+    after_block: Callable[[int], None],
+) -> Float[Tensor, "batch pos d_model"]:
+    """Blocks ``start, start + 1, ...`` (one per call in ``calls``) on ``hidden``: the final residual.
+    ``after_block(l)`` runs after each (the bridge frees the pattern it keeps there)."""
+    for l, (args, kwargs) in enumerate(calls, start):
+        out = blocks[l](hidden, *args, **kwargs)
+        hidden = out[0] if isinstance(out, (tuple, list)) else out
+        after_block(l)
+    return hidden
+
+
+def masked_lm_head(model: Any) -> torch.nn.Module | None:
+    """The Hugging Face module that turns an encoder's final residual into logits, when the model has
+    a transform (dense + activation) before its final norm (``mlm_head`` on the bridge): the smallest
+    module of the wrapped model holding both that dense layer and the unembedding."""
+    dense, unembed = getattr(model, "mlm_head", None), getattr(model, "unembed", None)
+    hf_model = getattr(model, "original_model", None)
+    if dense is None or unembed is None or hf_model is None:
+        return None
+    best: tuple[int, Any] | None = None
+    for module in hf_model.modules():
+        inside = {id(m) for m in module.modules()}
+        if id(dense) in inside and id(unembed) in inside:
+            size = len(inside)
+            if best is None or size < best[0]:
+                best = (size, module)
+    return None if best is None else best[1]
+
+
+def logits_from_resid(model: Any, hidden: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos vocab"]:
+    """Logits from the final residual stream exactly as the model's forward makes them."""
+    head = masked_lm_head(model)
+    if head is not None:
+        out = head(hidden)
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+    else:
+        logits = model.unembed(model.ln_final(hidden))
+    cap = float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+    if cap > 0:  # Gemma 2's final logit softcapping (TransformerLens's field; its forward applies it too)
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
+def by_head(z: Tensor, n_heads: int) -> Float[Tensor, "batch pos head d_head"]:
+    """``hook_z`` with its head axis of size ``n_heads``.
+
+    The last two axes of ``hook_z`` flatten to the output projection's input, ``n_heads x d_head``
+    wide. TransformerLens reshapes it with ``cfg.d_head``, which on latent attention (DeepSeek-V3) is
+    the rotary part of the query/key head, not the value head: its ``hook_z`` comes as
+    ``[batch, pos, 8, 8]`` for 4 heads of 16. Viewed again by head count, every head is its own slice
+    of the projection's input, as in Hugging Face's model.
+    """
+    if z.shape[-2] == n_heads:
+        return z
+    return z.reshape(*z.shape[:-2], n_heads, -1)
 
 
 def head_outputs(
@@ -79,4 +193,13 @@ def trimmed_mlp(mlp: torch.nn.Module, keep: Tensor, T: int) -> Iterator[None]:
             h.remove()
 
 
-__all__ = ["head_outputs", "reused_attention", "trimmed_mlp"]
+__all__ = [
+    "by_head",
+    "head_outputs",
+    "logits_from_resid",
+    "masked_lm_head",
+    "recorded_blocks",
+    "run_blocks",
+    "reused_attention",
+    "trimmed_mlp",
+]

@@ -9,7 +9,7 @@ attention runs fused (:mod:`interp.stream` runs the model and the passes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +95,8 @@ def sink_statistics(
         sl = slice(start, start + step)
 
         def values(v: Float[Tensor, "batch pos kv_head d_head"], hook: Any) -> None:
-            record_value_norms(stats, v.detach().float().norm(dim=-1), layer_of(hook), sl)
+            v = rearrange(v.detach().float(), f"{info.v_layout} -> b p h d")  # latent attention: head first
+            record_value_norms(stats, v.norm(dim=-1), layer_of(hook), sl)
 
         def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
             layer = layer_of(hook)
@@ -110,11 +111,11 @@ def sink_statistics(
         def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
             reduce_residual(stats, x, layer_of(hook), sl, abs_threshold, rel_threshold, max_massive)
 
-        hooks = []
-        for layer in range(L):
-            hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
+        hooks = [(resid_post_hook(layer), residual) for layer in range(L)]
+        for layer in info.attention_layers:
+            hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern)]
         run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
-    return cap_massive(stats, max_massive)
+    return cap_massive(absent_nan(stats, info.absent_layers), max_massive)
 
 
 def stream_sink_statistics(
@@ -151,7 +152,7 @@ def stream_sink_statistics(
         return reduce, [(resid_post_hook(layer), residual) for layer in range(L)]
 
     run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
-    return cap_massive(stats, max_massive)
+    return cap_massive(absent_nan(stats, info.absent_layers), max_massive)
 
 
 def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
@@ -168,6 +169,13 @@ def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
         massive=[],
         max_row_deviation=0.0,
     )
+
+
+def absent_nan(stats: SinkStatistics, layers: Sequence[int]) -> SinkStatistics:
+    """NaN for the attention statistics of ``layers`` (layers without softmax attention)."""
+    for field in (stats.received, stats.confidence, stats.confidence_no_first):
+        field[:, list(layers)] = float("nan")
+    return stats
 
 
 def record_value_norms(

@@ -72,7 +72,8 @@ def run_streamed(
     back (an architecture whose attention bypasses the capture) is a :class:`UsageError`.
     """
     adapter = adapter_for(model)
-    L, B = describe(model).n_layers, tokens.shape[0]
+    info = describe(model)
+    L, B, expected = info.n_layers, tokens.shape[0], set(info.attention_layers)
     step = minibatch or B
     bar = tqdm(total=L * len(range(0, B, step)), desc=desc, disable=not progress)
     for start in range(0, B, step):
@@ -87,8 +88,8 @@ def run_streamed(
 
         with adapter.capture_attention(on_attention) as capture_hooks:
             adapter.run_with_reducers(tokens[rows], [*capture_hooks, *hooks], stop_after=resid_post_hook(L - 1))
-        if seen != set(range(L)):
-            missing = sorted(set(range(L)) - seen)
+        if seen != expected:
+            missing = sorted(expected - seen)
             raise UsageError(
                 f"the stream engine saw no attention inputs for layer(s) {missing}: this architecture's "
                 "attention does not call the registered attention function; use --engine pattern"
