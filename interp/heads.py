@@ -55,7 +55,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
-from interp.probes.probe import STREAM_PADDED, refuse_padded_stream
+from interp.probes.probe import padded_engine, refuse_padded_stream
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio
 from interp.stream.blockwise import gathered_weights
@@ -289,16 +289,6 @@ def stream_attention_scores(
     return num, den
 
 
-def padded_engine(asked: str, probe: TokenProbe, engine: str, why: str) -> tuple[str, str]:
-    """``engine="auto"`` takes the pattern engine for a padded probe (the stream engine takes none yet);
-    an explicit ``"stream"`` is refused before any work."""
-    if not probe.padded or engine != "stream":
-        return engine, why
-    if asked == "auto":
-        return "pattern", "a padded probe: the stream engine does not take padded probes yet"
-    raise UsageError(STREAM_PADDED)
-
-
 def _queries_with_target(pairs: Int[Tensor, "n 3"], batch: int) -> Float[Tensor, " batch"]:
     """How many distinct queries of each sequence have at least one target."""
     rows = torch.unique(pairs[:, :2], dim=0)
@@ -426,7 +416,6 @@ __all__ = [
     "attention_scores",
     "copying_scores",
     "head_scores",
-    "padded_engine",
     "stream_attention_scores",
     "uniform_baseline",
     "uniform_baselines",

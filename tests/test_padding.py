@@ -197,6 +197,11 @@ def test_head_scores_auto_engine_takes_the_pattern_engine_for_padded_probes(mode
     with pytest.raises(UsageError) as e:
         sink_statistics(model, probe, engine="stream")
     assert str(e.value) == STREAM_LINE
+    report = sink_scores(model, probe, engine="auto", budget=1, n_boot=10)
+    assert report.meta["engine"] == "pattern" and "padded" in report.meta["engine_reason"]
+    with pytest.raises(UsageError) as e:
+        sink_scores(model, probe, engine="stream", n_boot=10)
+    assert str(e.value) == STREAM_LINE
 
 
 @pytest.mark.xfail(

@@ -136,7 +136,7 @@ def _padded_chunk(
     its text's position ``p`` (a left-padded row's real tokens move to the front), padded slots hold 0
     (received mass) or NaN (value norms, residual magnitudes), and the statistics of each row are what
     its text gives alone: padded queries and keys are left out of every reduction."""
-    L = len(getattr(model, "blocks", [])) or stats.received.shape[1]
+    L = stats.received.shape[1]
     real = probe.real_mask()[sl]
     offsets = probe.offsets()[sl]
     T = real.shape[1]
