@@ -56,6 +56,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
+from interp.probes.probe import padded_engine, refuse_padded_stream
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio
 from interp.stream.blockwise import gathered_weights
@@ -89,6 +90,8 @@ def _prev_mask(probe: TokenProbe, queries: Queries) -> Bool[Tensor, "batch q k"]
     prev = torch.zeros(probe.batch, n, n, dtype=torch.bool, device=probe.tokens.device)
     rows = torch.arange(1, n, device=probe.tokens.device)
     prev[:, rows, rows - 1] = probe.prev_query_mask()[:, 1:] if queries == "targets" else True
+    if probe.padded:  # a padded row's queries are its real tokens past its first
+        prev &= ((probe.real_index() >= 1) & probe.real_mask())[:, :, None]
     return prev
 
 
@@ -129,7 +132,12 @@ def _uniform_mass(pairs: Int[Tensor, "n 3"], probe: TokenProbe) -> float:
     targets = torch.zeros(probe.batch, n).index_put_(
         (pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs)), accumulate=True
     )
-    keys: Float[Tensor, " q"] = torch.arange(1, n + 1).float() if probe.causal else torch.full((n,), float(n))
+    keys: Float[Tensor, "batch q"]
+    if probe.padded:  # the keys a query sees in its text alone
+        index, lengths = probe.real_index().cpu(), probe.lengths().cpu()
+        keys = (index + 1).clamp_min(1).float() if probe.causal else lengths[:, None].expand(-1, n).float()
+    else:
+        keys = torch.arange(1, n + 1).float() if probe.causal else torch.full((n,), float(n))
     per_query = targets / keys
     has = targets > 0
     return float(per_query[has].mean()) if bool(has.any()) else float("nan")
@@ -187,6 +195,7 @@ def attention_scores(
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     if engine == "stream":
+        refuse_padded_stream(probe)
         return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
     if engine != "pattern":
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
@@ -197,6 +206,7 @@ def attention_scores(
             if float(c.sum()) == 0:
                 raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
     L, H, B = info.n_layers, info.n_heads, probe.batch
+    real = probe.real_mask()  # padded query rows are dropped before any reduction
     num = {k: _absent_nan(torch.zeros(B, L, H), info) for k in targets}
     den = {k: torch.zeros(B, L, H) for k in targets}
     step = minibatch or B
@@ -204,10 +214,13 @@ def attention_scores(
     for start in tqdm(chunks, desc="scoring heads", disable=not progress or len(chunks) == 1):
         sl = slice(start, start + step)
         chunk_targets = {k: v[sl] for k, v in targets.items()}
+        chunk_mask = probe.attention_mask[sl] if probe.padded else None
 
         def reduce(pattern: Float[Tensor, "batch head q k"], hook: Any) -> None:
             layer = layer_of(hook)
             pattern = pattern.detach().float()
+            if chunk_mask is not None:
+                pattern = torch.where(real[sl].to(pattern.device)[:, None, :, None], pattern, 0.0)
             if not torch.isfinite(pattern).all():
                 raise NonFiniteAttentionError(
                     f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
@@ -224,6 +237,7 @@ def attention_scores(
             probe.tokens[sl],
             [(pattern_hook(l), reduce) for l in info.attention_layers],
             stop_after=pattern_hook(info.attention_layers[-1]),
+            attention_mask=chunk_mask,
         )
     if queries == "targets":
         for name in den:
@@ -241,6 +255,7 @@ def stream_attention_scores(
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Numerators and denominators of :func:`attention_scores`, pattern-free: each layer's row pass
     gives the log-sum-exp, and the weights at each score's target pairs are gathered from it."""
+    refuse_padded_stream(probe)
     info = describe(model)
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     pairs = {name: SCORES.get(name).pairs(probe, queries) for name in scores}
@@ -386,7 +401,7 @@ def head_scores(
         probe = repeated_tokens(model, seed=cfg.seed)
     info = describe(model)
     n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
-    engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
+    engine, why = padded_engine(cfg.engine, probe, *choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget))
     num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
         lambda p: attention_scores(
             model,

@@ -156,13 +156,15 @@ def test_probe_from_tokens_refuses_bad_ids(toy):
 
 def test_probe_from_texts_on_a_tokenizer_model(gpt2_tiny):
     texts = ["w5 w6 w7 w8 w5 w6 w7 w8", "w9 w10 w11 w12 w9 w10 w11 w12 w13"]
-    with pytest.warns(UserWarning, match=r"the texts have 8 to 9 tokens; each is cut to the shortest \(8\)"):
-        probe = interp.TokenProbe.from_texts(gpt2_tiny, texts)
+    probe = interp.TokenProbe.from_texts(gpt2_tiny, texts, seq_len=8)  # seq_len cuts to one length
+    assert probe.attention_mask is None
     assert probe.tokens.tolist() == [[0, 5, 6, 7, 8, 5, 6, 7, 8], [0, 9, 10, 11, 12, 9, 10, 11, 12]]
     # the second half repeats the first: every second-half query has an induction target
     assert probe.induction_mask()[:, 5:].any(-1).all() and not probe.induction_mask()[:, :5].any()
-    with pytest.raises(UsageError, match="text 0 has 8 tokens, fewer than seq_len=9"):
-        interp.TokenProbe.from_texts(gpt2_tiny, texts, seq_len=9)
+    # texts of different lengths are padded (the model's pad token, here its EOS 0), not cut
+    padded = interp.TokenProbe.from_texts(gpt2_tiny, texts)
+    assert padded.tokens.tolist() == [[0, 5, 6, 7, 8, 5, 6, 7, 8, 0], [0, 9, 10, 11, 12, 9, 10, 11, 12, 13]]
+    assert padded.attention_mask.tolist() == [[True] * 9 + [False], [True] * 10]
 
 
 # ---- result objects ------------------------------------------------------------------------------

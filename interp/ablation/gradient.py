@@ -11,7 +11,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp import distributed
-from interp.ablation.metrics import Metric, as_metric
+from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.replay import read_out
 from interp.ablation.settings import run_config
@@ -47,6 +47,7 @@ def gated_forward(
     base: Tensor,
     rows: Tensor,
     reference: Tensor | None,
+    attention_mask: Tensor | None = None,
 ) -> Tensor:
     """Metric per sequence with every head's output mixed as ``r + g (z - r)`` (base heads at r)."""
     L = len(gates)
@@ -61,7 +62,8 @@ def gated_forward(
 
         return hook
 
-    out = read_out(model, tokens, metric, [(z_hook(l), gate_hook(l)) for l in layers], L, grad=True)
+    hooks = [(z_hook(l), gate_hook(l)) for l in layers]
+    out = read_out(model, tokens, metric, hooks, L, grad=True, attention_mask=attention_mask)
     return metric(out, tokens, reference, rows)
 
 
@@ -105,6 +107,7 @@ def gradient_importance(
         raise MetricError(_flat_message(metric.name, "it is at its optimum on the unablated run"))
     info = describe(model)
     L, H = info.n_layers, info.n_heads
+    refuse_padded_ablation(probe, ablation)
     abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
     step = config.minibatch or probe.batch
@@ -118,20 +121,22 @@ def gradient_importance(
         for start in tqdm(starts, desc="gradient importance", disable=not (config.progress and distributed.is_main())):
             rows = torch.arange(start, min(start + step, block.stop))
             tokens = probe.tokens[rows.to(probe.tokens.device)]
+            padding = None if probe.attention_mask is None else probe.attention_mask[rows.to(probe.tokens.device)]
             reference = None
             if metric.needs_clean:
                 with torch.no_grad():
-                    reference = read_out(model, tokens, metric, [], L)
+                    reference = read_out(model, tokens, metric, [], L, attention_mask=padding)
             b, T = tokens.shape
             shape = (b, H) if per == "example" else (b, T, H)
             gates = [torch.ones(*shape, device=tokens.device, requires_grad=True) for _ in range(L)]
             with frozen(model):
-                value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference)
+                value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference, padding)
                 grads = torch.autograd.grad(metric.badness(value).sum(), gates, allow_unused=True)
             for l, g in enumerate(grads):
                 if g is not None:
                     total[l] += g.detach().double().abs().reshape(-1, H).sum(0).cpu()
-            count += b if per == "example" else b * T
+            # per token: every real token is one gate (a padded one has no gradient)
+            count += b if per == "example" else (b * T if padding is None else int(padding.sum()))
             values.append(value.detach().float().cpu())
         return total, count, torch.cat(values)
 

@@ -136,9 +136,51 @@ def incontext_loss(probe: TokenProbe) -> Metric:
 
 
 def lm_loss(probe: TokenProbe) -> Metric:
-    """Next-token loss on every body token (after the first position) of a probe, e.g. a text probe."""
+    """Next-token loss on every body token (after the first position) of a probe, e.g. a text probe.
+
+    On a padded probe each row's loss is the mean over its own text's body tokens, read at real
+    positions only: what the text gives alone."""
     _need_causal(probe, "the language-model loss")
+    if probe.padded:
+        return _padded_next_token_metric("lm_loss", probe.body_mask() & (probe.real_index() >= 1), probe)
     return _next_token_metric("lm_loss", range(max(probe.body_start, 1), probe.body_end), probe)
+
+
+def _rows_of(mask: Tensor, rows: Tensor | None, n: int) -> Tensor:
+    """The probe-wide ``mask``'s rows for the sequences ``rows`` (all of them when ``None``)."""
+    if rows is None:
+        if mask.shape[0] != n:
+            raise MetricError(f"the metric was built for a probe of {mask.shape[0]} sequences, got {n}: pass rows")
+        return mask
+    return mask[rows.to(mask.device)]
+
+
+def _padded_next_token_metric(name: str, predicted: Bool[Tensor, "batch pos"], probe: TokenProbe) -> Metric:
+    """Mean next-token cross-entropy per row over the positions ``predicted`` marks (each read at the
+    position before, a real one): a padded probe's rows score different positions."""
+    predicted = predicted.cpu()
+    if not bool(predicted.any(-1).all()):
+        raise AblationError(f"{name}: a text of the probe has no position to score (it needs 2 tokens or more)")
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        score = _rows_of(predicted, rows, tokens.shape[0])[:, 1:].to(out.device)  # [b, T - 1]
+        logits = out[:, :-1].float()
+        targets = tokens[:, 1:].to(out.device)
+        loss = logits.logsumexp(-1) - logits.gather(-1, targets[..., None]).squeeze(-1)
+        return torch.where(score, loss, 0.0).sum(-1) / score.sum(-1)
+
+    return Metric(name, fn, positions=None, meta={"scored_positions": int(predicted.sum())})
+
+
+def refuse_padded_ablation(probe: TokenProbe, ablation: Any) -> None:
+    """Mean and resample ablations average head outputs over the probe's positions, and do not yet
+    leave padded ones out: refuse them on a padded probe."""
+    kind = ablation if isinstance(ablation, str) else getattr(ablation, "kind", None)
+    if probe.padded and kind != "zero":
+        raise AblationError(
+            f"{kind} ablation does not take padded probes yet (its averages would read padded positions): "
+            "use zero ablation, or texts of one length"
+        )
 
 
 def logit_diff(
@@ -183,7 +225,11 @@ def incontext_logit_diff(probe: TokenProbe) -> Metric:
 
 
 def pooled_cosine(probe: TokenProbe) -> Metric:
-    """Cosine similarity of the mean-pooled final hidden state (over body tokens) to the unablated one."""
+    """Cosine similarity of the mean-pooled final hidden state (over body tokens) to the unablated one.
+
+    On a padded probe each row pools over its own text's body tokens."""
+    if probe.padded:
+        return _padded_pooled_cosine(probe)
     body = tuple(range(probe.body_start, probe.body_end))
 
     def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
@@ -200,6 +246,19 @@ def pooled_cosine(probe: TokenProbe) -> Metric:
         needs_clean=True,
         flat_at_clean=True,  # cosine 1 is its maximum: ablation can only lower it, the gradient is 0
     )
+
+
+def _padded_pooled_cosine(probe: TokenProbe) -> Metric:
+    body = probe.body_mask().cpu()
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        if clean is None:
+            raise MetricError("the pooled-cosine metric needs the unablated output")
+        w = _rows_of(body, rows, tokens.shape[0]).to(out.device)[..., None].float()
+        pool = lambda x: (x.float() * w).sum(1) / w.sum(1)  # noqa: E731
+        return F.cosine_similarity(pool(out), pool(clean), dim=-1)
+
+    return Metric("pooled_cosine", fn, reads="hidden", higher_is_better=True, needs_clean=True, flat_at_clean=True)
 
 
 METRICS: Registry[Callable[[TokenProbe], Metric]] = Registry("metric")

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from interp import distributed
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
-from interp.ablation.metrics import Metric, as_metric
+from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.settings import checked, replay_choice, run_config
 from interp.ablation.shortcuts import head_outputs
@@ -100,6 +100,7 @@ class Sweeper:
             raise AblationError(
                 f"probe of {probe.seq_len} tokens is longer than the model's context of {self.info.n_ctx}"
             )
+        refuse_padded_ablation(probe, ablation)
         self.ablation = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
         self.base = (
             torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)
@@ -166,7 +167,14 @@ class Sweeper:
     def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor, extra: list | None = None) -> Tensor:
         """One plain forward with ``mask``'s heads ablated (then ``extra`` hooks); the metric's read-out."""
         hooks = [] if mask is None else self.ablation.hooks(mask, rows)
-        return read_out(self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers)
+        padding = (
+            None
+            if self.probe.attention_mask is None
+            else self.probe.attention_mask[rows.to(self.probe.attention_mask.device)]
+        )
+        return read_out(
+            self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers, attention_mask=padding
+        )
 
     def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head"]) -> Tensor:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
@@ -395,11 +403,19 @@ class Sweeper:
 
 
 def read_out(
-    model: HookedModel, tokens: Tensor, metric: Metric, hooks: list, n_layers: int, *, grad: bool = False
+    model: HookedModel,
+    tokens: Tensor,
+    metric: Metric,
+    hooks: list,
+    n_layers: int,
+    *,
+    grad: bool = False,
+    attention_mask: Tensor | None = None,
 ) -> Tensor:
-    """Run ``model`` with ``hooks``; return the metric's read-out (logits or final hidden state)."""
+    """Run ``model`` with ``hooks`` (and a padded probe's ``attention_mask``); return the metric's
+    read-out (logits or final hidden state)."""
     if metric.reads == "logits":
-        logits = run_with_reducers(model, tokens, hooks, grad=grad)
+        logits = run_with_reducers(model, tokens, hooks, grad=grad, attention_mask=attention_mask)
         return metric.read(logits)
     seen: dict[str, Tensor] = {}
     last = resid_post_hook(n_layers - 1)
@@ -407,5 +423,5 @@ def read_out(
     def grab(x: Tensor, hook: Any) -> None:
         seen["hidden"] = x
 
-    run_with_reducers(model, tokens, [*hooks, (last, grab)], stop_after=last, grad=grad)
+    run_with_reducers(model, tokens, [*hooks, (last, grab)], stop_after=last, grad=grad, attention_mask=attention_mask)
     return metric.read(seen["hidden"])

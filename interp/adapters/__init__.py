@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from interp.adapters.base import Adapter, AttentionInputs, Hook, HookedAdapter, HookedModel, OnAttention
@@ -49,6 +49,7 @@ def run_with_reducers(
     *,
     stop_after: str | None = None,
     grad: bool = False,
+    attention_mask: Bool[Tensor, "batch pos"] | None = None,
 ) -> Any:
     """``model.run_with_hooks(tokens, fwd_hooks)``, ending the pass right after ``stop_after`` fires.
 
@@ -56,8 +57,12 @@ def run_with_reducers(
     layer; when the last hook an analysis needs has fired, the pass stops by raising from a hook (the
     layers above and the unembedding never run). Patterns a bridge keeps are dropped as each layer
     ends. Returns the logits when the pass runs to the end, ``None`` when it was stopped early.
+    ``attention_mask`` (a padded probe's, False at padding) masks padded keys and gives each token its
+    position in its text alone.
     """
-    return adapter_for(model).run_with_reducers(tokens, fwd_hooks, stop_after=stop_after, grad=grad)
+    return adapter_for(model).run_with_reducers(
+        tokens, fwd_hooks, stop_after=stop_after, grad=grad, attention_mask=attention_mask
+    )
 
 
 __all__ = [

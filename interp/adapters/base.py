@@ -108,8 +108,12 @@ class Adapter(Protocol):
         *,
         stop_after: str | None = None,
         grad: bool = False,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
     ) -> Any:
-        """Run with ``fwd_hooks``, ending the pass right after ``stop_after`` fires (``None`` then)."""
+        """Run with ``fwd_hooks``, ending the pass right after ``stop_after`` fires (``None`` then).
+
+        ``attention_mask`` (False at padding) masks padded keys, and each token gets the position it
+        has in its text alone (``cumsum(mask) - 1``), whichever side the rows are padded on."""
         ...
 
     def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
@@ -178,6 +182,15 @@ class Adapter(Protocol):
         ...
 
 
+def padded_positions(attention_mask: Bool[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+    """Each token's position in its text alone: ``cumsum(mask) - 1``, 0 at left padding.
+
+    Hugging Face models given a mask but no position ids count positions from the row's first slot,
+    so a left-padded text would be shifted by its padding.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
 class _StopForward(Exception):
     """Raised from a hook to end a forward pass that has given all it was asked for."""
 
@@ -214,8 +227,13 @@ class HookedAdapter:
         *,
         stop_after: str | None = None,
         grad: bool = False,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
     ) -> Any:
         hooks = [*fwd_hooks, *self.cleanup_hooks()]
+        kwargs: dict[str, Any] = {}
+        if attention_mask is not None:
+            kwargs, padding_hooks = self.padding_inputs(tokens, attention_mask)
+            hooks = [*padding_hooks, *hooks]
         if stop_after is not None:
 
             def stop(_: Tensor, hook: Any) -> None:
@@ -224,11 +242,19 @@ class HookedAdapter:
             hooks.append((stop_after, stop))  # registered last: fires after the reducers on that point
         with torch.set_grad_enabled(grad):
             try:
-                return self.model.run_with_hooks(tokens, fwd_hooks=hooks)
+                return self.model.run_with_hooks(tokens, fwd_hooks=hooks, **kwargs)
             except _StopForward:
                 return None
             finally:
                 self.after_run()
+
+    def padding_inputs(
+        self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"]
+    ) -> tuple[dict[str, Any], HookList]:
+        """What a padded run adds: keyword arguments of the forward, and hooks (the bridge's forward
+        takes the mask and the position ids; see :func:`padded_positions`)."""
+        mask = attention_mask.to(tokens.device)
+        return {"attention_mask": mask.long(), "position_ids": padded_positions(mask)}, []
 
     # ---- capture (each adapter its own) -----------------------------------------------------------
 
@@ -304,4 +330,13 @@ class HookedAdapter:
         return W_O
 
 
-__all__ = ["Adapter", "AttentionInputs", "Hook", "HookList", "HookedAdapter", "HookedModel", "OnAttention"]
+__all__ = [
+    "padded_positions",
+    "Adapter",
+    "AttentionInputs",
+    "Hook",
+    "HookList",
+    "HookedAdapter",
+    "HookedModel",
+    "OnAttention",
+]

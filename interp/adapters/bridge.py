@@ -130,6 +130,16 @@ class BridgeAdapter(HookedAdapter):
     def release_patterns(self, layer: int) -> None:
         release_kept_pattern(self.model, layer)
 
+    def padding_inputs(self, tokens: Tensor, attention_mask: Tensor) -> tuple[dict[str, Any], HookList]:
+        """The mask and each token's position in its text alone, for the wrapped model's forward;
+        position ids are left out for models whose forward cannot take them (TransformerLens's own
+        test, e.g. fixed-signature remote code, or mRoPE models that derive their own)."""
+        kwargs, hooks = super().padding_inputs(tokens, attention_mask)
+        accepts = getattr(self.model, "_accepts_derived_position_ids", None)
+        if accepts is not None and not accepts():
+            kwargs.pop("position_ids")
+        return kwargs, hooks
+
     def after_run(self) -> None:
         if keeps_patterns(self.model):
             for layer in range(self.n_layers):

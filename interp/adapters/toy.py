@@ -12,10 +12,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from einops import rearrange
+from jaxtyping import Bool, Int
 from torch import Tensor
 
-from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention
+from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention, padded_positions
 from interp.hooks import k_hook, layer_of, q_hook, v_hook
 
 
@@ -42,6 +44,26 @@ class ToyAdapter(HookedAdapter):
 
     def check_capture(self) -> None:
         return None
+
+    def padding_inputs(
+        self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"]
+    ) -> tuple[dict[str, Any], HookList]:
+        """The toy takes no mask: hooks give each token its position in its text alone (learned
+        positions read at ``cumsum(mask) - 1``) and drop padded keys from every attention's logits
+        (which runs the reference path: the flash path has no key mask)."""
+        mask = attention_mask.to(tokens.device)
+        positions = padded_positions(mask)
+
+        def position(pos_embed: Tensor, hook: Any) -> Tensor:
+            return self.model.pos_embed(positions.to(pos_embed.device)).to(pos_embed.dtype)
+
+        def keys(scores: Tensor, hook: Any) -> Tensor:  # a finite fill: a padded query row stays finite
+            padded = ~mask.to(scores.device)[:, None, None, :]
+            return scores.masked_fill(padded, torch.finfo(scores.dtype).min)
+
+        hooks: HookList = [("hook_pos_embed", position)]
+        hooks += [(f"blocks.{layer}.attn.hook_attn_scores", keys) for layer in range(self.n_layers)]
+        return {}, hooks
 
     def _capture_hooks(self, on_attention: OnAttention) -> HookList:
         caught: dict[str, Tensor] = {}

@@ -40,6 +40,25 @@ def _built_by(name: str) -> Callable[..., TokenProbe]:
     return _BUILDERS[name]
 
 
+STREAM_PADDED = "the stream engine does not take padded probes yet: use --engine pattern"
+
+
+def refuse_padded_stream(probe: TokenProbe) -> None:
+    """The stream engine takes unpadded probes only (so far): refuse a padded one before any work."""
+    if probe.attention_mask is not None:
+        raise UsageError(STREAM_PADDED)
+
+
+def padded_engine(asked: str, probe: TokenProbe, engine: str, why: str) -> tuple[str, str]:
+    """``engine="auto"`` takes the pattern engine for a padded probe (the stream engine takes none yet);
+    an explicit ``"stream"`` is refused before any work."""
+    if probe.attention_mask is None or engine != "stream":
+        return engine, why
+    if asked == "auto":
+        return "pattern", "a padded probe: the stream engine does not take padded probes yet"
+    raise UsageError(STREAM_PADDED)
+
+
 @dataclass
 class TokenProbe:
     """A batch of token sequences plus where their body (non-framing tokens) lies."""
@@ -53,6 +72,11 @@ class TokenProbe:
     n_repeats: int | None = None
     seed: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # True at real tokens, False at padding; None for unpadded probes (every position real). Padded
+    # rows hold one block of real tokens, framed as the model expects, then (right) or before it
+    # (left) the pad token; ``body_start`` counts from a row's first real token, and ``body_end`` is
+    # the longest row's (see :meth:`body_mask` for each row's body).
+    attention_mask: Bool[Tensor, "batch pos"] | None = None
 
     @property
     def batch(self) -> int:
@@ -62,36 +86,103 @@ class TokenProbe:
     def seq_len(self) -> int:
         return self.tokens.shape[1]
 
+    @property
+    def padded(self) -> bool:
+        return self.attention_mask is not None
+
     def to(self, device: torch.device | str) -> TokenProbe:
         self.tokens = self.tokens.to(device)
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask.to(device)
         return self
 
     def select(self, rows: Sequence[int] | Tensor) -> TokenProbe:
         """The same probe restricted to the sequences ``rows`` (in that order)."""
         index = torch.as_tensor(list(rows) if not isinstance(rows, Tensor) else rows, dtype=torch.long)
-        return replace(self, tokens=self.tokens[index.to(self.tokens.device)], meta=dict(self.meta))
+        mask = self.attention_mask
+        mask = None if mask is None else mask[index.to(mask.device)]
+        return replace(
+            self, tokens=self.tokens[index.to(self.tokens.device)], attention_mask=mask, meta=dict(self.meta)
+        )
+
+    # ---- padding ----------------------------------------------------------------------------
+
+    def real_mask(self) -> Bool[Tensor, "batch pos"]:
+        """True at real tokens: the attention mask, or every position of an unpadded probe."""
+        if self.attention_mask is None:
+            return torch.ones_like(self.tokens, dtype=torch.bool)
+        return self.attention_mask.to(self.tokens.device)
+
+    def lengths(self) -> Int[Tensor, " batch"]:
+        """Each row's number of real tokens (framing included)."""
+        return self.real_mask().sum(-1)
+
+    def real_index(self) -> Int[Tensor, "batch pos"]:
+        """Each position's index among its row's real tokens (its position in the text alone); -1 at
+        left padding, the row's length and beyond at right padding."""
+        return self.real_mask().long().cumsum(-1) - 1
+
+    def position_ids(self) -> Int[Tensor, "batch pos"] | None:
+        """The positions the model must give each token so that a text sees what it sees alone
+        (``cumsum(mask) - 1``, 0 at left padding); None for an unpadded probe (the default arange)."""
+        if self.attention_mask is None:
+            return None
+        return self.real_index().clamp_min(0)
+
+    def offsets(self) -> Int[Tensor, " batch"]:
+        """Where each row's first real token sits (its left padding)."""
+        return (~self.real_mask()).long().cumprod(-1).sum(-1)
+
+    def right_padded(self) -> TokenProbe:
+        """The same texts with every row's real tokens moved to the left (right padding): position
+        ``p`` of each row is then its text's position ``p``. Unpadded and right-padded probes are
+        returned as they are."""
+        if self.attention_mask is None or not bool(self.offsets().any()):
+            return self
+        pos = torch.arange(self.seq_len, device=self.tokens.device)
+        index = (pos[None] + self.offsets()[:, None]).clamp_max(self.seq_len - 1)
+        mask = pos[None] < self.lengths()[:, None]
+        pad = int(self.meta.get("pad_token_id", 0))
+        tokens = torch.where(mask, self.tokens.gather(1, index), pad)
+        return replace(self, tokens=tokens, attention_mask=mask, meta=dict(self.meta))
+
+    def body_mask(self) -> Bool[Tensor, "batch pos"]:
+        """Each row's body: real tokens past its framing prefix and before its framing suffix."""
+        if self.attention_mask is None:
+            return self._body().expand(self.batch, -1)
+        n_suffix = self.seq_len - self.body_end
+        r = self.real_index()
+        return self.real_mask() & (r >= self.body_start) & (r < self.lengths()[:, None] - n_suffix)
 
     @classmethod
-    def from_tokens(cls, model: Any, tokens: Any, *, framed: bool = False) -> TokenProbe:
+    def from_tokens(cls, model: Any, tokens: Any, *, framed: bool = False, attention_mask: Any = None) -> TokenProbe:
         """Your own token ids as a probe: ``[batch, pos]``, or one ``[pos]`` sequence.
 
         The ids are the body, and the model's framing is added around them as for every built-in
         probe (a BOS for decoders that expect one, ``[CLS] ... [SEP]`` for encoders). Ids that
         already carry it (``model.to_tokens(text)`` prepends a BOS) take ``framed=True``: the framing
         is then checked, not added. Scores read the duplicate and induction targets from the ids.
+
+        ``attention_mask`` (``[batch, pos]``, 1 at real tokens) marks padded ids: each row's real ids
+        must be one block, all rows padded on the same side; the probe is then padded the same way
+        (framing around each row's real ids) and every analysis reads real positions only.
         """
-        return _built_by("from_tokens")(model, tokens, framed=framed)
+        return _built_by("from_tokens")(model, tokens, framed=framed, attention_mask=attention_mask)
 
     @classmethod
-    def from_texts(cls, model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
+    def from_texts(
+        cls, model: Any, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
+    ) -> TokenProbe:
         """Your own prompts as a probe: each text tokenized (no special tokens), framed for the model.
 
-        Sequences in a batch share one length: every text is cut to ``seq_len`` tokens, by default
-        the shortest text's length (with a warning when that cuts others). A model without a
-        tokenizer (the toy) reads UTF-8 bytes mapped onto its ordinary vocabulary, as
-        :func:`text_probe` does.
+        Texts of different lengths are padded with the model's pad token to the longest one, on the
+        side ``padding`` names (``"right"`` or ``"left"``), and the probe carries an attention mask:
+        every analysis then reads each text's real positions only, and gives each text what it gives
+        alone (left-padded texts get positions counted from their first real token). ``seq_len``
+        cuts longer texts to that many tokens. A model without a tokenizer (the toy) reads UTF-8
+        bytes mapped onto its ordinary vocabulary, as :func:`text_probe` does.
         """
-        return _built_by("from_texts")(model, texts, seq_len=seq_len)
+        return _built_by("from_texts")(model, texts, seq_len=seq_len, padding=padding)
 
     # ---- structural masks -------------------------------------------------------------------
 
@@ -103,12 +194,14 @@ class TokenProbe:
         ordinary = torch.ones_like(self.tokens, dtype=torch.bool)
         for t in self.special_token_ids:
             ordinary &= self.tokens != t
-        return ordinary & self._body()
+        return ordinary & self.body_mask()
 
     def prev_query_mask(self) -> Bool[Tensor, "batch pos"]:
-        """Queries that have a previous token: every body position (position 0 never)."""
-        pos = torch.arange(self.seq_len, device=self.tokens.device)
-        return (self._body() & (pos >= 1)).expand(self.batch, -1)
+        """Queries that have a previous token: every body position (a row's first real token never)."""
+        if self.attention_mask is None:
+            pos = torch.arange(self.seq_len, device=self.tokens.device)
+            return (self._body() & (pos >= 1)).expand(self.batch, -1)
+        return self.body_mask() & (self.real_index() >= 1)
 
     def duplicate_mask(self) -> Bool[Tensor, "batch q k"]:
         """``[b, q, k]`` is True when ``k != q`` holds the same ordinary token (``k < q`` if causal)."""
@@ -174,6 +267,10 @@ class TokenProbe:
 
     def prev_pairs(self, every_query: bool = False) -> Int[Tensor, "n 3"]:
         """``(batch, q, q - 1)`` for the queries of :meth:`prev_query_mask` (every ``q >= 1`` if asked)."""
+        if self.attention_mask is not None:  # rows differ: each row's own queries
+            queries = self.prev_query_mask() if not every_query else self.real_mask() & (self.real_index() >= 1)
+            b, q = queries.cpu().nonzero().unbind(-1)
+            return torch.stack([b, q, q - 1], -1)
         q = torch.arange(1, self.seq_len)
         if not every_query:
             q = q[self.prev_query_mask()[0, 1:].cpu()]

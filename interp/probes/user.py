@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from interp.adapters import is_toy
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes.draw import check_fits, check_positive, frame_tokens, framed_probe, ordinary_vocab
@@ -16,7 +18,12 @@ from interp.probes.probe import TokenProbe, builds
 
 @builds("from_tokens")
 def probe_from_tokens(
-    model: Any, tokens: Any, *, framed: bool = False, meta: dict[str, Any] | None = None
+    model: Any,
+    tokens: Any,
+    *,
+    framed: bool = False,
+    attention_mask: Any = None,
+    meta: dict[str, Any] | None = None,
 ) -> TokenProbe:
     """:meth:`TokenProbe.from_tokens`; ``meta`` adds to the probe's record."""
     info = describe(model)
@@ -31,6 +38,12 @@ def probe_from_tokens(
     bad = ids[(ids < 0) | (ids >= info.d_vocab)]
     if len(bad):
         raise UsageError(f"token id {int(bad[0])} is outside the model's vocabulary of {info.d_vocab}")
+    if attention_mask is not None:
+        rows, side = _mask_rows(ids, attention_mask)
+        if len({len(r) for r in rows}) > 1:
+            record = {"kind": "tokens", "batch": ids.shape[0], "seq_len": ids.shape[1], **(meta or {})}
+            return padded_probe(model, rows, side, framed=framed, meta=record)
+        ids = torch.tensor(rows, dtype=torch.long)  # every row whole: no padding at all
     prefix, suffix, names = frame_tokens(info)
     starts_framed = (
         bool(prefix) and ids.shape[1] > len(prefix) and bool((ids[:, : len(prefix)] == torch.tensor(prefix)).all())
@@ -57,11 +70,15 @@ def probe_from_tokens(
 
 
 @builds("from_texts")
-def probe_from_texts(model: Any, texts: str | Sequence[str], *, seq_len: int | None = None) -> TokenProbe:
+def probe_from_texts(
+    model: Any, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
+) -> TokenProbe:
     """:meth:`TokenProbe.from_texts`."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise UsageError("texts must be a string or a non-empty list of strings")
+    if padding not in PADDINGS:
+        raise UsageError(f"padding must be 'right' or 'left', got {padding!r}")
     if seq_len is not None:
         check_positive(seq_len=seq_len)
     info = describe(model)
@@ -74,18 +91,114 @@ def probe_from_texts(model: Any, texts: str | Sequence[str], *, seq_len: int | N
         rows = [vocab[torch.tensor(list(t.encode("utf-8")), dtype=torch.long) % len(vocab)].tolist() for t in texts]
         how = f"utf-8 bytes mod {len(vocab)} ordinary ids"
     lengths = [len(r) for r in rows]
-    n = seq_len or min(lengths)
-    short = [i for i, length in enumerate(lengths) if length < max(n, 1)]
-    if short:
-        i = short[0]
+    empty = [i for i, n in enumerate(lengths) if n == 0]
+    if empty:
+        raise UsageError(f"text {empty[0]} has no tokens: drop it, or give it some text")
+    if seq_len is not None:
+        rows = [r[:seq_len] for r in rows]
+    record = {"kind": "texts", "tokenization": how, "text_tokens": lengths}
+    if len({len(r) for r in rows}) == 1:  # one length: no padding, no mask
+        return probe_from_tokens(model, torch.tensor(rows, dtype=torch.long), meta=record)
+    return padded_probe(model, rows, padding, meta=record)
+
+
+PADDINGS = ("right", "left")
+
+
+def pad_token_id(model: Any) -> int | None:
+    """The id padded positions hold: the tokenizer's pad token, or the config's; the toy (no
+    tokenizer, no pad token, and never reads a padded position) pads with id 0."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        return getattr(tokenizer, "pad_token_id", None)
+    pad = getattr(getattr(model, "cfg", None), "pad_token_id", None)
+    if pad is None and is_toy(model):
+        return 0
+    return pad
+
+
+def _no_pad_message(info: Any) -> str:
+    return (
+        f"texts of different lengths need padding, but {info.name} has no pad token: set one "
+        "(model.tokenizer.pad_token = model.tokenizer.eos_token; any id works, padded positions are "
+        "never read), or pass seq_len= no longer than the shortest text to cut every text to one length"
+    )
+
+
+def padded_probe(
+    model: Any, rows: list[list[int]], padding: str, *, framed: bool = False, meta: dict[str, Any]
+) -> TokenProbe:
+    """Frame each row of body ids (``framed=True``: check and keep its framing), pad the rows to one
+    length on the side ``padding`` names, and carry the attention mask."""
+    if padding not in PADDINGS:
+        raise UsageError(f"padding must be 'right' or 'left', got {padding!r}")
+    info = describe(model)
+    pad = pad_token_id(model)
+    if pad is None:
+        raise UsageError(_no_pad_message(info))
+    prefix, suffix, names = frame_tokens(info)
+    framed_rows = []
+    for i, row in enumerate(rows):
+        if not row:
+            raise UsageError(f"row {i} is all padding (no real token): drop it, or give it at least one token")
+        if framed:
+            n_pre, n_suf = len(prefix), len(suffix)
+            ok = row[:n_pre] == prefix and (not n_suf or row[len(row) - n_suf :] == suffix) and len(row) > n_pre + n_suf
+            if not ok:
+                raise UsageError(
+                    f"framed=True, but row {i}'s real tokens are not framed as this model expects "
+                    f"({' ... '.join(names)}): pass framed=False to have the framing added"
+                )
+            framed_rows.append(list(row))
+        else:
+            framed_rows.append([*prefix, *row, *suffix])
+    n_body = max(len(r) for r in framed_rows) - len(prefix) - len(suffix)
+    check_fits(info, n_body, str(n_body), lambda room: f"the longest body is {room}; pass shorter texts or seq_len=")
+    T = max(len(r) for r in framed_rows)
+    tokens = torch.full((len(rows), T), int(pad), dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, r in enumerate(framed_rows):
+        where = slice(0, len(r)) if padding == "right" else slice(T - len(r), T)
+        tokens[i, where] = torch.tensor(r, dtype=torch.long)
+        mask[i, where] = True
+    record = {**meta, "padding": padding, "pad_token_id": int(pad), "lengths": [len(r) for r in framed_rows]}
+    return TokenProbe(
+        tokens=tokens.to(info.device),
+        body_start=len(prefix),
+        body_end=T - len(suffix),
+        causal=info.is_causal,
+        special_token_ids=info.special_token_ids,
+        meta={"kind": record.get("kind"), "framing": names, **record},
+        attention_mask=mask.to(info.device),
+    )
+
+
+def _mask_rows(ids: Tensor, attention_mask: Any) -> tuple[list[list[int]], str]:
+    """Each row's real ids under ``attention_mask``, and the side the rows are padded on."""
+    mask = torch.as_tensor(attention_mask)
+    if tuple(mask.shape) != tuple(ids.shape):
         raise UsageError(
-            f"text {i} has {lengths[i]} tokens, fewer than seq_len={n}: pass longer texts or a smaller seq_len"
+            f"attention_mask has shape {tuple(mask.shape)}, the tokens {tuple(ids.shape)}: give one mask per token"
         )
-    if seq_len is None and max(lengths) > n:
-        warnings.warn(
-            f"the texts have {n} to {max(lengths)} tokens; each is cut to the shortest ({n}): "
-            "pass seq_len= to choose the length",
-            stacklevel=3,
+    if mask.dtype.is_floating_point and not bool(((mask == 0) | (mask == 1)).all()):
+        raise UsageError("attention_mask must hold 0 (padding) and 1 (real token) only")
+    mask = mask.bool().cpu()
+    empty = (~mask.any(-1)).nonzero().squeeze(-1).tolist()
+    if empty:
+        raise UsageError(f"row {empty[0]} of the attention mask is all padding (no real token): drop it")
+    T = mask.shape[1]
+    first = mask.long().argmax(-1)
+    length = mask.sum(-1)
+    pos = torch.arange(T)
+    block = (pos[None] >= first[:, None]) & (pos[None] < (first + length)[:, None])
+    if not bool((block == mask).all()):
+        bad = int((block != mask).any(-1).nonzero()[0])
+        raise UsageError(f"row {bad} of the attention mask has padding between real tokens: pad each row on one side")
+    right = bool((first == 0).all())
+    left = bool((first + length == T).all())
+    if not (right or left):
+        raise UsageError(
+            "the attention mask pads some rows on the left and others on the right: pad every row on one side"
         )
-    body = torch.tensor([r[:n] for r in rows], dtype=torch.long)
-    return probe_from_tokens(model, body, meta={"kind": "texts", "tokenization": how, "text_tokens": lengths})
+    rows = [ids[i, mask[i]].tolist() for i in range(ids.shape[0])]
+    return rows, "right" if right else "left"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from interp import distributed
 from interp._io import atomic_write, atomic_write_json
@@ -16,6 +17,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes import TokenProbe, random_tokens
+from interp.probes.probe import padded_engine
 from interp.scores import HeadScores
 from interp.sinks.stats import (
     ABS_THRESHOLD,
@@ -26,8 +28,9 @@ from interp.sinks.stats import (
     SINK_RATIO,
     concat_statistics,
     queries_per_key,
+    queries_per_key_rows,
     sink_statistics,
-    uniform_mass,
+    uniform_mass_rows,
 )
 from interp.sinks.summary import sink_summary
 from interp.sinks.tables import (
@@ -193,8 +196,10 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
-    engine, why = choose_engine(
-        cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget
+    engine, why = padded_engine(
+        cfg.engine,
+        probe,
+        *choose_engine(cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget),
     )
     stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
         lambda p: sink_statistics(
@@ -213,10 +218,19 @@ def sink_scores(
     )
     T, causal, L, H = probe.seq_len, info.is_causal, info.n_layers, info.n_heads
     n_k = queries_per_key(T, causal)
-    alpha_seq = stats.received / n_k  # [B, L, H, T]
-    alpha = alpha_seq.mean(0)  # [L, H, T]
+    if probe.padded:  # the statistics are aligned: position p of each row is its text's position p
+        probe = probe.right_padded()
+        n_k_rows = queries_per_key_rows(probe)  # [B, T], 0 past a row's text
+        alpha_seq = stats.received / n_k_rows[:, None, None, :]  # NaN past a row's text
+        alpha = alpha_seq.nanmean(0)
+        lengths = probe.lengths().cpu()[:, None]
+        eligible = (n_k_rows >= lengths.clamp_max(min_queries)) & (torch.arange(T)[None] < lengths)
+        n_k = n_k_rows.amax(0)  # the position table's n_queries: the longest text's
+    else:
+        alpha_seq = stats.received / n_k  # [B, L, H, T]
+        alpha = alpha_seq.mean(0)  # [L, H, T]
+        eligible = n_k >= min(min_queries, T)
     sep = sep_position(info, probe)
-    eligible = n_k >= min(min_queries, T)
     first = first_label(info, probe)
 
     heads = head_table(stats, alpha, sep, eligible, probe, causal, n_boot, level, seed)
@@ -237,7 +251,7 @@ def sink_scores(
         epsilon=epsilon,
         sink_rate=float(shares.mean()),
         sep_sink_rate=None if sep is None else float((alpha[:, :, sep] > epsilon).float().mean()),
-        uniform_first_mass=float(uniform_mass(T, causal)[0]),
+        uniform_first_mass=float(uniform_mass_rows(probe)[:, 0].mean()),
         abs_threshold=abs_threshold,
         rel_threshold=rel_threshold,
         sink_ratio=sink_ratio,

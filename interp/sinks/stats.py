@@ -23,6 +23,7 @@ from interp.adapters import AttentionInputs, HookedModel, describe, run_with_red
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
+from interp.probes.probe import refuse_padded_stream
 from interp.stream.driver import check_finite, column_pass, row_pass, run_streamed
 
 EPSILON = 0.3
@@ -77,6 +78,7 @@ def sink_statistics(
     if engine not in ("pattern", "stream"):
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     if engine == "stream":
+        refuse_padded_stream(probe)
         return stream_sink_statistics(
             model,
             probe,
@@ -93,6 +95,9 @@ def sink_statistics(
     chunks = range(0, B, step)
     for start in tqdm(chunks, desc="sink pass", disable=not progress or len(chunks) == 1):
         sl = slice(start, start + step)
+        if probe.padded:
+            _padded_chunk(model, probe, stats, sl, info.name, abs_threshold, rel_threshold, max_massive)
+            continue
 
         def values(v: Float[Tensor, "batch pos kv_head d_head"], hook: Any) -> None:
             v = rearrange(v.detach().float(), f"{info.v_layout} -> b p h d")  # latent attention: head first
@@ -116,6 +121,70 @@ def sink_statistics(
             hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern)]
         run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
     return cap_massive(absent_nan(stats, info.absent_layers), max_massive)
+
+
+def _padded_chunk(
+    model: HookedModel,
+    probe: TokenProbe,
+    stats: SinkStatistics,
+    sl: slice,
+    name: str,
+    abs_threshold: float,
+    rel_threshold: float,
+    max_massive: int,
+) -> None:
+    """The sink pass over the padded sequences ``sl``, stored *aligned*: position ``p`` of each row is
+    its text's position ``p`` (a left-padded row's real tokens move to the front), padded slots hold 0
+    (received mass) or NaN (value norms, residual magnitudes), and the statistics of each row are what
+    its text gives alone: padded queries and keys are left out of every reduction."""
+    L = stats.received.shape[1]
+    real = probe.real_mask()[sl]
+    offsets = probe.offsets()[sl]
+    T = real.shape[1]
+    pos = torch.arange(T, device=real.device)
+    index = (pos[None] + offsets[:, None]).clamp_max(T - 1)  # aligned slot -> padded position
+    inside = pos[None] < real.sum(-1, keepdim=True)  # aligned slots holding a real token
+    ridx = probe.real_index()[sl]
+    scored = real & ((ridx >= 1) if probe.causal else True)  # queries that see at least two keys
+    first = real & (ridx == 0)  # each row's first real token
+
+    def align(x: Tensor, dim: int, fill: float) -> Tensor:
+        """Move ``x``'s position axis ``dim`` into aligned slots; ``fill`` past each row's text."""
+        shape = [1] * x.ndim
+        shape[0], shape[dim] = x.shape[0], T
+        idx = index.to(x.device).reshape(shape).expand_as(x)
+        keep = inside.to(x.device).reshape(shape).expand_as(x)
+        return torch.where(keep, x.gather(dim, idx), torch.full_like(x, fill))
+
+    def values(v: Float[Tensor, "batch pos kv_head d_head"], hook: Any) -> None:
+        record_value_norms(stats, align(v.detach().float().norm(dim=-1), 1, float("nan")), layer_of(hook), sl)
+
+    def pattern(a: Float[Tensor, "batch head q k"], hook: Any) -> None:
+        layer = layer_of(hook)
+        a = a.detach().float()
+        q_real = real.to(a.device)[:, None, :, None]
+        a = torch.where(q_real, a, 0.0)  # padded query rows are left out
+        rows = a.sum(-1)
+        check_finite(rows, layer, name)
+        dev = (rows - 1).abs()[real.to(a.device)[:, None, :].expand_as(rows)]
+        stats.max_row_deviation = max(stats.max_row_deviation, float(dev.max()))
+        stats.received[sl, layer] = align(a.sum(-2), 2, 0.0).cpu()
+        s = scored.to(a.device)[:, None, :].float()
+        stats.confidence[sl, layer] = (a.amax(-1) * s).sum(-1).cpu()
+        rest = a.masked_fill(first.to(a.device)[:, None, None, :], 0.0)  # the first real key left out
+        stats.confidence_no_first[sl, layer] = (rest.amax(-1) * s).sum(-1).cpu()
+
+    def residual(x: Float[Tensor, "batch pos d_model"], hook: Any) -> None:
+        layer = layer_of(hook)
+        x = align(x.detach().float(), 1, float("nan"))
+        reduce_residual(stats, x, layer, sl, abs_threshold, rel_threshold, max_massive)
+
+    hooks = []
+    for layer in range(L):
+        hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
+    run_with_reducers(
+        model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1), attention_mask=probe.attention_mask[sl]
+    )
 
 
 def stream_sink_statistics(
@@ -204,9 +273,13 @@ def reduce_residual(
     stats.resid_max[rows, layer] = mag.amax(-1).cpu()
     stats.resid_median[rows, layer] = med.cpu()
     flat = mag.flatten(1)
-    stats.resid_top[rows, layer] = flat.topk(min(3, flat.shape[1]), dim=-1).values.cpu()
-    stats.resid_seq_median[rows, layer] = flat.median(-1).values.cpu()
-    hits = (mag > abs_threshold) & (mag > rel_threshold * med[..., None])
+    if bool(flat.isnan().any()):  # padded slots (NaN) are left out: -inf never ranks, nanmedian skips
+        stats.resid_top[rows, layer] = flat.nan_to_num(-float("inf")).topk(min(3, flat.shape[1]), dim=-1).values.cpu()
+        stats.resid_seq_median[rows, layer] = flat.nanmedian(-1).values.cpu()
+    else:
+        stats.resid_top[rows, layer] = flat.topk(min(3, flat.shape[1]), dim=-1).values.cpu()
+        stats.resid_seq_median[rows, layer] = flat.median(-1).values.cpu()
+    hits = (mag > abs_threshold) & (mag > rel_threshold * med[..., None])  # NaN compares False
     if hits.any():
         idx = hits.nonzero()
         vals = x[hits]
@@ -270,3 +343,26 @@ def uniform_mass(T: int, causal: bool) -> Float[Tensor, " k"]:
     inv = 1.0 / torch.arange(1, T + 1).double()  # query i sees i + 1 keys
     tail = inv.flip(0).cumsum(0).flip(0)  # sum_{i >= k} 1 / (i + 1)
     return (tail / queries_per_key(T, True).double()).float()
+
+
+def queries_per_key_rows(probe: TokenProbe) -> Float[Tensor, "batch k"]:
+    """``n_k`` of each row of an aligned probe (:meth:`TokenProbe.right_padded`): as its text alone
+    has them, 0 past its text. An unpadded probe's rows all equal :func:`queries_per_key`."""
+    T = probe.seq_len
+    if not probe.padded:
+        return queries_per_key(T, probe.causal)[None].expand(probe.batch, -1)
+    lengths = probe.lengths().cpu().float()[:, None]
+    k = torch.arange(T).float()[None]
+    n = (lengths - k) if probe.causal else lengths.expand(-1, T)
+    return torch.where(k < lengths, n, 0.0)
+
+
+def uniform_mass_rows(probe: TokenProbe) -> Float[Tensor, "batch k"]:
+    """:func:`uniform_mass` of each row's text, aligned (NaN past a row's text)."""
+    T = probe.seq_len
+    if not probe.padded:
+        return uniform_mass(T, probe.causal)[None].expand(probe.batch, -1)
+    out = torch.full((probe.batch, T), float("nan"))
+    for b, n in enumerate(probe.lengths().cpu().tolist()):
+        out[b, :n] = uniform_mass(n, probe.causal)
+    return out

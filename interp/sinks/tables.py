@@ -15,7 +15,7 @@ from torch import Tensor
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe, ordinary_vocab
 from interp.scores import HeadScores, bootstrap_ratio
-from interp.sinks.stats import SinkStatistics, queries_per_key, scored_queries, uniform_mass
+from interp.sinks.stats import SinkStatistics, queries_per_key_rows, scored_queries, uniform_mass_rows
 
 
 def first_label(info: ModelInfo, probe: TokenProbe) -> str:
@@ -27,6 +27,8 @@ def first_label(info: ModelInfo, probe: TokenProbe) -> str:
 def sep_position(info: ModelInfo, probe: TokenProbe) -> int | None:
     """The encoder's trailing ``[SEP]`` position, when the probe is framed with one."""
     if info.is_causal or info.sep_token_id is None or probe.body_end >= probe.seq_len:
+        return None
+    if probe.padded:  # each row's [SEP] sits elsewhere: its token's role says it (see _role)
         return None
     return probe.body_end
 
@@ -43,28 +45,43 @@ def head_table(
     seed: int,
 ) -> HeadScores:
     T = probe.seq_len
-    n_k = queries_per_key(T, causal)
     num = stats.received[..., 0]
-    point, lo, hi = bootstrap_ratio(num, torch.full_like(num, float(n_k[0])), n_boot=n_boot, level=level, seed=seed)
+    n_first = queries_per_key_rows(probe)[:, 0]  # each text's queries on its first token
+    den = n_first[:, None, None].expand_as(num).clone()
+    point, lo, hi = bootstrap_ratio(num, den, n_boot=n_boot, level=level, seed=seed)
+    if eligible.ndim == 2:  # padded: a position counts where any text has it eligible
+        eligible = eligible.any(0)
     grids: dict[str, Tensor] = {"first_mass": point, "first_mass_lo": lo, "first_mass_hi": hi}
     if sep is not None:
         grids["sep_mass"] = alpha[..., sep]
     other = alpha.clone()
     other[..., 0] = -1.0
     other[..., ~eligible] = -1.0
+    other = other.nan_to_num(-1.0)
     if other.shape[-1] > 1:
         grids["top_other_mass"], grids["top_other_pos"] = other.max(-1)
         grids["top_other_mass"] = grids["top_other_mass"].clamp_min(0)
-    n_scored = len(range(T)[scored_queries(T, causal)])
-    grids["confidence"] = stats.confidence.mean(0) / max(n_scored, 1)
-    grids["confidence_no_first"] = stats.confidence_no_first.mean(0) / max(n_scored, 1)
     vn = stats.value_norm  # [B, L, T, H]
-    body = torch.zeros(T, dtype=torch.bool)
-    body[max(probe.body_start, 1) : probe.body_end] = True
-    if sep is not None:
-        body[sep] = False
     vn_first = vn[:, :, 0].mean(0)  # [L, H]
-    vn_other = vn[:, :, body].mean((0, 2)) if body.any() else torch.full_like(vn_first, float("nan"))
+    if probe.padded:  # each text's own scored queries and body (the statistics are aligned)
+        lengths = probe.lengths().cpu().float()
+        n_scored = (lengths - 1 if causal else lengths).clamp_min(1)[:, None, None]
+        grids["confidence"] = (stats.confidence / n_scored).mean(0)
+        grids["confidence_no_first"] = (stats.confidence_no_first / n_scored).mean(0)
+        rows = probe.body_mask().cpu() & (torch.arange(T)[None] >= 1)  # [B, T]
+        w = rows[:, None, :, None].float()
+        vn_other = (vn.nan_to_num(0.0) * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)
+        if not bool(rows.any()):
+            vn_other = torch.full_like(vn_first, float("nan"))
+    else:
+        n_scored = len(range(T)[scored_queries(T, causal)])
+        grids["confidence"] = stats.confidence.mean(0) / max(n_scored, 1)
+        grids["confidence_no_first"] = stats.confidence_no_first.mean(0) / max(n_scored, 1)
+        body = torch.zeros(T, dtype=torch.bool)
+        body[max(probe.body_start, 1) : probe.body_end] = True
+        if sep is not None:
+            body[sep] = False
+        vn_other = vn[:, :, body].mean((0, 2)) if body.any() else torch.full_like(vn_first, float("nan"))
     grids["value_norm_first"] = vn_first
     grids["value_norm_other"] = vn_other
     grids["value_norm_ratio"] = vn_first / vn_other.clamp_min(1e-30)
@@ -121,9 +138,9 @@ def occurrences(
     sink_ratio: float,
 ) -> pd.DataFrame:
     """A row per eligible (sequence, position): its token, role and the attention it draws."""
-    uniform = uniform_mass(probe.seq_len, probe.causal)
+    uniform = uniform_mass_rows(probe)  # [B, T]: each text's own
     ratio = alpha_seq.mean((1, 2)) / uniform  # [B, T]
-    share = ((alpha_seq > epsilon) & (alpha_seq >= sink_ratio * uniform)).float().mean((1, 2))
+    share = ((alpha_seq > epsilon) & (alpha_seq >= sink_ratio * uniform[:, None, None, :])).float().mean((1, 2))
     mass = alpha_seq.mean((1, 2))
     tokens = probe.tokens.cpu()
     b, k = torch.meshgrid(torch.arange(probe.batch), torch.arange(probe.seq_len), indexing="ij")
@@ -239,9 +256,10 @@ def layer_table(
 
 
 def _masked_mean(x: Float[Tensor, "batch layer pos"], mask: Tensor) -> Float[Tensor, " layer"]:
+    mask = mask & ~x.isnan()  # padded slots (NaN) are left out
     m = mask.float()
     total = m.sum((0, 2))
-    return torch.where(total > 0, (x * m).sum((0, 2)) / total.clamp_min(1), torch.tensor(float("nan")))
+    return torch.where(total > 0, (x.nan_to_num(0.0) * m).sum((0, 2)) / total.clamp_min(1), torch.tensor(float("nan")))
 
 
 def position_table(alpha: Tensor, epsilon: float, sep: int | None, n_k: Tensor, first: str) -> pd.DataFrame:
