@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 CI_SUFFIXES = ("_lo", "_hi")
 STEM = "head_scores"  # file stem of a saved table of head scores when none is given
 MIN_CI_SEQUENCES = 5  # a bootstrap CI over fewer probe sequences is flagged as unreliable
+NOISE_FLOOR_FRACTION = 0.01  # importances smaller than 1% of |unablated metric| are drawn as noise
 _FILE_LABEL = re.compile(r"^L(\d+)H(\d+)$")
 
 
@@ -74,6 +75,22 @@ def bootstrap_ratio(
     lo = torch.quantile(ratios, alpha, dim=0)
     hi = torch.quantile(ratios, 1 - alpha, dim=0)
     return point.float(), lo.float(), hi.float()
+
+
+def bootstrap_mean(
+    values: Float[Tensor, " batch *rest"], *, n_boot: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[Float[Tensor, "*rest"], Float[Tensor, "*rest"], Float[Tensor, "*rest"]]:
+    """The mean over sequences (dim 0) of per-sequence values and its percentile bootstrap CI
+    (:func:`bootstrap_ratio` with a denominator of one per sequence). NaN entries (heads not
+    evaluated) stay NaN."""
+    values = values.double().cpu()
+    nan = torch.isnan(values).all(0)
+    point, lo, hi = bootstrap_ratio(
+        torch.nan_to_num(values), torch.ones_like(values), n_boot=n_boot, level=level, seed=seed
+    )
+    for t in (point, lo, hi):
+        t[nan] = float("nan")
+    return point, lo, hi
 
 
 @dataclass
