@@ -58,6 +58,9 @@ _API = {
     "logit_diff": "interp.ablation",
     # figures and the atlas
     "heatmap": "interp.plots",
+    "save_figure": "interp.plots",
+    "save_png": "interp.plots",
+    "view_patterns": "interp.report.patterns_view",
     "head_atlas": "interp.report",
     # errors
     "InterpError": "interp.errors",
@@ -88,11 +91,14 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.models import from_hf_model as from_hf_model
     from interp.models import load_model as load_model
     from interp.plots import heatmap as heatmap
+    from interp.plots import save_figure as save_figure
+    from interp.plots import save_png as save_png
     from interp.probes import TokenProbe as TokenProbe
     from interp.probes import random_tokens as random_tokens
     from interp.probes import repeated_tokens as repeated_tokens
     from interp.probes import text_probe as text_probe
     from interp.report import head_atlas as head_atlas
+    from interp.report.patterns_view import view_patterns as view_patterns
     from interp.scores import HeadScores as HeadScores
     from interp.sinks import SinkReport as SinkReport
     from interp.sinks import sink_scores as sink_scores

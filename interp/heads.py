@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from interp import distributed
 from interp.adapters import AttentionInputs, HookedModel, ModelInfo, describe, run_with_reducers
 from interp.config import RunConfig, run_header
-from interp.errors import NonFiniteAttentionError, UsageError
+from interp.errors import InterpError, NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
 from interp.probes.probe import padded_engine, refuse_padded_stream
@@ -434,6 +434,10 @@ def head_scores(
         engine=engine,
         engine_reason=why,
     )
+    try:  # what a uniform head scores: the figure's baselines and marks, recorded in every saved JSON
+        meta["baselines"] = {k: v for k, v in uniform_baselines(probe).items() if k in scores}
+    except (InterpError, ZeroDivisionError, ValueError):
+        pass
     return HeadScores.from_grids(grids, meta)
 
 

@@ -5,7 +5,7 @@ scale shared by all its panels and drawn as a colour bar (attention masses 0..1;
 -1..1, diverging around 0; ablation importance anchored at 0). Panels are sized by the model's
 number of layers and heads and wrap into rows that fit a 1400-pixel window.
 
-Every figure is saved as interactive HTML (atomically), and as PNG too when a Chrome or Chromium is
+Every figure is saved as interactive, self-contained HTML (plotly.js inlined, atomically), and as PNG too when a Chrome or Chromium is
 available (:mod:`interp.browser`); when none is, :func:`save_figure` says so once, in one line.
 """
 
@@ -41,6 +41,40 @@ PRETTY = {
     "metric_ablated": "metric when ablated",
 }
 MAX_WIDTH = 1380  # figures fit a 1400-pixel window
+MARK_THRESHOLD = 0.3  # the role rule's effect size: a mark needs the CI above the baseline and this much score
+NEUTRAL = "#d5d9de"  # cells inside an importance's noise floor
+# one template for every figure the toolkit draws: heatmaps, bars, curves, the sinks and gate plots
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        font=dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=13, color="#1f2933"),
+        title=dict(x=0.0, xanchor="left", font=dict(size=16)),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        colorway=["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"],
+        xaxis=dict(showline=True, linecolor="#9aa5b1", gridcolor="#eef2f6", zeroline=False, ticks="outside"),
+        yaxis=dict(showline=True, linecolor="#9aa5b1", gridcolor="#eef2f6", zeroline=False, ticks="outside"),
+        legend=dict(bgcolor="rgba(255,255,255,0.8)"),
+        hoverlabel=dict(font=dict(size=12)),
+    )
+)
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x")
+
+
+def styled(fig: go.Figure) -> go.Figure:
+    """``fig`` on the toolkit's one :data:`TEMPLATE` (every figure builder ends here)."""
+    fig.update_layout(template=TEMPLATE)
+    return fig
+
+
+def title_width(title: str | None, left: int = 70) -> int:
+    """The width a figure needs so that its title is not cut off (plain text, about 8 px a character)."""
+    import re
+
+    if not title:
+        return 0
+    longest = max(len(re.sub(r"<[^>]+>", "", line)) for line in re.split(r"<br\s*/?>", title))
+    return int(left + 8.5 * longest + 20)
 
 
 @dataclass(frozen=True)
@@ -115,17 +149,37 @@ def heatmap(
     colorscale: str | None = None,
     value_name: str = "value",
     max_width: int = MAX_WIDTH,
+    threshold: float = MARK_THRESHOLD,
+    noise_floor: Mapping[str, float] | None = None,
 ) -> go.Figure:
     """One layer x head panel per score, one fixed colour scale (and colour bar) per score family.
 
     Hovering a cell shows the head, the value, its CI and the uniform baseline. ``baselines``
-    (``{score: value}``, e.g. what a uniformly attending head scores) are written under the panel
-    titles, and a dot marks each head whose CI lies wholly above its score's baseline. ``scales``
-    overrides the family of a column; ``zmin``/``zmax``/``colorscale`` put every panel on one
-    given scale, whose colour bar is titled ``value_name``.
+    (``{score: value}``, e.g. what a uniformly attending head scores; default: the scores' own
+    ``meta["baselines"]``) are written under the panel titles, and a dot marks each head that meets
+    the role rule: its CI lies wholly above its score's baseline *and* the score is at least
+    ``threshold``. CIs over fewer than 5 sequences are flagged in the panel title. ``noise_floor``
+    (``{score: floor}``; default: ``meta["noise_floor"]`` for ``importance``) greys every cell whose
+    CI reaches 0 or whose size is below the floor, and keeps the colour scale for the rest.
+    ``title`` defaults to the model and the kind of scores. ``scales`` overrides the family of a
+    column; ``zmin``/``zmax``/``colorscale`` put every panel on one given scale, whose colour bar is
+    titled ``value_name``.
     """
+    if isinstance(columns, str):
+        columns = [columns]
     columns = list(columns or scores.score_names)
-    baselines = dict(baselines or {})
+    for c in columns:
+        scores._check(c)
+    baselines = dict(scores.meta.get("baselines") or {} if baselines is None else baselines)
+    if noise_floor is None:
+        floor = scores.meta.get("noise_floor")
+        noise_floor = {"importance": float(floor)} if floor is not None else {}
+    if title is None and scores.meta.get("model"):
+        what = {"exact": "exact importance", "gradient": "gradient importance"}.get(
+            scores.meta.get("method"), "head scores"
+        )
+        title = f"{short_name(scores.meta['model'])}: {what}"
+    few = scores.n_sequences if scores.few_sequences else None
     if zmin is not None or zmax is not None or colorscale is not None:
         fixed = Scale(value_name, colorscale or "Viridis", zmin, zmax)
         family = {c: fixed for c in columns}
@@ -141,7 +195,7 @@ def heatmap(
     n_cols = max(1, min(len(columns), (max_width - left - bar * len(groups) + gap_x) // (pw + gap_x)))
     n_rows = math.ceil(len(columns) / n_cols)
     plot_w, plot_h = n_cols * pw + (n_cols - 1) * gap_x, n_rows * ph + (n_rows - 1) * gap_y
-    titles = [_panel_title(c, baselines) for c in columns]
+    titles = [_panel_title(c, baselines, few if scores.has_ci(c) else None, noise_floor.get(c)) for c in columns]
     fig = make_subplots(
         rows=n_rows,
         cols=n_cols,
@@ -154,9 +208,23 @@ def heatmap(
         r, c = divmod(i, n_cols)
         fixed = family[col].zmin is not None and family[col].zmax is not None  # 0..1-like: two decimals read best
         digits = ".2f" if fixed else ".3g"
-        _add_panel(fig, scores, col, axis_of[family[col]], baselines.get(col), r + 1, c + 1, L, H, cell, digits)
+        _add_panel(
+            fig,
+            scores,
+            col,
+            axis_of[family[col]],
+            baselines.get(col),
+            r + 1,
+            c + 1,
+            L,
+            H,
+            cell,
+            digits,
+            threshold,
+            noise_floor.get(col),
+        )
     for i, (scale, cols) in enumerate(groups.items()):
-        values = np.concatenate([scores.grid(c).ravel() for c in cols])
+        values = np.concatenate([_outside_noise(scores, c, noise_floor.get(c)).ravel() for c in cols])
         lo, hi, mid, cs = scale.limits(values)
         fig.layout[axis_of[scale]] = dict(
             colorscale=cs,
@@ -175,21 +243,44 @@ def heatmap(
         )
     fig.update_layout(
         title=dict(text=title, x=0.0, xanchor="left", xref="paper") if title else None,
-        width=max(560 if title else 0, left + plot_w + bar * len(groups)),
+        width=max(560 if title else 0, title_width(title, left), left + plot_w + bar * len(groups)),
         height=top + plot_h + bottom,
         margin=dict(l=left, r=bar * len(groups), t=top, b=bottom),
         showlegend=False,
         plot_bgcolor="white",
     )
-    return fig
+    return styled(fig)
+
+
+def inside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndarray:
+    """``[layer, head]``: cells indistinguishable from 0: the CI reaches 0, or ``|value| < floor``."""
+    z = scores.grid(col)
+    inside = np.zeros(z.shape, dtype=bool) if floor is None else np.abs(z) < floor
+    if floor is not None and scores.has_ci(col):
+        lo, hi = scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi")
+        inside |= (lo <= 0) & (hi >= 0)
+    return inside & np.isfinite(z)
+
+
+def _outside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndarray:
+    z = scores.grid(col)
+    return np.where(inside_noise(scores, col, floor), np.nan, z)
 
 
 NOTES = {"copying": "+1 copies the attended token, -1 suppresses it"}
 
 
-def _panel_title(col: str, baselines: Mapping[str, float]) -> str:
+def _panel_title(col: str, baselines: Mapping[str, float], few: int | None = None, floor: float | None = None) -> str:
     name = PRETTY.get(col, col)
-    note = f"uniform {baselines[col]:.3f}; dot: CI above it" if col in baselines else NOTES.get(col)
+    if col in baselines:
+        note = f"uniform {baselines[col]:.3f}; dot: CI above it and score >= {MARK_THRESHOLD:g}"
+    elif floor is not None:
+        note = f"noise floor {floor:.3g}: grey cells lie inside it"
+    else:
+        note = NOTES.get(col)
+    if few is not None:
+        flag = f"<span style='color:#c0392b'>! CIs from {few} sequence{'s' if few != 1 else ''} (&lt; 5)</span>"
+        note = f"{note}; {flag}" if note else flag
     return f"{name}<br><span style='font-size:11px'>{note}</span>" if note else name
 
 
@@ -205,8 +296,11 @@ def _add_panel(
     H: int,
     cell: int,
     digits: str,
+    threshold: float = MARK_THRESHOLD,
+    floor: float | None = None,
 ) -> None:
     z = scores.grid(col)
+    noise = inside_noise(scores, col, floor)
     name = PRETTY.get(col, col)
     if scores.has_ci(col):
         lo, hi = scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi")
@@ -216,10 +310,28 @@ def _add_panel(
         text = np.vectorize(lambda v: f"{v:.3g}")(z)
     if baseline is not None:
         text = np.char.add(text.astype(str), f"<br>uniform: {baseline:.3g}")
+    if noise.any():
+        text = np.where(noise, np.char.add(text.astype(str), "<br>inside the noise floor"), text)
     label = np.vectorize(lambda l, h: f"{l}.{h}")(*np.meshgrid(np.arange(L), np.arange(H), indexing="ij"))
+    if noise.any():  # the neutral layer under the coloured one: cells inside the noise floor
+        fig.add_trace(
+            go.Heatmap(
+                z=np.where(noise, 0.0, np.nan),
+                x=np.arange(H),
+                y=np.arange(L),
+                colorscale=[[0, NEUTRAL], [1, NEUTRAL]],
+                showscale=False,
+                hoverinfo="skip",
+                xgap=1,
+                ygap=1,
+                name="noise",
+            ),
+            row=row,
+            col=cell_col,
+        )
     fig.add_trace(
         go.Heatmap(
-            z=z,
+            z=np.where(noise, np.nan, z),
             x=np.arange(H),
             y=np.arange(L),
             text=text,
@@ -235,7 +347,7 @@ def _add_panel(
         col=cell_col,
     )
     if baseline is not None and lo is not None:
-        layer, head = np.nonzero(lo > baseline)
+        layer, head = np.nonzero((lo > baseline) & (z >= threshold))  # the role rule, not the CI alone
         if len(layer):
             fig.add_trace(
                 go.Scatter(  # in the cell's corner, clear of its value
@@ -248,7 +360,7 @@ def _add_panel(
                 row=row,
                 col=cell_col,
             )
-    tick = max(1, math.ceil(18 / cell))
+    tick = max(1, math.ceil(18 / cell))  # integer ticks only
     fig.update_xaxes(
         title_text="head", dtick=tick, range=[-0.5, H - 0.5], showgrid=False, zeroline=False, row=row, col=cell_col
     )
@@ -257,12 +369,24 @@ def _add_panel(
     )
 
 
+def _integer_axis(values: pd.Series | np.ndarray) -> dict | None:
+    """Axis settings for integer data (layers, heads kept): whole-number ticks only, never 0.5."""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    if v.empty or not np.allclose(v, np.round(v)):
+        return None
+    span = float(v.max() - v.min())
+    return dict(tickmode="linear", tick0=float(v.min()), dtick=max(1, math.ceil(span / 12)), tickformat="d")
+
+
 def bars(frame: pd.DataFrame, x: str, y: str, *, title: str | None = None, y_title: str | None = None) -> go.Figure:
     """A plain bar chart of one column against another (e.g. Sink_k^eps per layer)."""
     fig = go.Figure(go.Bar(x=frame[x], y=frame[y], hovertemplate=f"{x} %{{x}}<br>{y}: %{{y:.3f}}<extra></extra>"))
-    width = int(min(MAX_WIDTH, max(560, 160 + 28 * len(frame))))
+    width = int(min(MAX_WIDTH, max(560, title_width(title), 160 + 28 * len(frame))))
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y_title or y, height=420, width=width)
-    return fig
+    ints = _integer_axis(frame[x])
+    if ints:
+        fig.update_xaxes(**ints)
+    return styled(fig)
 
 
 def curves(
@@ -275,16 +399,51 @@ def curves(
     x_title: str | None = None,
     y_title: str | None = None,
     log_y: bool = False,
+    band: tuple[float, float, str] | None = None,
 ) -> go.Figure:
-    """Lines of ``y`` against ``x``, one per value of ``group`` (e.g. pruning curves by order)."""
+    """Lines of ``y`` against ``x``, one per value of ``group`` (e.g. pruning curves by order).
+
+    Each line has its own dash and marker, so one that runs on top of another stays visible.
+    ``band=(y0, y1, label)`` shades a horizontal band (e.g. a tolerance around the unpruned metric).
+    """
     fig = go.Figure()
     groups = [(None, frame)] if group is None else list(frame.groupby(group, sort=False))
-    for name, part in groups:
-        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=None if name is None else str(name)))
-    fig.update_layout(title=title, xaxis_title=x_title or x, yaxis_title=y_title or y, height=460, width=760)
+    for i, (name, part) in enumerate(groups):
+        fig.add_trace(
+            go.Scatter(
+                x=part[x],
+                y=part[y],
+                mode="lines+markers",
+                name=None if name is None else str(name),
+                line=dict(dash=DASHES[i % len(DASHES)], width=2.5 if i == 0 else 2),
+                marker=dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=8 if i == 0 else 6),
+            )
+        )
+    if band is not None:
+        y0, y1, label = band
+        fig.add_hrect(
+            y0=min(y0, y1),
+            y1=max(y0, y1),
+            fillcolor="#2ca02c",
+            opacity=0.12,
+            line_width=0,
+            layer="below",
+            annotation_text=label,
+            annotation_position="top left",
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title=x_title or x,
+        yaxis_title=y_title or y,
+        height=460,
+        width=max(760, title_width(title)),
+    )
+    ints = _integer_axis(frame[x])
+    if ints:
+        fig.update_xaxes(**ints)
     if log_y:
         fig.update_yaxes(type="log")
-    return fig
+    return styled(fig)
 
 
 _PNG_NOTE: list[str] = []  # why PNGs are not written, said once per process
@@ -312,18 +471,20 @@ def save_png(fig: go.Figure, path: str | Path) -> Path | None:
         return None
 
 
-def save_figure(fig: go.Figure, out_dir: str | Path, stem: str, *, png: bool = True) -> list[Path]:
+def save_figure(
+    fig: go.Figure, out_dir: str | Path, stem: str, *, png: bool = True, overwrite: bool = False
+) -> list[Path]:
     """Write ``<stem>.html`` (always) and ``<stem>.png`` (see :func:`save_png`); return the paths.
 
-    The HTML loads ``plotly.min.js`` from the same folder (written once): offline and small.
+    The HTML is self-contained: plotly.js (about 4.8 MB) is inlined, so the file renders offline
+    wherever it is moved or mailed. The figure is put on the toolkit's :data:`TEMPLATE`. Writing
+    over an earlier ``<stem>.html`` refuses unless ``overwrite`` (a command replaces its own).
     """
-    out_dir = Path(out_dir)
-    js = out_dir / "plotly.min.js"
-    if not js.exists():
-        from plotly.offline import get_plotlyjs
+    from interp.saving import claim
 
-        atomic_write(js, get_plotlyjs())
-    html = fig.to_html(include_plotlyjs="plotly.min.js", full_html=True)
-    written = [atomic_write(out_dir / f"{stem}.html", html)]
-    image = save_png(fig, out_dir / f"{stem}.png") if png else None
+    html_path, png_path = claim(Path(out_dir), [f"{stem}.html", f"{stem}.png"], overwrite=overwrite)
+    styled(fig)
+    html = fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})
+    written = [atomic_write(html_path, html)]
+    image = save_png(fig, png_path) if png else None
     return written + ([image] if image else [])

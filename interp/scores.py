@@ -10,6 +10,7 @@ for ``groupby("layer")``; :meth:`HeadScores.grid` gives the layer x head matrix 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,25 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 CI_SUFFIXES = ("_lo", "_hi")
-STEM = "head_scores"  # file stem of a saved table when none is given
+STEM = "head_scores"  # file stem of a saved table of head scores when none is given
+MIN_CI_SEQUENCES = 5  # a bootstrap CI over fewer probe sequences is flagged as unreliable
+NOISE_FLOOR_FRACTION = 0.01  # importances smaller than 1% of |unablated metric| are drawn as noise
+_FILE_LABEL = re.compile(r"^L(\d+)H(\d+)$")
+
+
+def file_label(layer: int, head: int) -> str:
+    """A head's label in saved files, ``L0H10``: no spreadsheet or ``pd.read_csv`` reads it as a
+    number (``"0.10"`` becomes ``0.1``, the label of head 1)."""
+    return f"L{int(layer)}H{int(head)}"
+
+
+def few_sequences_note(n: int) -> str:
+    """The warning under a table (and in a figure) whose CIs rest on fewer than
+    :data:`MIN_CI_SEQUENCES` probe sequences."""
+    return (
+        f"! CIs from {n} sequence{'s' if n != 1 else ''}: fewer than {MIN_CI_SEQUENCES}, so an interval "
+        "says little about the spread; use a larger batch"
+    )
 
 
 def bootstrap_ratio(
@@ -56,6 +75,22 @@ def bootstrap_ratio(
     lo = torch.quantile(ratios, alpha, dim=0)
     hi = torch.quantile(ratios, 1 - alpha, dim=0)
     return point.float(), lo.float(), hi.float()
+
+
+def bootstrap_mean(
+    values: Float[Tensor, " batch *rest"], *, n_boot: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[Float[Tensor, "*rest"], Float[Tensor, "*rest"], Float[Tensor, "*rest"]]:
+    """The mean over sequences (dim 0) of per-sequence values and its percentile bootstrap CI
+    (:func:`bootstrap_ratio` with a denominator of one per sequence). NaN entries (heads not
+    evaluated) stay NaN."""
+    values = values.double().cpu()
+    nan = torch.isnan(values).all(0)
+    point, lo, hi = bootstrap_ratio(
+        torch.nan_to_num(values), torch.ones_like(values), n_boot=n_boot, level=level, seed=seed
+    )
+    for t in (point, lo, hi):
+        t[nan] = float("nan")
+    return point, lo, hi
 
 
 @dataclass
@@ -97,6 +132,25 @@ class HeadScores:
         cols = [c for c in self.table.columns if c not in skip]
         return [c for c in cols if not (c.endswith(CI_SUFFIXES) and c[:-3] in cols)]
 
+    @property
+    def kind(self) -> str:
+        """What this table is, and the file stem :meth:`save` uses by default: ``meta["kind"]``, else
+        the ablation method (``exact``, ``gradient``), else ``head_scores``."""
+        return str(self.meta.get("kind") or self.meta.get("method") or STEM)
+
+    @property
+    def n_sequences(self) -> int | None:
+        """How many probe sequences the CIs rest on (the probe's batch, when the meta records it)."""
+        probe = self.meta.get("probe") or {}
+        n = probe.get("batch") if isinstance(probe, dict) else None
+        return int(n) if n is not None else None
+
+    @property
+    def few_sequences(self) -> bool:
+        """Whether the CIs rest on fewer than :data:`MIN_CI_SEQUENCES` sequences (flagged when shown)."""
+        n = self.n_sequences
+        return n is not None and n < MIN_CI_SEQUENCES and any(self.has_ci(c) for c in self.score_names)
+
     def has_ci(self, score: str) -> bool:
         return f"{score}_lo" in self.table and f"{score}_hi" in self.table
 
@@ -137,14 +191,29 @@ class HeadScores:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def save(self, out_dir: str | Path, stem: str = STEM) -> list[Path]:
-        """Write ``<stem>.csv`` and ``<stem>.json`` (table records + meta), each atomically."""
-        out_dir = Path(out_dir)
-        csv = atomic_write(out_dir / f"{stem}.csv", self.table.to_csv(index=False))
-        js = atomic_write_json(
-            out_dir / f"{stem}.json",
-            {"meta": self.meta, "rows": json.loads(self.table.to_json(orient="records"))},
-        )
+    def file_table(self) -> pd.DataFrame:
+        """The table as saved: integer ``layer`` and ``head`` columns, ``label`` as ``L0H10``."""
+        return file_frame(self.table)
+
+    def save(self, out_dir: str | Path, stem: str | None = None, *, overwrite: bool = False) -> list[Path]:
+        """Write ``<stem>.csv`` and ``<stem>.json`` (table records, meta, versions, probe, baselines and
+        command line), each atomically. ``stem`` defaults to :attr:`kind`. Saving over an earlier
+        result refuses unless ``overwrite=True`` (a command replaces its own outputs)."""
+        from interp.saving import claim, provenance
+
+        stem = stem or self.kind
+        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
+        files = self.file_table()
+        csv = atomic_write(csv_path, files.to_csv(index=False))
+        blob = {
+            "kind": self.kind,
+            **provenance(),
+            "probe": self.meta.get("probe"),
+            "baselines": self.meta.get("baselines"),
+            "meta": self.meta,
+            "rows": json.loads(files.to_json(orient="records")),
+        }
+        js = atomic_write_json(js_path, blob)
         return [csv, js]
 
     @classmethod
@@ -157,22 +226,50 @@ class HeadScores:
         if not path.is_file():
             raise UsageError(f"no saved scores at {path}: pass the .json (or .csv) that save() wrote")
         if path.suffix == ".csv":
-            return cls(pd.read_csv(path, dtype={"label": str}))
+            return cls(memory_frame(pd.read_csv(path, dtype={"label": str})))
         blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+        return cls(memory_frame(pd.DataFrame.from_records(blob["rows"])), blob.get("meta", {}))
 
 
-def format_table(frame: pd.DataFrame, columns: Sequence[str], ci: Sequence[str] = (), fmt: str = ".3f") -> str:
+def file_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A per-head frame as saved: ``label`` written ``L0H10`` (from the integer layer and head)."""
+    if not {"layer", "head", "label"} <= set(frame.columns):
+        return frame
+    out = frame.copy()
+    out["label"] = [file_label(l, h) for l, h in zip(out["layer"], out["head"])]
+    return out
+
+
+def memory_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The inverse of :func:`file_frame`: ``label`` back to the ``0.10`` form the toolkit prints."""
+    if "label" in frame and len(frame) and frame["label"].astype(str).str.match(_FILE_LABEL).all():
+        frame = frame.copy()
+        frame["label"] = [f"{l}.{h}" for l, h in zip(frame["layer"], frame["head"])]
+    return frame
+
+
+def format_table(
+    frame: pd.DataFrame,
+    columns: Sequence[str],
+    ci: Sequence[str] = (),
+    fmt: str = ".3f",
+    *,
+    n_sequences: int | None = None,
+) -> str:
     """A compact fixed-width table of per-head rows (a ``label`` column and ``columns``), as the
     commands print it; score columns in ``ci`` print as ``v [lo, hi]``; numbers in ``fmt``
-    (``".3g"`` for scores of any scale)."""
+    (``".3g"`` for scores of any scale). CIs over ``n_sequences`` < :data:`MIN_CI_SEQUENCES`
+    sequences print flagged ``[lo, hi]!`` with :func:`few_sequences_note` under the table."""
+    few = bool(ci) and n_sequences is not None and n_sequences < MIN_CI_SEQUENCES
+    flag = "!" if few else ""
     shown = pd.DataFrame({"head": frame["label"].astype(str)})
     for col in columns:
         if col in ci:
             shown[col] = [
-                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]"
+                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]{flag}"
                 for v, a, b in zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])
             ]
         else:
             shown[col] = [f"{v:{fmt}}" for v in frame[col]]
-    return shown.to_string(index=False)
+    text = shown.to_string(index=False)
+    return text + "\n" + few_sequences_note(n_sequences) if few else text

@@ -18,7 +18,8 @@ from interp.browser import headless_args
 
 PLOTS_DRAWN = """(() => {
   const divs = Array.from(document.querySelectorAll('.plotly-graph-div'));
-  return divs.length > 0 && divs.every(d => d._fullLayout && d.querySelector('.main-svg'));
+  const ready = divs.length > 0 || document.body?.dataset.ready === '1';  // a page drawn without plotly says so
+  return ready && divs.every(d => d._fullLayout && d.querySelector('.main-svg'));
 })()"""
 
 
@@ -29,6 +30,8 @@ class PageVisit:
     png: bytes = b""
     drawn: bool = False
     value: object = None  # what ``script`` returned
+    shots: dict[str, bytes] = field(default_factory=dict)  # screenshots taken by ("shot", name) steps
+    values: dict[str, object] = field(default_factory=dict)  # what ("eval", name, js) steps returned
 
 
 class Chromium:
@@ -107,6 +110,7 @@ class Chromium:
         height: int = 1000,
         script: str | None = None,
         draw_timeout: float | None = None,
+        steps: list[tuple] = (),
     ) -> PageVisit:
         """Load ``url`` in a fresh tab, wait for every plotly figure, run ``script`` (its value, awaited
         if a promise, lands in ``visit.value``), screenshot the window."""
@@ -131,12 +135,42 @@ class Chromium:
             if script:
                 visit.value = self.evaluate(script, session)
                 self._drain(session, visit, wait=0.2)
+            for step in steps:
+                self._step(step, session, visit)
             shot = self.send("Page.captureScreenshot", {"format": "png"}, session=session)
             visit.png = base64.b64decode(shot["data"])
             self._drain(session, visit, wait=0.2)
         finally:
             self.send("Target.closeTarget", {"targetId": target})
         return visit
+
+    def _step(self, step: tuple, session: str, visit: PageVisit) -> None:
+        """One user action, as the real input pipeline delivers it: ``("hover", css)`` moves the mouse
+        to the element's centre, ``("click", css)`` clicks there, ``("shot", name)`` takes a screenshot,
+        ``("eval", name, js)`` keeps a script's value."""
+        kind = step[0]
+        if kind in ("hover", "click"):
+            where = (
+                f"(() => {{ const e = document.querySelector({json.dumps(step[1])}); if (!e) return null;"
+                " const r = e.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+            )
+            xy = self.evaluate(where, session)
+            if xy is None:
+                raise RuntimeError(f"no element {step[1]!r} to {kind}")
+            x, y = xy
+            self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y}, session=session)
+            if kind == "click":
+                for t in ("mousePressed", "mouseReleased"):
+                    params = {"type": t, "x": x, "y": y, "button": "left", "clickCount": 1}
+                    self.send("Input.dispatchMouseEvent", params, session=session)
+        elif kind == "shot":
+            shot = self.send("Page.captureScreenshot", {"format": "png"}, session=session)
+            visit.shots[step[1]] = base64.b64decode(shot["data"])
+        elif kind == "eval":
+            visit.values[step[1]] = self.evaluate(step[2], session)
+        else:
+            raise ValueError(f"unknown step {kind!r}")
+        self._drain(session, visit, wait=0.1)
 
     def evaluate(self, expression: str, session: str):
         params = {"expression": expression, "returnByValue": True, "awaitPromise": True}

@@ -159,7 +159,7 @@ def test_ctrl_c_keeps_the_rows_computed(loaded, monkeypatch, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "interrupted: wrote the rows computed so far" in captured.out
     table = pd.read_csv(out / "ablate_exact.partial.csv", dtype={"label": str})
-    assert table["label"].tolist() == ["0.0", "0.1", "0.2", "0.3"]  # layer 0 done, layer 1 not
+    assert table["label"].tolist() == ["L0H0", "L0H1", "L0H2", "L0H3"]  # layer 0 done, layer 1 not
     meta = json.loads((out / "ablate_exact.partial.json").read_text())["meta"]
     assert meta["partial"] and meta["heads_done"] == 4 and meta["heads_total"] == 8
     assert not (out / "ablate_exact.csv").exists()

@@ -34,7 +34,8 @@ def test_local_gpt2_end_to_end(gpt2_dir, tmp_path, capsys):
     meta = json.loads((out / "induction.json").read_text())["meta"]
     assert meta["probe"]["block_len"] == 12 and meta["probe"]["batch"] == 4
     html = (out / "induction.html").read_text()
-    assert "plotly.min.js" in html and (out / "plotly.min.js").exists()
+    # self-contained: plotly.js inlined, nothing loaded from beside the file
+    assert '<script src="plotly.min.js"' not in html and not (out / "plotly.min.js").exists() and len(html) > 3e6
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
 
 
@@ -94,6 +95,7 @@ def test_default_run_on_the_bundled_toy(tmp_path, capsys):
     top_prev = table.sort_values("prev_token", ascending=False).iloc[0]
     assert top_induction["layer"] == 1 and top_induction["induction"] > 0.8
     assert top_prev["layer"] == 0
-    assert f"top prev_token head: {top_prev['label']}" in printed
+    assert top_prev["label"] == f"L{top_prev['layer']}H{top_prev['head']}"  # labels no spreadsheet reads as numbers
+    assert f"top prev_token head: {top_prev['layer']}.{top_prev['head']} (" in printed
     # the induction head's interval excludes the uniform baseline by far
     assert top_induction["induction_lo"] > 0.5

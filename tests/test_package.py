@@ -288,7 +288,8 @@ def test_every_result_draws_its_figure(toy):
     probe = interp.repeated_tokens(toy, batch=2, block_len=8, seed=0)
     scores = interp.head_scores(toy, probe, n_boot=50)
     fig = scores.figure(["induction", "copying"])
-    assert isinstance(fig, go.Figure) and len(fig.data) == 2
+    # two panels; the notebook figure takes its baselines (and role-rule marks) from the scores' meta
+    assert isinstance(fig, go.Figure) and len([t for t in fig.data if t.type == "heatmap"]) == 2
     assert [a.text for a in fig.layout.annotations][:1] == [
         interp.heatmap(scores, ["induction"]).layout.annotations[0].text
     ]
@@ -317,5 +318,5 @@ def test_sink_scores_takes_a_run_config(toy):
 def test_commands_are_registered_once():
     from interp.cli import COMMANDS, usage
 
-    assert COMMANDS.names() == ("induction", "sinks", "ablate", "report")
+    assert COMMANDS.names() == ("induction", "sinks", "ablate", "patterns", "report")
     assert all(COMMANDS.doc(name) in usage() for name in COMMANDS)

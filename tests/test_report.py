@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from plotly.offline import get_plotlyjs
 
-from interp.errors import UsageError
+from interp.errors import OutputError, UsageError
 from interp.heads import uniform_baseline
 from interp.models import load_model
 from interp.probes import repeated_tokens
@@ -112,7 +112,9 @@ def test_atlas_loads_back_and_draws_its_figure(toy_atlas, tmp_path):
     # a loaded atlas has no renderer of its own: its page is drawn when one is passed
     again = tmp_path / "again"
     assert sorted(p.name for p in back.save(again)) == ["atlas.json", "atlas_roles.csv"]
-    page = back.save(again, render=render_atlas)[0].read_text()
+    with pytest.raises(OutputError, match="already holds a saved result: pass overwrite=True"):
+        back.save(again, render=render_atlas)  # the library never replaces a saved result unasked
+    page = back.save(again, render=render_atlas, overwrite=True)[0].read_text()
     assert page.startswith("<!DOCTYPE html>") and "Scores of every head" in page
     with pytest.raises(UsageError, match="no saved atlas in"):
         Atlas.load(tmp_path / "nowhere")

@@ -45,16 +45,28 @@ class PruningCurves:
         return heads_prunable(self, tolerance)
 
     def save(
-        self, out_dir: str | Path, stem: str = "pruning", *, tolerance: float = 0.1, meta: dict[str, Any] | None = None
+        self,
+        out_dir: str | Path,
+        stem: str = "pruning",
+        *,
+        tolerance: float = 0.1,
+        meta: dict[str, Any] | None = None,
+        overwrite: bool = False,
     ) -> list[Path]:
         """Write ``<stem>.csv`` (the table) and ``<stem>.json`` (``meta`` updated with ``meta`` and
         ``tolerance``, the heads prunable within ``tolerance``, and the rows), each atomically."""
-        out_dir = Path(out_dir)
+        from interp.saving import claim, provenance
+
+        csv, js = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
         return [
-            atomic_write(out_dir / f"{stem}.csv", self.table.to_csv(index=False)),
+            atomic_write(csv, self.table.to_csv(index=False)),
             atomic_write_json(
-                out_dir / f"{stem}.json",
+                js,
                 {
+                    "kind": "pruning",
+                    **provenance(),
+                    "probe": self.meta.get("probe"),
+                    "baselines": None,
                     "meta": {**self.meta, **(meta or {}), "tolerance": tolerance},
                     "prunable": self.prunable(tolerance).to_dict(orient="records"),
                     "rows": self.table.to_dict(orient="records"),
@@ -75,11 +87,18 @@ class PruningCurves:
         table.attrs.update({k: meta[k] for k in CURVE_ATTRS if k in meta})
         return cls(table, meta)
 
-    def figure(self, title: str | None = None) -> go.Figure:
-        """The metric against the number of heads pruned, a line per curve."""
+    def figure(self, title: str | None = None, *, tolerance: float | None = 0.1) -> go.Figure:
+        """The metric against the number of heads pruned, a line per curve (each its own dash, so
+        curves that coincide stay visible), with the band of metrics within ``tolerance`` (a fraction
+        of the unpruned metric) of the unpruned one shaded; ``None`` draws no band."""
         from interp.plots import curves
 
         metric = self.meta.get("metric", "metric")
+        clean = self.meta.get("clean_metric", self.table.attrs.get("clean_metric"))
+        band = None
+        if tolerance is not None and clean is not None:
+            worse = -1 if self.meta.get("higher_is_better") else 1
+            band = (clean, clean + worse * tolerance * abs(clean), f"within {tolerance:.0%} of unpruned")
         return curves(
             self.table,
             "n_pruned",
@@ -88,6 +107,7 @@ class PruningCurves:
             title=title or f"{metric} as heads are pruned",
             x_title="heads pruned",
             y_title=metric,
+            band=band,
         )
 
 

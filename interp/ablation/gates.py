@@ -27,7 +27,7 @@ from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.models import describe
 from interp.probes import TokenProbe
-from interp.scores import HeadScores
+from interp.scores import HeadScores, file_frame, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -87,16 +87,25 @@ class GateSweep:
         """The ``[n_layers, n_heads]`` gate values trained with one lambda (``0.1`` or ``"lambda=0.1"``)."""
         return self.grids().grid(lam if isinstance(lam, str) else f"lambda={lam:g}")
 
-    def save(self, out_dir: str | Path, stem: str = "gates", *, meta: dict[str, Any] | None = None) -> list[Path]:
+    def save(
+        self, out_dir: str | Path, stem: str = "gates", *, meta: dict[str, Any] | None = None, overwrite: bool = False
+    ) -> list[Path]:
         """Write ``<stem>.csv`` (a row per lambda), ``<stem>_heads.csv`` (a row per lambda and head)
         and ``<stem>.json`` (``meta``, updated with ``meta``, and both tables), each atomically."""
-        out_dir = Path(out_dir)
+        from interp.saving import claim, provenance
+
+        names = [f"{stem}.csv", f"{stem}_heads.csv", f"{stem}.json"]
+        csv, heads, js = claim(Path(out_dir), names, overwrite=overwrite)
         return [
-            atomic_write(out_dir / f"{stem}.csv", self.summary.to_csv(index=False)),
-            atomic_write(out_dir / f"{stem}_heads.csv", self.gates.to_csv(index=False)),
+            atomic_write(csv, self.summary.to_csv(index=False)),
+            atomic_write(heads, file_frame(self.gates).to_csv(index=False)),
             atomic_write_json(
-                out_dir / f"{stem}.json",
+                js,
                 {
+                    "kind": "gates",
+                    **provenance(),
+                    "probe": self.meta.get("probe"),
+                    "baselines": None,
                     "meta": {**self.meta, **(meta or {})},
                     "summary": self.summary.to_dict(orient="records"),
                     "gates": self.gates.to_dict(orient="records"),
@@ -129,14 +138,15 @@ class GateSweep:
         if not path.is_file():
             raise AblationError(f"no saved gate sweep at {path}: pass the .json that save() wrote")
         blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(pd.DataFrame.from_records(blob["summary"]), pd.DataFrame.from_records(blob["gates"]), blob["meta"])
+        gates = memory_frame(pd.DataFrame.from_records(blob["gates"]))
+        return cls(pd.DataFrame.from_records(blob["summary"]), gates, blob["meta"])
 
 
 def _gate_curves(summary: pd.DataFrame, metric: str) -> go.Figure:
     """Heads kept against lambda, and the metric against heads kept, side by side."""
     from plotly.subplots import make_subplots
 
-    from interp.plots import curves
+    from interp.plots import curves, styled
 
     left = curves(summary, "lambda", "heads_kept")
     right = curves(summary.sort_values("heads_kept"), "heads_kept", "metric")
@@ -148,7 +158,9 @@ def _gate_curves(summary: pd.DataFrame, metric: str) -> go.Figure:
     fig.update_yaxes(title_text="heads kept", row=1, col=1)
     fig.update_yaxes(title_text=metric, row=1, col=2)
     fig.update_layout(showlegend=False, height=460, width=980)
-    return fig
+    fig.update_xaxes(tickformat="d", dtick=max(1, int(summary["heads_kept"].max() // 10) or 1), row=1, col=2)
+    fig.update_yaxes(tickformat="d", row=1, col=1)
+    return styled(fig)
 
 
 def train_gates(

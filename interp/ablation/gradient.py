@@ -22,7 +22,7 @@ from interp.errors import AblationError, MetricError
 from interp.hooks import z_hook
 from interp.models import describe
 from interp.probes import TokenProbe
-from interp.scores import HeadScores
+from interp.scores import NOISE_FLOOR_FRACTION, HeadScores, bootstrap_mean
 
 
 @contextmanager
@@ -117,6 +117,7 @@ def gradient_importance(
         total = torch.zeros(L, H, dtype=torch.float64)
         count = 0
         values = [torch.zeros(0)]
+        per_seq = [torch.zeros(0, L, H, dtype=torch.float64)]  # each sequence's importance: the CIs
         starts = range(block.start, block.stop, step)
         for start in tqdm(starts, desc="gradient importance", disable=not (config.progress and distributed.is_main())):
             rows = torch.arange(start, min(start + step, block.stop))
@@ -132,13 +133,21 @@ def gradient_importance(
             with frozen(model):
                 value = gated_forward(model, tokens, metric, abl, gates, base_mask, rows, reference, padding)
                 grads = torch.autograd.grad(metric.badness(value).sum(), gates, allow_unused=True)
+            mine = torch.zeros(b, L, H, dtype=torch.float64)
             for l, g in enumerate(grads):
                 if g is not None:
-                    total[l] += g.detach().double().abs().reshape(-1, H).sum(0).cpu()
-            # per token: every real token is one gate (a padded one has no gradient)
+                    a = g.detach().double().abs().cpu()
+                    total[l] += a.reshape(-1, H).sum(0)
+                    if per == "example":
+                        mine[:, l] = a
+                    else:  # a sequence's mean over its real tokens (a padded one has no gradient)
+                        n_real = T if padding is None else padding.sum(1).cpu().double()[:, None]
+                        mine[:, l] = a.sum(1) / n_real
+            per_seq.append(mine)
+            # per token: every real token is one gate
             count += b if per == "example" else (b * T if padding is None else int(padding.sum()))
             values.append(value.detach().float().cpu())
-        return total, count, torch.cat(values)
+        return total, count, torch.cat(values), torch.cat(per_seq)
 
     # under torchrun each rank takes a block of sequences; the sums are added up in rank order
     parts = distributed.run_sharded(lambda: accumulate(distributed.row_block(probe.batch)), "gradient importance")
@@ -146,6 +155,10 @@ def gradient_importance(
     count = sum(p[1] for p in parts)
     values = [p[2] for p in parts]
     imp = (total / count).float()
+    _, imp_lo, imp_hi = bootstrap_mean(
+        torch.cat([p[3] for p in parts]), n_boot=config.n_boot, level=config.level, seed=config.seed
+    )
+    imp_lo, imp_hi = imp_lo.float(), imp_hi.float()
     value = float(torch.cat(values).mean())
     largest = float(imp[~base_mask].max()) if bool((~base_mask).any()) else 0.0
     if largest <= 1e-6 * max(abs(value), 1e-6):
@@ -155,11 +168,13 @@ def gradient_importance(
             )
         )
     if normalize:
-        imp = imp / imp.norm(dim=-1, keepdim=True).clamp_min(1e-20)
-    imp[base_mask] = float("nan")
-    imp[list(info.absent_layers)] = float("nan")
+        norm = imp.norm(dim=-1, keepdim=True).clamp_min(1e-20)
+        imp, imp_lo, imp_hi = imp / norm, imp_lo / norm, imp_hi / norm
+    for t in (imp, imp_lo, imp_hi):
+        t[base_mask] = float("nan")
+        t[list(info.absent_layers)] = float("nan")
     return HeadScores.from_grids(
-        {"importance": imp},
+        {"importance": imp, "importance_lo": imp_lo, "importance_hi": imp_hi},
         scores_meta(
             model,
             probe,
@@ -170,6 +185,9 @@ def gradient_importance(
             metric_value=value,
             per=per,
             base=head_labels(base_mask),
+            # normalized scores have no metric units: no floor then
+            noise_floor=None if normalize else NOISE_FLOOR_FRACTION * abs(value),
+            ci_level=config.level,
         ),
     )
 

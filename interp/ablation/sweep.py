@@ -15,7 +15,7 @@ from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.models import describe
 from interp.probes import TokenProbe
-from interp.scores import HeadScores
+from interp.scores import NOISE_FLOOR_FRACTION, HeadScores, bootstrap_mean
 
 
 def ablation_header(model: HookedModel, probe: TokenProbe, **extra: Any) -> dict[str, Any]:
@@ -87,8 +87,20 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
     for (l, h), v in zip(heads, values.mean(1)):
         ablated_grid[l, h] = v
     delta = ablated_grid - clean
+    # bootstrap CIs of the importance over sequences, and the noise floor the figure greys cells under
+    per_seq = torch.full((values.shape[1], L, H), float("nan"))
+    for (l, h), v in zip(heads, values):
+        per_seq[:, l, h] = metric.badness(v - sweeper.clean.float().cpu())
+    cfg = sweeper.config
+    _, imp_lo, imp_hi = bootstrap_mean(per_seq, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     scores = HeadScores.from_grids(
-        {"importance": metric.badness(delta), "metric_ablated": ablated_grid, "delta": delta},
+        {
+            "importance": metric.badness(delta),
+            "importance_lo": imp_lo.float(),
+            "importance_hi": imp_hi.float(),
+            "metric_ablated": ablated_grid,
+            "delta": delta,
+        },
         scores_meta(
             sweeper.model,
             sweeper.probe,
@@ -100,6 +112,8 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
             replay=sweeper.replay,
             shortcuts=sweeper.shortcuts,
             base=head_labels(sweeper.base),
+            noise_floor=NOISE_FLOOR_FRACTION * abs(clean),
+            ci_level=cfg.level,
         ),
     )
     if sweeper.interrupted:

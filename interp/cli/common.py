@@ -21,6 +21,7 @@ from interp._io import ensure_writable_dir, writes_skipped
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
 from interp.lock import out_lock
 from interp.models import load_model, resolve_device, resolve_dtype
+from interp.saving import cli_owned
 from interp.scores import format_table  # noqa: F401  (the commands' summary table; it lives with the results)
 
 EXIT_MODEL = 1
@@ -150,8 +151,8 @@ def run_cli(
                 held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
                 kwargs = {"device": device} if placement is None else placement
                 model = load_model(args.model, dtype=args.dtype, **kwargs)
-            with distributed.checked(f"running {analysis}"):
-                written = main(args, model, out)
+            with distributed.checked(f"running {analysis}"), cli_owned() as replaced:
+                written = main(args, model, out)  # a command owns its --out: its earlier outputs are replaced
     except (ModelLoadError, RankFailedError) as e:
         return fail(parser, e, EXIT_MODEL, quiet=not lead)
     except InterpError as e:
@@ -165,7 +166,7 @@ def run_cli(
     if lead:
         print("\nwrote:")
         for path in written:
-            print(f"  {path}")
+            print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
     return 0
 
 

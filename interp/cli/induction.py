@@ -16,9 +16,9 @@ from typing import Any
 
 from interp.cli.common import add_engine_flag, base_parser, positive_int, run_cli
 from interp.errors import UsageError
-from interp.heads import ATTENTION_SCORES, head_scores, uniform_baseline, uniform_baselines
+from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
-from interp.plots import save_figure, short_name
+from interp.plots import MARK_THRESHOLD, save_figure, short_name
 from interp.probes import repeated_tokens
 from interp.scores import format_table
 
@@ -60,22 +60,42 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
             f"note: the model has fewer ordinary tokens than the block's {args.seq_len}: tokens repeat "
             "inside a block, and every earlier occurrence counts as a target"
         )
-    print(f"uniform-attention induction baseline: {uniform_baseline(probe):.3f}\n")
+    baselines = uniform_baselines(probe)
+    scores.meta["baselines"] = {k: v for k, v in baselines.items() if k in ATTENTION_SCORES}
+    print(
+        "uniform-attention baselines: "
+        + ", ".join(f"{name} {baselines[name]:.3f}" for name in ATTENTION_SCORES if name in baselines)
+        + "\n"
+    )
     ranked = scores.rank("induction", top=args.top)
     print(f"top {len(ranked)} heads by induction score ({args.ci:.0%} bootstrap CI over sequences):")
-    print(format_table(ranked, [*ATTENTION_SCORES, "copying"], ci=ATTENTION_SCORES))
-    for name in ("prev_token", "duplicate"):
-        layer, head = scores.top(name)
-        print(f"top {name} head: {layer}.{head} ({scores.grid(name)[layer, head]:.3f})")
+    print(format_table(ranked, [*ATTENTION_SCORES, "copying"], ci=ATTENTION_SCORES, n_sequences=probe.batch))
+    for name in ATTENTION_SCORES:
+        print(top_line(scores, name, baselines[name]))
 
     written = scores.save(out, STEM)
     fig = scores.figure(
         [*ATTENTION_SCORES, "copying"],
         title=f"{short_name(info.name)}: head scores on repeated random tokens",
-        baselines=uniform_baselines(probe),
+        baselines=baselines,
     )
     written += save_figure(fig, out, STEM)
     return written
+
+
+def top_line(scores: Any, name: str, baseline: float, threshold: float = MARK_THRESHOLD) -> str:
+    """The line naming the top head of one score, or saying that none meets the role rule (its CI
+    above the uniform baseline and the score at least ``threshold``): never a below-baseline "top"."""
+    t = scores.table
+    clears = (t[f"{name}_lo"] > baseline) & (t[name] >= threshold)
+    if not clears.any():
+        best = scores.rank(name, top=1).iloc[0]
+        return (
+            f"no {name} head: none has its CI above the uniform baseline ({baseline:.3f}) and a score of at "
+            f"least {threshold:g} (highest: {best['label']} at {best[name]:.3f})"
+        )
+    best = scores.rank(name)[clears.reindex(scores.rank(name).index)].iloc[0]
+    return f"top {name} head: {best['label']} ({best[name]:.3f}; uniform {baseline:.3f})"
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.induction") -> int:

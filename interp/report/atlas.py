@@ -21,7 +21,7 @@ import pandas as pd
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 from interp.report.roles import role_column
-from interp.scores import HeadScores
+from interp.scores import HeadScores, file_frame, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -76,7 +76,14 @@ class Atlas:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def save(self, out: str | Path, stem: str = STEM, *, render: Callable[[Atlas], str] | None = None) -> list[Path]:
+    def save(
+        self,
+        out: str | Path,
+        stem: str = STEM,
+        *,
+        render: Callable[[Atlas], str] | None = None,
+        overwrite: bool = False,
+    ) -> list[Path]:
         """Write ``<stem>.html`` (self-contained, offline; drawn by ``render`` or :attr:`render`,
         left out when there is neither), ``<stem>_roles.csv`` and ``<stem>.json``, atomically."""
         out = Path(out)
@@ -85,11 +92,17 @@ class Atlas:
         blob = {"meta": self.meta, "baselines": self.baselines, "roles": records(self.roles)}
         if self.pruning is not None:
             blob["pruning"] = records(self.pruning)
-        page = [atomic_write(out / f"{stem}.html", draw(self))] if draw is not None else []
+        from interp.saving import claim, provenance
+
+        names = ([f"{stem}.html"] if draw is not None else []) + [f"{stem}_roles.csv", f"{stem}.json"]
+        paths = claim(out, names, overwrite=overwrite)
+        blob = {"kind": "atlas", **provenance(), "probe": self.meta.get("probe"), **blob}
+        blob["roles"] = records(file_frame(self.roles))
+        page = [atomic_write(paths[0], draw(self))] if draw is not None else []
         return [
             *page,
-            atomic_write(out / f"{stem}_roles.csv", self.roles.to_csv(index=False)),
-            atomic_write_json(out / f"{stem}.json", blob),
+            atomic_write(paths[-2], file_frame(self.roles).to_csv(index=False)),
+            atomic_write_json(paths[-1], blob),
         ]
 
     @classmethod
@@ -107,7 +120,7 @@ class Atlas:
         if missing:
             raise UsageError(f"no saved atlas in {folder}: missing {', '.join(missing)}")
         blob = json.loads(files[0].read_text(encoding="utf-8"))
-        roles = pd.read_csv(files[1], dtype={"label": str, "role": str})
+        roles = memory_frame(pd.read_csv(files[1], dtype={"label": str, "role": str}))
         roles["role"] = roles["role"].fillna("")
         pruning = pd.DataFrame.from_records(blob["pruning"]) if "pruning" in blob else None
         return cls(roles=roles, baselines=dict(blob["baselines"]), meta=blob["meta"], pruning=pruning)

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from interp.plots import PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
-from interp.report.roles import role_columns
+from interp.report.roles import THRESHOLD, role_columns
 from interp.report.viewer import VIEWER_JS
 from interp.scores import HeadScores
 
@@ -109,7 +109,7 @@ def _roles_section(atlas: Atlas) -> str:
     rule = (
         f"A head is named for a role only when its score's {m['ci_level']:.0%} CI lies wholly above what a head "
         f"attending uniformly would score (the <i>uniform</i> row) and the score is at least {m['threshold']:g}. "
-        "Bold: the CI clears the uniform baseline. The copying score (Olsson et al., -1..1) has no CI and names no "
+        f"Bold: the score meets that rule (CI above uniform and at least {m['threshold']:g}). The copying score (Olsson et al., -1..1) has no CI and names no "
         "role. Importances: how much worse the metric gets when the head alone is ablated (exact) and "
         "Michel et al.'s first-order estimate of it (gradient)."
     )
@@ -135,7 +135,12 @@ def _role_html(atlas: Atlas) -> str:
             if pd.isna(v):
                 cells.append("<td>-</td>")
             elif f"{c}_lo" in t:
-                clear = c in atlas.baselines and r[f"{c}_lo"] > atlas.baselines[c]
+                # bold needs the role rule: the CI above the uniform baseline and the score at the threshold
+                clear = (
+                    c in atlas.baselines
+                    and r[f"{c}_lo"] > atlas.baselines[c]
+                    and v >= atlas.meta.get("threshold", THRESHOLD)
+                )
                 cells.append(
                     f"<td{' class=clear' if clear else ''}>{v:.3f} [{r[f'{c}_lo']:.3f}, {r[f'{c}_hi']:.3f}]</td>"
                 )
@@ -175,19 +180,38 @@ def _sinks_section(atlas: Atlas) -> str:
 
 def _ablation_section(atlas: Atlas) -> str:
     parts = []
-    cols = [c for c in ("exact_importance", "gradient_importance") if c in atlas.roles]
+    found = {"exact_importance": atlas.exact, "gradient_importance": atlas.gradient}
+    cols = [c for c, r in found.items() if r is not None]
     if cols:
         scales = {
             "exact_importance": Scale("exact importance", anchor=0.0),
             "gradient_importance": Scale("gradient importance", colorscale="Cividis", anchor=0.0),
         }
-        scores = HeadScores(atlas.roles[["layer", "head", "label", *cols]])
-        fig = heatmap(scores, cols, scales=scales)
+        frame = atlas.roles[["layer", "head", "label"]]
+        floors = {}
+        for c in cols:
+            result = found[c]
+            keep = [k for k in ("importance", "importance_lo", "importance_hi") if k in result.table]
+            part = result.table[["layer", "head", *keep]].rename(columns={k: k.replace("importance", c) for k in keep})
+            frame = frame.merge(part, on=["layer", "head"], how="left")
+            if result.meta.get("noise_floor") is not None:
+                floors[c] = float(result.meta["noise_floor"])
+        scores = HeadScores(frame)
+        fig = heatmap(scores, cols, scales=scales, noise_floor=floors)
         for ann, c in zip(fig.layout.annotations, cols):
             metric = atlas.meta.get("metric", "the metric")
-            ann.text = f"exact: how much worse {metric} gets" if c.startswith("exact") else "gradient importance"
+            name = f"exact: how much worse {metric} gets" if c.startswith("exact") else "gradient importance"
+            floor = f"noise floor {floors[c]:.3g}: grey cells lie inside it" if c in floors else ""
+            ann.text = f"{name}<br><span style='font-size:11px'>{floor}</span>" if floor else name
         parts.append(_figure(fig, "atlas-importance"))
     if atlas.pruning is not None:
+        clean = atlas.meta.get("clean_metric", atlas.pruning.attrs.get("clean_metric"))
+        tol = 0.1
+        band = None
+        ran = atlas.exact or atlas.gradient
+        if clean is not None:
+            worse = -1 if ran is not None and ran.meta.get("higher_is_better") else 1
+            band = (clean, clean + worse * tol * abs(clean), f"within {tol:.0%} of the unablated metric")
         fig = curves(
             atlas.pruning,
             "n_pruned",
@@ -196,6 +220,7 @@ def _ablation_section(atlas: Atlas) -> str:
             title="pruning: heads removed in increasing order of importance",
             x_title="heads pruned",
             y_title=atlas.meta.get("metric", "metric"),
+            band=band,
         )
         parts.append(_figure(fig, "atlas-pruning"))
     note = (

@@ -51,7 +51,7 @@ def residual_curves(report: SinkReport) -> go.Figure:
     long["magnitude"] = long["magnitude"].map(
         {"resid_top1": "top 1", "resid_top2": "top 2", "resid_top3": "top 3", "resid_median": "median"}
     )
-    return curves(
+    fig = curves(
         long,
         "layer",
         "value",
@@ -60,3 +60,23 @@ def residual_curves(report: SinkReport) -> go.Figure:
         y_title="|residual| (mean over sequences)",
         title=f"{short_name(report.meta['model'])}: largest residual-stream magnitudes by layer",
     )
+    # the two thresholds a massive activation must pass: |x| above abs_threshold, and above
+    # rel_threshold x the median |x| of its hidden state (drawn from each layer's median)
+    m = report.meta
+    absolute, relative = float(m["abs_threshold"]), float(m["rel_threshold"])
+    fig.add_hline(
+        y=absolute,
+        line=dict(color="#c0392b", dash="dash", width=1.5),
+        annotation_text=f"|x| = {absolute:g} (massive above)",
+        annotation_position="top left",
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=report.layers["layer"],
+            y=relative * report.layers["resid_median"],
+            mode="lines",
+            name=f"{relative:g} x median",
+            line=dict(color="#7f7f7f", dash="dot", width=1.5),
+        )
+    )
+    return fig

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from interp.probes import TokenProbe
 from interp.scores import format_table
+from interp.sinks.tables import MIN_OCCURRENCES
 
 if TYPE_CHECKING:
     from interp.sinks.report import SinkReport
@@ -53,7 +54,7 @@ def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: 
     )
     lines += [
         f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
-        format_table(ranked, score_cols, ci=["first_mass"]),
+        format_table(ranked, score_cols, ci=["first_mass"], n_sequences=probe.batch),
         "",
     ]
 
@@ -63,11 +64,15 @@ def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: 
             "attention drawn by role (x uniform): "
             + ", ".join(f"{r} {v:.2f}" for r, v in zip(roles["role"], roles["attention_ratio"]))
         ]
-    toks = report.tokens.head(top)
-    if len(toks):
+    often = report.tokens[report.tokens["occurrences"] >= MIN_OCCURRENCES]
+    rare = len(report.tokens) - len(often)
+    toks = often.head(top)
+    if len(toks) or rare:
         lines += [
             f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
-            f"or a head dumps > {eps} on it):",
+            f"or a head dumps > {eps} on it; tokens seen at least {MIN_OCCURRENCES} times"
+            + (f", {rare} rarer left out" if rare else "")
+            + "):",
             toks.assign(token=toks["token"].map(repr))[
                 ["token", "role", "occurrences", "mean_position", "attention_ratio", "sink_head_share", "is_sink"]
             ].to_string(index=False, float_format=lambda v: f"{v:.2f}"),

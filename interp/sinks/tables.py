@@ -175,7 +175,17 @@ def sink_positions(hit: pd.DataFrame, probe: TokenProbe, sep: int | None) -> Ten
     return mask
 
 
-def token_table(occ: pd.DataFrame, is_sink: Callable[[pd.DataFrame], pd.Series]) -> pd.DataFrame:
+MIN_OCCURRENCES = 3  # a token seen fewer times is never called a sink: one draw of a rare token is noise
+FIRST_ROLES = ("first", "BOS", "[CLS]")
+
+
+def token_table(
+    occ: pd.DataFrame, is_sink: Callable[[pd.DataFrame], pd.Series], min_occurrences: int = MIN_OCCURRENCES
+) -> pd.DataFrame:
+    """A row per (token, role): how often it occurs and the attention it draws (x uniform).
+
+    A token seen fewer than ``min_occurrences`` times is never a sink and is ranked after every token
+    seen often enough; the first token (BOS, [CLS]) comes first when it is a sink."""
     cols = [
         "token",
         "token_id",
@@ -201,8 +211,10 @@ def token_table(occ: pd.DataFrame, is_sink: Callable[[pd.DataFrame], pd.Series])
         )
         .reset_index()
     )
-    g["is_sink"] = is_sink(g)
-    g = g.sort_values(["attention_ratio", "occurrences"], ascending=[False, False], kind="mergesort")
+    enough = g["occurrences"] >= min_occurrences
+    g["is_sink"] = is_sink(g) & enough
+    g["_rank"] = np.where(g["is_sink"] & g["role"].isin(FIRST_ROLES), 0, np.where(enough, 1, 2))
+    g = g.sort_values(["_rank", "attention_ratio", "occurrences"], ascending=[True, False, False], kind="mergesort")
     return g[cols].reset_index(drop=True)
 
 
