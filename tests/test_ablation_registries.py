@@ -23,6 +23,7 @@ from interp.ablation import (
     MeanAblation,
     PruningCurves,
     ResampleAblation,
+    WindowAblation,
     Sweeper,
     ZeroAblation,
     as_ablation,
@@ -70,8 +71,8 @@ def test_metrics_are_registered_once_with_their_direction_and_flatness(gpt2_tiny
 
 
 def test_ablation_kinds_are_small_registered_classes(gpt2_tiny, probe):
-    assert ABLATIONS.names() == ("zero", "mean", "resample")
-    assert [ABLATIONS.get(n) for n in ABLATIONS] == [ZeroAblation, MeanAblation, ResampleAblation]
+    assert ABLATIONS.names() == ("zero", "mean", "resample", "window")
+    assert [ABLATIONS.get(n) for n in ABLATIONS] == [ZeroAblation, MeanAblation, ResampleAblation, WindowAblation]
     mean = HeadAblation.fit(gpt2_tiny, "mean", probe)
     assert isinstance(mean, MeanAblation) and isinstance(mean, HeadAblation) and mean.kind == "mean"
     assert torch.equal(mean.mean, MeanAblation.fit(gpt2_tiny, probe).mean)
