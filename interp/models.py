@@ -137,7 +137,9 @@ def _load_planted(spec: str, dev: torch.device, dt: torch.dtype) -> Any:
 
     length = spec.partition(":")[2] or "32768"
     if not length.isdigit() or int(length) < 2:
-        raise ModelLoadError(f"cannot read {spec!r}: write 'planted' or 'planted:N' with N >= 2 tokens, e.g. planted:8192")
+        raise ModelLoadError(
+            f"cannot read {spec!r}: write 'planted' or 'planted:N' with N >= 2 tokens, e.g. planted:8192"
+        )
     return planted_model(int(length) + 1).to(device=dev, dtype=dt)
 
 

@@ -23,8 +23,8 @@ from interp.ablation import (
     MeanAblation,
     PruningCurves,
     ResampleAblation,
-    WindowAblation,
     Sweeper,
+    WindowAblation,
     ZeroAblation,
     as_ablation,
     builtin_metric,
@@ -81,7 +81,9 @@ def test_ablation_kinds_are_small_registered_classes(gpt2_tiny, probe):
     resample = as_ablation("resample", gpt2_tiny, probe, seed=3)
     assert isinstance(resample, ResampleAblation) and resample.donors == derangement(4, 3).tolist()
     assert as_ablation(mean, gpt2_tiny, probe) is mean  # a fitted ablation is used as it is
-    with pytest.raises(AblationError, match=r"unknown ablation 'half': choose from \['zero', 'mean', 'resample'\]"):
+    with pytest.raises(
+        AblationError, match=r"unknown ablation 'half': choose from \['zero', 'mean', 'resample', 'window'\]"
+    ):
         as_ablation("half", gpt2_tiny, probe)
     with pytest.raises(AblationError, match="mean ablation needs a probe"):
         HeadAblation.fit(gpt2_tiny, "mean")

@@ -106,9 +106,8 @@ def test_auto_engine_and_scores_on_the_stream(planted):
 
 
 def test_sliding_window_head_falls_to_uniform_past_its_window():
-    from tests.conformance import WINDOW, build
-
     from interp.models import from_hf_model
+    from tests.conformance import WINDOW, build
 
     hf, tok = build("mistral")
     model = from_hf_model(hf, tok, name="mistral")

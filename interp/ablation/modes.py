@@ -1,4 +1,4 @@
-"""Head sets and what an ablated head outputs: the ablation kinds (zero, mean, resample), registered once.
+"""Head sets and what an ablated head outputs: the ablation kinds (zero, mean, resample, window), registered once.
 
 :data:`ABLATIONS` maps each kind's name to its class; a new kind is one registered subclass of
 :class:`HeadAblation` with ``fit`` and ``replacement``.

@@ -58,7 +58,10 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
     p.add_argument("--haystack", choices=["random", "text"], default="random", help="haystack tokens")
     p.add_argument("--sink", type=int, default=DEFAULT_SINK, help="streaming share: the first keys kept")
     p.add_argument(
-        "--window", type=positive_int, default=None, help="streaming share: recent keys kept (default: min(1024, seq_len // 4))"
+        "--window",
+        type=positive_int,
+        default=None,
+        help="streaming share: recent keys kept (default: min(1024, seq_len // 4))",
     )
     p.add_argument(
         "--distances",
