@@ -42,6 +42,8 @@ _API = {
     # sinks
     "sink_scores": "interp.sinks",
     "SinkReport": "interp.sinks",
+    # retrieval and streaming heads
+    "retrieval_scores": "interp.retrieval",
     # ablation
     "ablated": "interp.ablation",
     "exact_sweep": "interp.ablation",
@@ -99,6 +101,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.probes import text_probe as text_probe
     from interp.report import head_atlas as head_atlas
     from interp.report.patterns_view import view_patterns as view_patterns
+    from interp.retrieval import retrieval_scores as retrieval_scores
     from interp.scores import HeadScores as HeadScores
     from interp.sinks import SinkReport as SinkReport
     from interp.sinks import sink_scores as sink_scores

@@ -27,6 +27,7 @@ from interp.adapters import HookedModel, ModelInfo, describe, use_eager_attentio
 from interp.errors import ModelLoadError, UsageError
 
 TOY = "toy"
+PLANTED = "planted"  # interp.toy.planted: hand-set retrieval / streaming / previous-token heads
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -118,6 +119,8 @@ def load_model(
             )
     dev = resolve_device(device)
     spec_str = os.fspath(spec)
+    if spec_str == PLANTED or spec_str.startswith(PLANTED + ":"):  # the known-answer long-context toy
+        return _load_planted(spec_str, dev, dt)
     if spec_str == TOY:
         if spread:
             raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
@@ -126,6 +129,18 @@ def load_model(
     if path.exists() or _looks_like_path(spec_str):
         return _load_local_dir(path, dev, dt, placement)
     return _load_hub(spec_str, dev, dt, placement)
+
+
+def _load_planted(spec: str, dev: torch.device, dt: torch.dtype) -> Any:
+    """``"planted"`` (32K tokens + BOS) or ``"planted:N"`` (N + BOS): :func:`interp.toy.planted.planted_model`."""
+    from interp.toy.planted import planted_model
+
+    length = spec.partition(":")[2] or "32768"
+    if not length.isdigit() or int(length) < 2:
+        raise ModelLoadError(
+            f"cannot read {spec!r}: write 'planted' or 'planted:N' with N >= 2 tokens, e.g. planted:8192"
+        )
+    return planted_model(int(length) + 1).to(device=dev, dtype=dt)
 
 
 def _looks_like_path(spec: str) -> bool:

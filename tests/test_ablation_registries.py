@@ -24,6 +24,7 @@ from interp.ablation import (
     PruningCurves,
     ResampleAblation,
     Sweeper,
+    WindowAblation,
     ZeroAblation,
     as_ablation,
     builtin_metric,
@@ -70,8 +71,8 @@ def test_metrics_are_registered_once_with_their_direction_and_flatness(gpt2_tiny
 
 
 def test_ablation_kinds_are_small_registered_classes(gpt2_tiny, probe):
-    assert ABLATIONS.names() == ("zero", "mean", "resample")
-    assert [ABLATIONS.get(n) for n in ABLATIONS] == [ZeroAblation, MeanAblation, ResampleAblation]
+    assert ABLATIONS.names() == ("zero", "mean", "resample", "window")
+    assert [ABLATIONS.get(n) for n in ABLATIONS] == [ZeroAblation, MeanAblation, ResampleAblation, WindowAblation]
     mean = HeadAblation.fit(gpt2_tiny, "mean", probe)
     assert isinstance(mean, MeanAblation) and isinstance(mean, HeadAblation) and mean.kind == "mean"
     assert torch.equal(mean.mean, MeanAblation.fit(gpt2_tiny, probe).mean)
@@ -80,7 +81,9 @@ def test_ablation_kinds_are_small_registered_classes(gpt2_tiny, probe):
     resample = as_ablation("resample", gpt2_tiny, probe, seed=3)
     assert isinstance(resample, ResampleAblation) and resample.donors == derangement(4, 3).tolist()
     assert as_ablation(mean, gpt2_tiny, probe) is mean  # a fitted ablation is used as it is
-    with pytest.raises(AblationError, match=r"unknown ablation 'half': choose from \['zero', 'mean', 'resample'\]"):
+    with pytest.raises(
+        AblationError, match=r"unknown ablation 'half': choose from \['zero', 'mean', 'resample', 'window'\]"
+    ):
         as_ablation("half", gpt2_tiny, probe)
     with pytest.raises(AblationError, match="mean ablation needs a probe"):
         HeadAblation.fit(gpt2_tiny, "mean")

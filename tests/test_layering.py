@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "induction": 13,
     "report.__main__": 13,
     "sinks.__main__": 13,
+    "retrieval.__main__": 13,
     # the command lines
     "cli": 12,
     # the atlas: it reads every analysis

@@ -193,7 +193,7 @@ def test_copy_distance(planted):
 def test_streaming_needs_a_long_enough_probe(planted):
     probe = needle_probe(planted, seq_len=256, batch=1)
     with pytest.raises(UsageError) as e:
-        retrieval_scores(planted, probe)
+        retrieval_scores(planted, probe, window=1024)
     assert str(e.value) == (
         "probe of 257 tokens is too short for sink 4 + window 1024: every query sees all its keys; "
         "lower the window or lengthen the probe"

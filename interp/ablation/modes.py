@@ -1,4 +1,4 @@
-"""Head sets and what an ablated head outputs: the ablation kinds (zero, mean, resample), registered once.
+"""Head sets and what an ablated head outputs: the ablation kinds (zero, mean, resample, window), registered once.
 
 :data:`ABLATIONS` maps each kind's name to its class; a new kind is one registered subclass of
 :class:`HeadAblation` with ``fit`` and ``replacement``.
@@ -20,7 +20,7 @@ from interp.ablation.settings import checked
 from interp.adapters import HookedModel, run_with_reducers
 from interp.adapters.patch import by_head
 from interp.errors import AblationError
-from interp.hooks import z_hook
+from interp.hooks import pattern_hook, z_hook
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
 from interp.registry import Registry
@@ -240,6 +240,81 @@ class ResampleAblation(HeadAblation):
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
         src = self.source[layer]
         return src if rows is None else src[rows]
+
+
+@ABLATIONS.register(
+    "window",
+    "the head attends only to its first sink keys and its last window keys (StreamingLLM), its pattern "
+    "renormalised over them; pattern engine: runs wherever a layer's whole pattern fits",
+)
+@dataclass
+class WindowAblation(HeadAblation):
+    """The head keeps only the sink + recent window of its KV cache: query ``q`` may attend to keys
+    ``k < sink`` and ``q - window < k <= q``; its pattern is renormalised over them.
+
+    It acts on ``hook_pattern`` (the softmax output, before it weights the values): the restricted
+    heads' rows are multiplied by the allowed-key mask and divided by their remaining sum, which
+    equals the softmax of the logits with every other key at ``-inf``. So it runs wherever the model
+    forms its pattern (the pattern engine; the toy and the bridge form it when it is hooked), and its
+    largest ``T`` is the pattern engine's: one layer's ``[batch, head, T, T]`` pattern must fit in
+    memory. The sweep's fast replay and gradient importance patch head outputs, not patterns: they
+    refuse it (use ``ablated(...)`` or ``replay="loop"``). Build it as ``WindowAblation(sink, window)``;
+    fitted by name it takes ``sink`` 4 and ``window`` ``min(1024, T // 4)`` of the probe.
+    """
+
+    sink: int = 4
+    window: int = 1024
+    kind: ClassVar[str] = "window"
+
+    def __post_init__(self) -> None:
+        for name, low in (("sink", 0), ("window", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise AblationError(f"window ablation: {name} must be an integer >= {low}, got {value!r}")
+
+    @classmethod
+    def fit(  # type: ignore[override]
+        cls,
+        model: HookedModel,
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> WindowAblation:
+        if probe is None:
+            return cls()
+        T = probe.seq_len if isinstance(probe, TokenProbe) else probe.shape[-1]
+        return cls(window=max(1, min(1024, T // 4)))
+
+    def allowed(self, T: int, device: Any = None) -> Bool[Tensor, "q k"]:
+        """Keys each query keeps: the first ``sink`` and the last ``window`` up to itself."""
+        q = torch.arange(T, device=device)[:, None]
+        k = torch.arange(T, device=device)[None, :]
+        return (k <= q) & ((k < self.sink) | (k > q - self.window))
+
+    def restrict(self, pattern: Float[Tensor, "batch head q k"], heads: Bool[Tensor, " head"]) -> Tensor:
+        """``pattern`` with the rows of ``heads`` cut to the allowed keys and renormalised."""
+        keep = self.allowed(pattern.shape[-1], pattern.device).to(pattern.dtype)
+        cut = pattern * keep
+        cut = cut / cut.sum(-1, keepdim=True).clamp_min(torch.finfo(pattern.dtype).tiny)
+        return torch.where(heads.to(pattern.device)[None, :, None, None], cut, pattern)
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        raise AblationError(
+            "window ablation changes a head's attention pattern, not its output: run it with "
+            "interp.ablated(...) or the sweep's replay='loop'"
+        )
+
+    def hooks(self, mask: Bool[Tensor, "layer head"], rows: Tensor | slice | None = None) -> list:
+        """Hooks on ``hook_pattern`` of each layer with a restricted head."""
+
+        def layer_hook(heads: Tensor) -> Callable:
+            def hook(pattern: Tensor, hook: Any) -> Tensor:
+                return self.restrict(pattern, heads)
+
+            return hook
+
+        return [(pattern_hook(l), layer_hook(mask[l])) for l in range(mask.shape[0]) if bool(mask[l].any())]
 
 
 def as_ablation(

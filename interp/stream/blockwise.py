@@ -23,6 +23,7 @@ pass reuses its score tile.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from jaxtyping import Float, Int
@@ -129,4 +130,34 @@ def logits_tile(
     return s
 
 
-__all__ = ["BLOCK", "RowStats", "column_sums", "gathered_weights", "logits_tile", "row_stats"]
+def row_argmax(
+    a: AttentionInputs,
+    q0: int,
+    q1: int,
+    *,
+    block: int = BLOCK,
+    on_tile: Callable[[int, Tensor], None] | None = None,
+) -> tuple[Float[Tensor, "batch head bq"], Int[Tensor, "batch head bq"]]:
+    """``(largest logit, its key)`` of queries ``q0:q1`` of every head, over key tiles of
+    :func:`logits_tile`: a running ``(max, argmax)`` with ties to the lowest key (as ``torch.argmax``
+    of the pattern). Tiles wholly masked by causality or the window are skipped. ``on_tile(k0, s)``
+    sees each tile (``[batch, head, q1 - q0, bk]``), e.g. to read the logits at known targets.
+    Memory: one ``(q1 - q0) x block`` tile per head.
+    """
+    T = a.k.shape[2]
+    best = a.q.new_full((a.q.shape[0], a.q.shape[1], q1 - q0), -math.inf, dtype=torch.float32)
+    arg = torch.zeros(best.shape, dtype=torch.long, device=best.device)
+    first = 0 if a.window is None else max(0, q0 - a.window + 1) // block * block
+    for k0 in range(first, key_end(q1, T, a.causal), block):
+        s = logits_tile(a, q0, q1, k0, min(k0 + block, T))
+        if on_tile is not None:
+            on_tile(k0, s)
+        top = s.argmax(-1)  # the first of equal maxima: the lowest key of the tile
+        value = s.gather(-1, top[..., None])[..., 0]
+        better = value > best  # strictly: an equal maximum in a later tile keeps the earlier key
+        best = torch.where(better, value, best)
+        arg = torch.where(better, top + k0, arg)
+    return best, arg
+
+
+__all__ = ["BLOCK", "RowStats", "column_sums", "gathered_weights", "logits_tile", "row_argmax", "row_stats"]

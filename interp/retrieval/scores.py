@@ -40,7 +40,9 @@ tokens; the stream engine (row argmax in the blockwise passes) is what reaches 3
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -49,17 +51,23 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.adapters import run_with_reducers
+from interp import distributed
+from interp.adapters import AttentionInputs, run_with_reducers
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 from interp.probes.needle import NeedleProbe, needle_probe
 from interp.scores import HeadScores, bootstrap_ratio
+from interp.stream.blockwise import logits_tile, row_argmax
+from interp.stream.budget import ENGINES, PATTERN_BUDGET, choose_engine
+from interp.stream.driver import check_finite, row_pass, run_streamed
 
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al. 2024
 STREAMING_THRESHOLD = 0.9  # share of attention on sink + window
 ROLES = ("retrieval", "streaming", "neither")
-QUERY_BLOCK = 256  # queries per cumulative sum in the streaming reduction
+QUERY_BLOCK = 256  # queries per cumulative sum (pattern) or per band tile (stream) in the streaming share
+DEFAULT_SINK = 4
+MAX_WINDOW = 1024  # the window's default: min(MAX_WINDOW, seq_len // 4)
 
 
 @dataclass
@@ -75,40 +83,89 @@ class RetrievalCounts:
     stream_queries: Float[Tensor, " batch"] | None  # queries that see more than sink + window keys
 
 
+COUNT_FIELDS = tuple(f.name for f in fields(RetrievalCounts))
+
+
+def default_window(seq_len: int) -> int:
+    """The streaming window when none is given: ``min(1024, seq_len // 4)`` (at least 1), so a short
+    probe (the bundled toy's 255 tokens) still has queries that see more than sink + window keys."""
+    return max(1, min(MAX_WINDOW, seq_len // 4))
+
+
 def retrieval_counts(
     model: Any,
     probe: NeedleProbe,
     *,
-    sink: int | None = 4,
+    sink: int = DEFAULT_SINK,
     window: int | None = 1024,
     minibatch: int | None = None,
     engine: str = "pattern",
+    progress: bool = False,
 ) -> RetrievalCounts:
     """One pass over ``probe``: every head's retrieval hits and masses per needle and, unless
-    ``window`` is None, its sink + window share per sequence (see the module docstring)."""
+    ``window`` is None, its sink + window share per sequence (see the module docstring).
+
+    ``engine``: ``"pattern"`` (reduce each layer's pattern in its hook), ``"stream"`` (never form
+    it) or ``"auto"`` (:func:`interp.stream.budget.choose_engine`). Under ``torchrun`` each rank
+    counts its block of sequences (:func:`interp.distributed.map_sequences`); every rank gets all.
+    """
     info = _check(model, probe, engine)
-    streaming = window is not None
-    if streaming:
+    if window is not None:
         _check_window(probe, sink, window)
+    if engine == "auto":
+        engine, _ = choose_engine("auto", model, min(minibatch or probe.batch, probe.batch), probe.seq_len)
+    count = _pattern_counts if engine == "pattern" else _stream_counts
+
+    def one_block(p: NeedleProbe) -> dict[str, Tensor]:
+        c = count(model, p, info, sink, window, minibatch, progress and distributed.is_main())
+        return {f: getattr(c, f) for f in COUNT_FIELDS if getattr(c, f) is not None}
+
+    parts = distributed.map_sequences(one_block, probe, what="scoring retrieval heads")
+    return RetrievalCounts(**{f: parts.get(f) for f in COUNT_FIELDS})
+
+
+def _empty_counts(info: Any, probe: NeedleProbe, sink: int, window: int | None) -> RetrievalCounts:
     L, H, B, N = info.n_layers, info.n_heads, probe.batch, probe.n_needles
-    ret, ret_needle = probe.retrieval_pairs(), probe.retrieval_needles()
-    ind, ind_needle = probe.copy_induction_pairs(), probe.copy_induction_needles()
-    counts = RetrievalCounts(
+    streaming = window is not None
+    return RetrievalCounts(
         hits=torch.zeros(N, L, H, dtype=torch.float64),
         mass=torch.zeros(N, L, H, dtype=torch.float64),
-        steps=torch.bincount(ret_needle, minlength=N).double(),
+        steps=torch.bincount(probe.retrieval_needles(), minlength=N).double(),
         induction=torch.zeros(N, L, H, dtype=torch.float64),
-        induction_steps=torch.bincount(ind_needle, minlength=N).double(),
+        induction_steps=torch.bincount(probe.copy_induction_needles(), minlength=N).double(),
         stream=torch.zeros(B, L, H, dtype=torch.float64) if streaming else None,
-        stream_queries=torch.full((B,), float(probe.seq_len - sink - window)) if streaming else None,
+        stream_queries=torch.full((B,), float(probe.seq_len - sink - window), dtype=torch.float64)
+        if streaming
+        else None,
     )
+
+
+def _chunk_pairs(pairs: Tensor, needles: Tensor, rows: slice) -> tuple[Tensor, Tensor]:
+    """The pairs of sequences ``rows`` with their batch index made local, and their needle ids."""
+    keep = (pairs[:, 0] >= rows.start) & (pairs[:, 0] < rows.stop)
+    return pairs[keep] - torch.tensor([rows.start, 0, 0]), needles[keep]
+
+
+def _pattern_counts(
+    model: Any,
+    probe: NeedleProbe,
+    info: Any,
+    sink: int,
+    window: int | None,
+    minibatch: int | None,
+    progress: bool,
+) -> RetrievalCounts:
+    """The pattern engine: each layer's ``hook_pattern`` reduced inside its hook."""
+    L, B = info.n_layers, probe.batch
+    streaming = window is not None
+    ret, ret_needle = probe.retrieval_pairs(), probe.retrieval_needles()
+    ind, ind_needle = probe.copy_induction_pairs(), probe.copy_induction_needles()
+    counts = _empty_counts(info, probe, sink, window)
     step = minibatch or B
     for start in range(0, B, step):
         rows = slice(start, min(start + step, B))
-        in_ret = (ret[:, 0] >= rows.start) & (ret[:, 0] < rows.stop)
-        in_ind = (ind[:, 0] >= rows.start) & (ind[:, 0] < rows.stop)
-        local_ret, needles_ret = ret[in_ret] - torch.tensor([start, 0, 0]), ret_needle[in_ret]
-        local_ind, needles_ind = ind[in_ind] - torch.tensor([start, 0, 0]), ind_needle[in_ind]
+        local_ret, needles_ret = _chunk_pairs(ret, ret_needle, rows)
+        local_ind, needles_ind = _chunk_pairs(ind, ind_needle, rows)
 
         def reduce(pattern: Float[Tensor, "batch head q k"], hook: Any) -> None:
             layer = layer_of(hook)
@@ -133,6 +190,122 @@ def retrieval_counts(
             stop_after=pattern_hook(L - 1),
         )
     return counts
+
+
+def _stream_counts(
+    model: Any,
+    probe: NeedleProbe,
+    info: Any,
+    sink: int,
+    window: int | None,
+    minibatch: int | None,
+    progress: bool,
+) -> RetrievalCounts:
+    """The stream engine: per layer, the row pass's log-sum-exp, a row argmax at the copy queries
+    only, and the sink + window share from the sink and band tiles; no ``T x T`` pattern."""
+    counts = _empty_counts(info, probe, sink, window)
+    ret, ret_needle = probe.retrieval_pairs(), probe.retrieval_needles()
+    ind, ind_needle = probe.copy_induction_pairs(), probe.copy_induction_needles()
+
+    def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
+        local_ret, needles_ret = _chunk_pairs(ret, ret_needle, rows)
+        local_ind, needles_ind = _chunk_pairs(ind, ind_needle, rows)
+
+        def reduce(a: AttentionInputs) -> None:
+            lse = row_pass(a).lse  # [batch, head, T]; with a sink logit, the sink is in it
+            check_finite(lse, a.layer, info.name)
+            hits, mass, ind_mass = copy_step_stats(a, lse, local_ret, local_ind)
+            counts.hits[:, a.layer].index_add_(0, needles_ret, hits.double())
+            counts.mass[:, a.layer].index_add_(0, needles_ret, mass.double())
+            counts.induction[:, a.layer].index_add_(0, needles_ind, ind_mass.double())
+            if window is not None:
+                counts.stream[rows, a.layer] = stream_window_share(a, lse, sink, window).cpu()
+
+        return reduce, []
+
+    run_streamed(model, probe.tokens, minibatch, progress, "scoring retrieval heads (stream)", on_chunk)
+    return counts
+
+
+def copy_step_stats(
+    a: AttentionInputs,
+    lse: Float[Tensor, "batch head q"],
+    ret: Int[Tensor, "n 3"],
+    ind: Int[Tensor, "m 3"],
+) -> tuple[Float[Tensor, "n head"], Float[Tensor, "n head"], Float[Tensor, "m head"]]:
+    """``(hits, target mass)`` at the retrieval pairs and the mass at the copy-induction pairs, from
+    logits of the copy queries only: each sequence's queries in runs of consecutive positions, each
+    run's rows against every key by :func:`~interp.stream.blockwise.row_argmax` (ties to the lowest
+    key), the targets' logits read off the same tiles, ``A = exp(s - lse)``. ``O(queries x T)``."""
+    H = a.q.shape[1]
+    hits = torch.zeros(len(ret), H)
+    target = {"ret": torch.full((len(ret), H), -math.inf), "ind": torch.full((len(ind), H), -math.inf)}
+    pairs = {"ret": ret, "ind": ind}
+    for b in torch.cat([ret[:, 0], ind[:, 0]]).unique().tolist():
+        one = replace(
+            a,
+            q=a.q[b : b + 1],
+            k=a.k[b : b + 1],
+            v=a.v[b : b + 1],
+            key_mask=None if a.key_mask is None else a.key_mask[b : b + 1],
+        )
+        queries = torch.cat([ret[ret[:, 0] == b, 1], ind[ind[:, 0] == b, 1]]).unique()
+        for q0, q1 in _runs(queries):
+            mine = {n: ((p[:, 0] == b) & (p[:, 1] >= q0) & (p[:, 1] < q1)).nonzero()[:, 0] for n, p in pairs.items()}
+
+            def grab(k0: int, s: Tensor, mine: dict = mine, q0: int = q0) -> None:
+                for name, idx in mine.items():
+                    _, q, k = pairs[name][idx].unbind(-1)
+                    inside = (k >= k0) & (k < k0 + s.shape[-1])
+                    if inside.any():
+                        sel = idx[inside]
+                        got = s[0][:, (q[inside] - q0).to(s.device), (k[inside] - k0).to(s.device)]  # [head, n]
+                        target[name][sel] = got.T.float().cpu()
+
+            _, arg = row_argmax(one, q0, q1, on_tile=grab)
+            idx = mine["ret"]
+            _, q, k = ret[idx].unbind(-1)
+            hits[idx] = (arg[0][:, (q - q0).to(arg.device)].T.cpu() == k[:, None]).float()
+    lse_at = lambda p: lse.transpose(1, 2)[p[:, 0].to(lse.device), p[:, 1].to(lse.device)].float().cpu()  # noqa: E731
+    mass = torch.exp(target["ret"] - lse_at(ret)) if len(ret) else torch.zeros(0, H)
+    ind_mass = torch.exp(target["ind"] - lse_at(ind)) if len(ind) else torch.zeros(0, H)
+    return hits, mass, ind_mass
+
+
+def _runs(positions: Tensor) -> list[tuple[int, int]]:
+    """Sorted distinct positions as maximal runs of consecutive integers, ``[(start, stop), ...]``."""
+    if len(positions) == 0:
+        return []
+    p = positions.sort().values.tolist()
+    runs, start = [], p[0]
+    for prev, cur in zip(p, p[1:]):
+        if cur != prev + 1:
+            runs.append((start, prev + 1))
+            start = cur
+    runs.append((start, p[-1] + 1))
+    return runs
+
+
+def stream_window_share(
+    a: AttentionInputs, lse: Float[Tensor, "batch head q"], sink: int, window: int, block: int = QUERY_BLOCK
+) -> Float[Tensor, "batch head"]:
+    """Per sequence and head, the sum over queries ``q >= sink + window`` of the mass on keys
+    ``[0, sink)`` and ``[q - window + 1, q]``: only the sink tiles and the band tiles are formed
+    (:func:`~interp.stream.blockwise.logits_tile`), ``O(T x (sink + window))``. Float64 sums."""
+    T = a.q.shape[2]
+    total = torch.zeros(a.q.shape[0], a.q.shape[1], dtype=torch.float64, device=a.q.device)
+    for q0 in range(sink + window, T, block):
+        q1 = min(q0 + block, T)
+        row_lse = lse[..., q0:q1, None].float()
+        if sink > 0:
+            total += (logits_tile(a, q0, q1, 0, sink) - row_lse).exp().sum((-1, -2)).double()
+        k0 = q0 - window + 1  # > sink - 1: the band never reaches the sink keys
+        s = logits_tile(a, q0, q1, k0, q1)
+        qi = torch.arange(q0, q1, device=s.device)[:, None]
+        ki = torch.arange(k0, q1, device=s.device)[None, :]
+        s = s.masked_fill(ki <= qi - window, -math.inf)  # causal already masks k > q
+        total += (s - row_lse).exp().sum((-1, -2)).double()
+    return total
 
 
 def argmax_hits(
@@ -170,25 +343,35 @@ def retrieval_scores(
     model: Any,
     probe: NeedleProbe | None = None,
     *,
-    sink: int = 4,
-    window: int = 1024,
+    sink: int = DEFAULT_SINK,
+    window: int | None = None,
     n_boot: int = 1000,
     level: float = 0.95,
     seed: int = 0,
     minibatch: int | None = None,
-    engine: str = "pattern",
+    engine: str = "auto",
+    budget: int = PATTERN_BUDGET,
+    progress: bool = False,
 ) -> HeadScores:
     """Score every head as retrieval / streaming head on a needle probe (see the module docstring).
 
     ``probe`` defaults to ``needle_probe(model, seed=seed)``. Columns: ``retrieval`` (with
     ``_lo``/``_hi``, bootstrap over needles), ``retrieval_mass``, ``streaming`` (with ``_lo``/``_hi``,
     bootstrap over sequences) and ``role`` (``"retrieval"``, ``"streaming"`` or ``"neither"``).
-    ``meta`` records the thresholds, ``sink``, ``window`` and the probe.
+    ``window`` defaults to :func:`default_window` of the probe's length. ``engine``: ``"pattern"``,
+    ``"stream"`` or ``"auto"`` (stream when one layer's pattern for a forward pass exceeds
+    ``budget`` bytes); ``meta["engine"]`` says which ran and why. ``meta`` also records the
+    thresholds, ``sink``, ``window`` and the probe.
     """
     if probe is None:
         probe = needle_probe(model, seed=seed)
-    info = describe(model)
-    counts = retrieval_counts(model, probe, sink=sink, window=window, minibatch=minibatch, engine=engine)
+    info = _check(model, probe, engine)
+    window = default_window(probe.seq_len) if window is None else window
+    n_seqs = min(minibatch or probe.batch, probe.batch)
+    engine, why = choose_engine(engine, model, n_seqs, probe.seq_len, budget)
+    counts = retrieval_counts(
+        model, probe, sink=sink, window=window, minibatch=minibatch, engine=engine, progress=progress
+    )
     steps = counts.steps[:, None, None].expand_as(counts.hits)
     point, lo, hi = bootstrap_ratio(counts.hits, steps, n_boot=n_boot, level=level, seed=seed)
     grids = {"retrieval": point, "retrieval_lo": lo, "retrieval_hi": hi}
@@ -203,6 +386,7 @@ def retrieval_scores(
             "n_layers": info.n_layers,
             "n_heads": info.n_heads,
             "probe": probe.meta,
+            "seq_len": probe.seq_len,
             "n_needles": probe.n_needles,
             "sink": sink,
             "window": window,
@@ -214,6 +398,7 @@ def retrieval_scores(
             "n_boot": n_boot,
             "seed": seed,
             "engine": engine,
+            "engine_reason": why,
         },
     )
     scores.table["role"] = classify(scores.table["retrieval"].to_numpy(), scores.table["streaming"].to_numpy())
@@ -228,14 +413,21 @@ def classify(retrieval: np.ndarray, streaming: np.ndarray) -> list[str]:
     ]
 
 
-def copy_distance_scores(model: Any, probe: NeedleProbe, *, minibatch: int | None = None) -> pd.DataFrame:
+def copy_distance_scores(
+    model: Any,
+    probe: NeedleProbe,
+    *,
+    minibatch: int | None = None,
+    engine: str = "auto",
+    progress: bool = False,
+) -> pd.DataFrame:
     """Tidy ``(layer, head, distance)`` rows with ``induction``, ``retrieval``, ``retrieval_mass``,
     ``uniform`` (the induction mass of a uniform head) and ``n_needles``; see the module docstring.
 
     Any :class:`NeedleProbe` works; on a :func:`~interp.probes.needle.needle_probe` the distances are
     those between each needle and its copy.
     """
-    counts = retrieval_counts(model, probe, window=None, minibatch=minibatch)
+    counts = retrieval_counts(model, probe, window=None, minibatch=minibatch, engine=engine, progress=progress)
     distance = probe.needle_distance()
     L, H = counts.hits.shape[1:]
     queries = probe.copy_induction_pairs()[:, 1].double()
@@ -264,16 +456,31 @@ def copy_distance_scores(model: Any, probe: NeedleProbe, *, minibatch: int | Non
     return pd.concat(frames, ignore_index=True).sort_values(["layer", "head", "distance"], ignore_index=True)
 
 
+def needle_copy_loss(model: Any, probe: NeedleProbe, *, minibatch: int | None = None) -> float:
+    """Mean cross-entropy (nats) of the copy steps: at each retrieval pair's query ``p``, predicting
+    the copied token ``tokens[p + 1]``, teacher-forced. The metric of the window-ablation check."""
+    pairs = probe.retrieval_pairs()
+    total, B = 0.0, probe.batch
+    step = minibatch or B
+    with torch.no_grad():
+        for start in range(0, B, step):
+            mine = pairs[(pairs[:, 0] >= start) & (pairs[:, 0] < start + step)]
+            if not len(mine):
+                continue
+            logits = model(probe.tokens[start : start + step])
+            b, q = mine[:, 0] - start, mine[:, 1]
+            logp = logits[b.to(logits.device), q.to(logits.device)].float().log_softmax(-1)
+            target = probe.tokens[mine[:, 0], q + 1].to(logp.device)
+            total += float(-logp.gather(-1, target[:, None]).sum())
+    return total / len(pairs)
+
+
 # ---------------------------------------------------------------------------------------------
 # checks
 
 
 def _check(model: Any, probe: Any, engine: str) -> Any:
-    if engine != "pattern":
-        raise UsageError(
-            f"retrieval scores run on the pattern engine for now, got engine={engine!r}: "
-            "the stream engine's row argmax is not built yet"
-        )
+    ENGINES.check(engine)
     if not isinstance(probe, NeedleProbe):
         raise UsageError(
             "retrieval scores need a needle probe: interp.probes.needle.needle_probe or copy_distance_probe"
@@ -301,8 +508,12 @@ __all__ = [
     "STREAMING_THRESHOLD",
     "RetrievalCounts",
     "classify",
+    "copy_step_stats",
+    "default_window",
     "copy_distance_scores",
     "retrieval_counts",
+    "needle_copy_loss",
     "retrieval_scores",
+    "stream_window_share",
     "window_share",
 ]

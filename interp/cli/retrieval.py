@@ -1,0 +1,188 @@
+"""``python -m interp.retrieval`` / ``interp retrieval``: retrieval heads, streaming heads and copy distance.
+
+A thin layer over :func:`interp.retrieval.retrieval_scores` on a needle probe and
+:func:`interp.retrieval.copy_distance_scores` on a copy-distance probe: it prints the heads ranked
+by retrieval score with their role, and writes ``retrieval.{csv,json,html}``,
+``retrieval_distance.{csv,html}`` under ``--out``. The defaults fit the model: ``--seq-len``
+defaults to ``min(1024, the context)`` (255 on the bundled toy), ``--window`` to
+``min(1024, seq_len // 4)``, the distances to the powers of 4 from 16 that fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from interp._io import atomic_write
+from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.errors import UsageError
+from interp.models import describe
+from interp.plots import save_figure, short_name
+from interp.probes.needle import copy_distance_probe, needle_probe
+from interp.retrieval import (
+    DEFAULT_SINK,
+    RETRIEVAL_THRESHOLD,
+    STREAMING_THRESHOLD,
+    copy_distance_scores,
+    default_window,
+    retrieval_scores,
+)
+from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
+
+STEM = "retrieval"
+
+
+def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentParser:
+    p = base_parser(
+        prog,
+        "Find retrieval heads (Wu et al. 2024: the most-attended key is the needle token being copied), "
+        "streaming heads (attention on the sink + recent window) and how far back each head copies, "
+        "on teacher-forced needle-in-a-haystack probes.",
+    )
+    p.set_defaults(batch=4)
+    p.add_argument("--seq-len", type=positive_int, default=None, help="body tokens (default: min(1024, the context))")
+    p.add_argument(
+        "--depths",
+        type=_floats,
+        default=[0.1, 0.5, 0.9],
+        help="needle depths in [0, 1], comma-separated; one needle per depth (default: 0.1,0.5,0.9)",
+    )
+    p.add_argument("--needles", type=positive_int, default=None, help="evenly spread needles (overrides --depths)")
+    p.add_argument("--needle-len", type=positive_int, default=8, help="tokens per needle")
+    p.add_argument("--haystack", choices=["random", "text"], default="random", help="haystack tokens")
+    p.add_argument("--sink", type=int, default=DEFAULT_SINK, help="streaming share: the first keys kept")
+    p.add_argument(
+        "--window",
+        type=positive_int,
+        default=None,
+        help="streaming share: recent keys kept (default: min(1024, seq_len // 4))",
+    )
+    p.add_argument(
+        "--distances",
+        type=_ints,
+        default=None,
+        help="copy distances, comma-separated (default: the powers of 4 from 16 that fit); 'none' skips the profile",
+    )
+    p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
+    p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
+    add_engine_flag(p)
+    return p
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int] | str:
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers or 'none', got {text!r}") from None
+
+
+def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+    info = describe(model)
+    depths = args.depths if args.needles is None else [(i + 0.5) / args.needles for i in range(args.needles)]
+    haystack = None if args.haystack == "random" else "text"
+    probe = needle_probe(
+        model,
+        seq_len=args.seq_len,
+        depths=depths,
+        needle_len=args.needle_len,
+        batch=args.batch,
+        seed=args.seed,
+        haystack=haystack,
+    )
+    window = default_window(probe.seq_len) if args.window is None else args.window
+    if args.sink < 0:
+        raise UsageError(f"--sink must be >= 0, got {args.sink}")
+    t0 = time.perf_counter()
+    scores = retrieval_scores(
+        model,
+        probe,
+        sink=args.sink,
+        window=window,
+        level=args.ci,
+        seed=args.seed,
+        minibatch=args.minibatch,
+        engine=args.engine,
+        progress=not args.no_progress,
+    )
+    elapsed = time.perf_counter() - t0
+    scores.meta["model_spec"] = args.model
+    print(
+        f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); needle probe: {args.batch} x "
+        f"{probe.seq_len} tokens, {len(depths)} needle(s) of {args.needle_len} tokens at depths "
+        f"{', '.join(f'{d:g}' for d in depths)}, seed {args.seed}; scored in {elapsed:.2f}s"
+    )
+    print(f"engine: {scores.meta['engine_reason']}")
+    print(
+        f"roles: retrieval if retrieval >= {RETRIEVAL_THRESHOLD} (Wu et al.), else streaming if the share on "
+        f"the first {args.sink} + last {window} keys >= {STREAMING_THRESHOLD}, else neither\n"
+    )
+    ranked = scores.rank("retrieval", top=args.top)
+    print(f"top {len(ranked)} heads by retrieval score ({args.ci:.0%} bootstrap CI over needles):")
+    print(summary_table(ranked))
+    counts = scores.table["role"].value_counts()
+    print("heads per role: " + ", ".join(f"{r} {int(counts.get(r, 0))}" for r in ("retrieval", "streaming", "neither")))
+
+    written = scores.save(out, STEM)
+    written += save_figure(
+        retrieval_figure(scores, title=f"{short_name(info.name)}: retrieval and streaming heads"), out, STEM
+    )
+    if args.distances != "none":
+        written += _distance_profile(args, model, out)
+    return written
+
+
+def summary_table(frame: pd.DataFrame) -> str:
+    """head, retrieval [CI], mass, streaming share, role: the printed table."""
+    shown = pd.DataFrame(
+        {
+            "head": frame["label"].astype(str),
+            "retrieval": [
+                f"{v:.3f} [{a:.3f}, {b:.3f}]"
+                for v, a, b in zip(frame["retrieval"], frame["retrieval_lo"], frame["retrieval_hi"])
+            ],
+            "mass": [f"{v:.3f}" for v in frame["retrieval_mass"]],
+            "streaming": [f"{v:.3f}" for v in frame["streaming"]],
+            "role": frame["role"],
+        }
+    )
+    return shown.to_string(index=False)
+
+
+def _distance_profile(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+    distances = args.distances
+    probe = copy_distance_probe(model, distances, span=min(args.needle_len, 8), batch=2, seed=args.seed)
+    table = copy_distance_scores(model, probe, minibatch=args.minibatch, engine=args.engine)
+    windows = layer_windows(model)
+    best = table.groupby(["layer", "head"])["induction"].mean().nlargest(min(args.top, 8))
+    print(f"\ncopy distance ({', '.join(str(d) for d in probe.meta['distances'])} tokens): top heads by induction mass")
+    wide = table.set_index(["layer", "head", "distance"])["induction"].unstack("distance")
+    wide = wide.loc[best.index]
+    wide.index = [f"{l}.{h}" for l, h in wide.index]
+    print(wide.to_string(float_format=lambda v: f"{v:.3f}"))
+    written = [atomic_write(out / f"{STEM}_distance.csv", table.to_csv(index=False))]
+    fig = copy_distance_figure(table, windows=windows, title=f"{short_name(describe(model).name)}: copy distance")
+    written += save_figure(fig, out, f"{STEM}_distance")
+    return written
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.retrieval") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
