@@ -21,7 +21,7 @@ from interp.adapters.base import HookList
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import resid_post_hook
 from interp.kernels import use_triton
-from interp.stream.blockwise import RowStats, column_sums, row_stats
+from interp.stream.blockwise import RowStats, attention_column_sums, attention_gathered, attention_row_stats
 
 OnLayer = Callable[[AttentionInputs], None]
 OnChunk = Callable[[slice], tuple[OnLayer, HookList]]
@@ -38,24 +38,46 @@ def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
 
 
 def row_pass(a: AttentionInputs) -> RowStats:
-    """Log-sum-exp and row maxima: the Triton kernel where :func:`interp.kernels.use_triton` says, else torch."""
+    """Log-sum-exp (sink included) and row maxima: the Triton kernel where
+    :func:`interp.kernels.use_triton` says, else torch. Windows, softcap, ALiBi, sinks and key masks
+    are applied on both."""
     if use_triton(a.q):
         from interp.stream.triton import triton_row_stats
 
-        return triton_row_stats(a.q, a.k, a.scale, a.causal)
-    return row_stats(a.q, a.k, a.scale, a.causal)
+        return triton_row_stats(a)
+    return attention_row_stats(a)
 
 
 def column_pass(a: AttentionInputs, lse: Float[Tensor, "batch head q"]) -> tuple[Float[Tensor, "batch head k"], float]:
-    """``(received mass per key, max |row sum - 1|)``. The Triton pass has no row sums; there the
-    check is on their mean (the total received mass over ``T``)."""
+    """``(received mass per key, max |row total - 1|)`` over the query rows that see a key (a row's
+    total counts the sink's share). The Triton pass has no row sums; there the check is on the mean
+    row total (the total received mass plus the sink's share over the rows)."""
+    live = query_rows(a)
     if use_triton(a.q):
         from interp.stream.triton import triton_column_sums
 
-        received = triton_column_sums(a.q, a.k, lse, a.scale, a.causal)
-        return received, float((received.sum(-1) / a.q.shape[2] - 1).abs().max())
-    received, rows = column_sums(a.q, a.k, lse, a.scale, a.causal)
-    return received, float((rows - 1).abs().max())
+        received = triton_column_sums(a, lse)
+        total = received.sum(-1)
+        if a.sink is not None:
+            sink = a.sink.float().to(lse.device)[None, :, None]
+            total = total + torch.where(live, torch.exp(sink - lse), 0.0).sum(-1)
+        n = live.sum(-1).clamp_min(1)
+        return received, float((total / n - 1).abs().max())
+    received, rows = attention_column_sums(a, lse)
+    return received, float(torch.where(live, rows - 1, 0.0).abs().max())
+
+
+def gather_pass(a: AttentionInputs, lse: Float[Tensor, "batch head q"], pairs: Tensor) -> Float[Tensor, "n head"]:
+    """``A[b, h, q, k]`` at each ``(b, q, k)`` of ``pairs``, every head (``O(d)`` each, in torch)."""
+    return attention_gathered(a, lse, pairs)
+
+
+def query_rows(a: AttentionInputs) -> Tensor:
+    """``[batch, 1, q]`` True at the query rows that carry statistics (not padding)."""
+    B, _, T = a.q.shape[:3]
+    if a.key_mask is None:
+        return torch.ones(B, 1, T, dtype=torch.bool, device=a.q.device)
+    return a.key_mask.to(a.q.device)[:, None, :].bool()
 
 
 def run_streamed(
@@ -96,4 +118,4 @@ def run_streamed(
     bar.close()
 
 
-__all__ = ["OnChunk", "OnLayer", "check_finite", "column_pass", "row_pass", "run_streamed"]
+__all__ = ["OnChunk", "OnLayer", "check_finite", "column_pass", "gather_pass", "query_rows", "row_pass", "run_streamed"]
