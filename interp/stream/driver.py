@@ -90,11 +90,17 @@ def run_streamed(
 ) -> None:
     """Run ``tokens`` chunk by chunk with fused attention; ``on_chunk(rows)`` gives the callback and hooks.
 
-    The pass of each chunk stops after the last layer's residual output; a layer that never called
-    back (an architecture whose attention bypasses the capture) is a :class:`UsageError`.
+    First :func:`interp.stream.guard.check_stream_conformance` checks on a short prefix that the engine
+    reproduces the model's own attention (refusing before any work otherwise). The pass of each
+    chunk stops after the last layer's residual output; a layer that never called back (an
+    architecture whose attention bypasses the capture) is a :class:`UsageError`.
     """
+    from interp.stream.guard import attention_layers, check_stream_conformance
+
+    check_stream_conformance(model, tokens)  # before any work: refuses what it cannot reproduce
     adapter = adapter_for(model)
     L, B = describe(model).n_layers, tokens.shape[0]
+    expected = set(attention_layers(model))
     step = minibatch or B
     bar = tqdm(total=L * len(range(0, B, step)), desc=desc, disable=not progress)
     for start in range(0, B, step):
@@ -109,8 +115,8 @@ def run_streamed(
 
         with adapter.capture_attention(on_attention) as capture_hooks:
             adapter.run_with_reducers(tokens[rows], [*capture_hooks, *hooks], stop_after=resid_post_hook(L - 1))
-        if seen != set(range(L)):
-            missing = sorted(set(range(L)) - seen)
+        if seen != expected:
+            missing = sorted(expected - seen)
             raise UsageError(
                 f"the stream engine saw no attention inputs for layer(s) {missing}: this architecture's "
                 "attention does not call the registered attention function; use --engine pattern"
