@@ -23,7 +23,7 @@ from interp.adapters import AttentionInputs, HookedModel, describe, run_with_red
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
-from interp.stream.driver import check_finite, column_pass, row_pass, run_streamed
+from interp.stream.driver import check_finite, column_pass, query_rows, row_pass, run_streamed
 
 EPSILON = 0.3
 ABS_THRESHOLD = 100.0
@@ -50,7 +50,9 @@ class SinkStatistics:
     resid_top: Float[Tensor, "batch layer 3"]  # the 3 largest |x| of each sequence's layer output
     resid_seq_median: Float[Tensor, "batch layer"]  # median |x| over the whole layer output
     massive: list[tuple[int, int, int, int, float, float]]  # layer, seq, pos, dim, value, |x|/median
-    max_row_deviation: float  # max |sum_k A[i, k] - 1| seen
+    max_row_deviation: float  # max |sum_k A[i, k] + sink share - 1| seen (pattern engine: rows above 1 only)
+    learned_sink: Float[Tensor, "batch layer head"] | None = None  # sum over queries of the sink's share
+    has_sinks: bool = False  # the stream engine saw learned sink logits
 
 
 def sink_statistics(
@@ -102,7 +104,9 @@ def sink_statistics(
             a = a.detach().float()
             rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
             check_finite(rows, layer, info.name)
-            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
+            # Hugging Face returns weights over real keys only: a learned sink logit takes 1 - row sum
+            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).clamp_min(0).max()))
+            stats.learned_sink[sl, layer] = (1 - rows).clamp_min(0).sum(-1).cpu()
             stats.received[sl, layer] = a.sum(-2).cpu()
             stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
             stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
@@ -142,6 +146,10 @@ def stream_sink_statistics(
             stats.received[rows, a.layer] = received.cpu()
             stats.confidence[rows, a.layer] = torch.exp(r.max - r.lse)[:, :, scored].sum(-1).cpu()
             stats.confidence_no_first[rows, a.layer] = torch.exp(r.max_rest - r.lse)[:, :, scored].sum(-1).cpu()
+            if a.sink is not None:  # the share of each row the sink logit absorbs
+                share = torch.exp(a.sink.float().to(r.lse.device)[None, :, None] - r.lse)
+                stats.learned_sink[rows, a.layer] = torch.where(query_rows(a), share, 0.0).sum(-1).cpu()
+                stats.has_sinks = True
             norm = rearrange(a.v.float().norm(dim=-1), "b h p -> b p h")
             record_value_norms(stats, norm, a.layer, rows)
 
@@ -167,6 +175,7 @@ def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
         resid_seq_median=torch.zeros(B, L),
         massive=[],
         max_row_deviation=0.0,
+        learned_sink=torch.zeros(B, L, H),
     )
 
 
@@ -236,12 +245,13 @@ def concat_statistics(parts: list[SinkStatistics], max_massive: int = MAX_MASSIV
         by_layer[m[0]] = by_layer.get(m[0], 0) + 1
         if by_layer[m[0]] <= max_massive:
             kept.append(m)
-    names = ("received", "confidence", "confidence_no_first", "value_norm")
+    names = ("received", "confidence", "confidence_no_first", "value_norm", "learned_sink")
     names += ("resid_max", "resid_median", "resid_top", "resid_seq_median")
     return SinkStatistics(
         **{n: cat(n) for n in names},
         massive=kept,
         max_row_deviation=max(p.max_row_deviation for p in parts),
+        has_sinks=any(p.has_sinks for p in parts),
     )
 
 
