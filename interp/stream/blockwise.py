@@ -155,12 +155,15 @@ def attention_column_sums(
     a: AttentionInputs, lse: Float[Tensor, "batch head q"], block: int = BLOCK
 ) -> tuple[Float[Tensor, "batch head k"], Float[Tensor, "batch head q"]]:
     """``(sum_q A[q, k] per key, row totals)``, blockwise over ``(q, k, lse)`` inside the band. A row's
-    total counts the sink's share too, so it is 1 for every query that sees a key (0 for none)."""
+    total counts the sink's share too, so it is 1 for every query that sees a key; padded query rows
+    (``key_mask`` False) give nothing and total 0."""
     B, H, T = a.q.shape[:3]
     lse = lse.float().to(a.q.device)
     safe = torch.where(torch.isfinite(lse), lse, torch.full_like(lse, math.inf))  # no key: weights 0
     received = torch.zeros(B, H, a.k.shape[2], device=a.q.device)
     rows = torch.zeros(B, H, T, device=a.q.device)
+    if a.key_mask is not None:  # padded queries give no mass: their rows are not the text's
+        safe = safe.masked_fill(~a.key_mask.to(a.q.device)[:, None, :].bool(), math.inf)
     for q0 in range(0, T, block):
         q1 = min(q0 + block, T)
         lo, hi = key_range(a, q0, q1)
