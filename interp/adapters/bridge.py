@@ -134,7 +134,7 @@ def _capture_forward(
     or sink; that pass applies them all in memory linear in ``T``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from interp.stream.blockwise import attention_output
+    from interp.stream.blockwise import attention_row_stats, reusing_row_stats
 
     capture = _ACTIVE[-1]
     if attention_mask is not None:
@@ -148,23 +148,21 @@ def _capture_forward(
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
     scale = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
     features = dict(
-        window=None if window is None else int(window),
+        window=None if window is None or int(window) >= key.shape[2] else int(window),  # wider: hides nothing
         softcap=None if not softcap else float(softcap),
         sink=sink,
         key_mask=capture.key_mask,
     )
     layer = capture.layers[id(module)]
-    capture.on_attention(
-        AttentionInputs(layer, query.detach(), key.detach(), value.detach(), scale, causal, **features)
-    )
-    own = AttentionInputs(layer, query, key, value, scale, causal, **features)
-    if own.window is not None and own.window >= key.shape[2]:
-        own.window = None  # a band wider than the sequence hides nothing
-    if own.plain:
+    seen = AttentionInputs(layer, query.detach(), key.detach(), value.detach(), scale, causal, **features)
+    if seen.plain:
+        capture.on_attention(seen)
         out, _ = sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs)
         return out, None
-    out = attention_output(own).transpose(1, 2).to(query.dtype).contiguous()
-    return out, None
+    own = attention_row_stats(AttentionInputs(layer, query, key, value, scale, causal, **features), values=True)
+    with reusing_row_stats(seen, own):  # the callback's row pass is the output pass's, not a second one
+        capture.on_attention(seen)
+    return own.out.transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 def _register() -> None:

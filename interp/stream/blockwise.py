@@ -23,6 +23,8 @@ pass reuses its score tile.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from jaxtyping import Float, Int
@@ -145,6 +147,25 @@ def attention_row_stats(a: AttentionInputs, block: int = BLOCK, values: bool = F
     return RowStats(lse=lse, max=mx, max_rest=mx_rest, out=out)
 
 
+_REUSE: list[tuple[AttentionInputs, RowStats]] = []  # row statistics the output pass already made
+
+
+@contextmanager
+def reusing_row_stats(a: AttentionInputs, stats: RowStats) -> Iterator[None]:
+    """Within the block, the row pass of exactly ``a`` (the same object) returns ``stats`` (the
+    capture's output pass made them: the layer's row statistics come for free)."""
+    _REUSE.append((a, RowStats(lse=stats.lse, max=stats.max, max_rest=stats.max_rest)))
+    try:
+        yield
+    finally:
+        _REUSE.pop()
+
+
+def reused_row_stats(a: AttentionInputs) -> RowStats | None:
+    """The row statistics :func:`reusing_row_stats` holds for ``a``, if any."""
+    return next((r for held, r in reversed(_REUSE) if held is a), None)
+
+
 def attention_output(a: AttentionInputs, block: int = BLOCK) -> Float[Tensor, "batch head pos d_v"]:
     """The layer's attention output ``sum_k A[q, k] v_k`` (float32) by the online softmax: exact for
     every feature SDPA lacks (softcap, sink, window, key mask), in memory linear in ``T``."""
@@ -234,12 +255,15 @@ def logits_tile(
     ki = torch.arange(k0, k1, device=s.device)[None, :]
     if a.bias_slopes is not None:
         s = s + a.bias_slopes.float().to(s.device)[:, None, None] * (ki - qi).float()
-    masked = torch.zeros(q1 - q0, k1 - k0, dtype=torch.bool, device=s.device)
-    if a.causal:
-        masked |= ki > qi
-    if a.window is not None:
-        masked |= ki <= qi - a.window
-    s = s.masked_fill(masked, -math.inf)
+    cut_causal = a.causal and k1 - 1 > q0  # some key right of some query's diagonal
+    cut_window = a.window is not None and k0 <= q1 - 1 - a.window  # some key left of some band
+    if cut_causal or cut_window:  # tiles wholly inside need no mask
+        masked = torch.zeros(q1 - q0, k1 - k0, dtype=torch.bool, device=s.device)
+        if a.causal:
+            masked |= ki > qi
+        if a.window is not None:
+            masked |= ki <= qi - a.window
+        s = s.masked_fill(masked, -math.inf)
     if a.key_mask is not None:
         s = s.masked_fill(~a.key_mask[:, None, None, k0:k1].to(s.device), -math.inf)
     return s
@@ -257,5 +281,7 @@ __all__ = [
     "key_range",
     "logits_at",
     "logits_tile",
+    "reused_row_stats",
+    "reusing_row_stats",
     "row_stats",
 ]

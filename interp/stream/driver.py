@@ -21,7 +21,13 @@ from interp.adapters.base import HookList
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import resid_post_hook
 from interp.kernels import use_triton
-from interp.stream.blockwise import RowStats, attention_column_sums, attention_gathered, attention_row_stats
+from interp.stream.blockwise import (
+    RowStats,
+    attention_column_sums,
+    attention_gathered,
+    attention_row_stats,
+    reused_row_stats,
+)
 
 OnLayer = Callable[[AttentionInputs], None]
 OnChunk = Callable[[slice], tuple[OnLayer, HookList]]
@@ -40,7 +46,10 @@ def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
 def row_pass(a: AttentionInputs) -> RowStats:
     """Log-sum-exp (sink included) and row maxima: the Triton kernel where
     :func:`interp.kernels.use_triton` says, else torch. Windows, softcap, ALiBi, sinks and key masks
-    are applied on both."""
+    are applied on both. Where the capture's own output pass already made them, they are reused."""
+    reused = reused_row_stats(a)
+    if reused is not None:
+        return reused
     if use_triton(a.q):
         from interp.stream.triton import triton_row_stats
 
