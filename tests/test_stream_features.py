@@ -245,3 +245,30 @@ def test_the_guard_catches_a_wrong_statistic(monkeypatch):
     with pytest.raises(UsageError, match=r"^the stream engine does not reproduce gpt_oss \(GptOssAttention\)'s own "
                        r"attention on a 41-token prefix \(max weight error [\d.e+-]+ in layer \d\): use --engine pattern$"):  # fmt: skip
         sink_scores(model, probe, engine="stream", n_boot=10)
+
+
+# --------------------------------------------------------------------------------------------
+# output gates (qwen3_next): the hook point, with planted gates
+
+
+def test_output_gate_means_read_the_planted_gates():
+    """Gate rows of q_proj zeroed: sigmoid(0) = 0.5 on every head; head 3's gate made large: 1."""
+    from interp.adapters.bridge import gated_attention_modules, output_gate_means
+
+    hf, _ = conformance.build("qwen3_next")
+    attn = gated_attention_modules(hf)
+    assert list(attn) == [1]  # layer 0 is linear attention
+    d, w = attn[1].head_dim, attn[1].q_proj.weight
+    with torch.no_grad():
+        for h in range(conformance.N_HEADS):
+            w[h * 2 * d + d : (h + 1) * 2 * d] = 0.0
+        bias = torch.zeros(w.shape[0]) if attn[1].q_proj.bias is None else attn[1].q_proj.bias.detach().clone()
+        bias[3 * 2 * d + d : 4 * 2 * d] = 40.0
+        attn[1].q_proj.bias = torch.nn.Parameter(bias)
+    got: dict[int, torch.Tensor] = {}
+    with torch.no_grad(), output_gate_means(hf, lambda layer, mean: got.__setitem__(layer, mean)) as gated:
+        hf(torch.randint(1, 200, (2, 12)))
+    assert gated and list(got) == [1] and got[1].shape == (2, conformance.N_HEADS)
+    want = torch.tensor([0.5, 0.5, 0.5, 1.0]).expand(2, -1)
+    torch.testing.assert_close(got[1], want, rtol=0, atol=1e-6)
+    assert gated_attention_modules(conformance.build("llama")[0]) == {}

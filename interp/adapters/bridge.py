@@ -238,3 +238,48 @@ class BridgeAdapter(HookedAdapter):
 
 
 __all__ = ["IMPLEMENTATION", "BridgeAdapter", "keeps_patterns", "release_kept_pattern", "use_eager_attention"]
+
+
+# --------------------------------------------------------------------------------------------
+# output gates (gated attention: Qwen3-Next)
+
+
+def gated_attention_modules(model: Any) -> dict[int, Any]:
+    """``{layer: HF attention module}`` for attention with a sigmoid output gate per head: its
+    ``q_proj`` writes query and gate interleaved per head (``[..., head, 2 * head_dim]``), and
+    ``attn_output * sigmoid(gate)`` is applied after the attention call, before ``o_proj``."""
+    hf = getattr(model, "original_model", model)
+    found: dict[int, Any] = {}
+    for module in hf.modules():
+        q_proj, layer = getattr(module, "q_proj", None), getattr(module, "layer_idx", None)
+        config, head_dim = getattr(module, "config", None), getattr(module, "head_dim", None)
+        heads = getattr(config, "num_attention_heads", None)
+        if layer is None or head_dim is None or heads is None or not hasattr(q_proj, "out_features"):
+            continue
+        if getattr(config, "model_type", "").startswith("qwen3_next") and q_proj.out_features == 2 * heads * head_dim:
+            found[int(layer)] = module
+    return found
+
+
+@contextlib.contextmanager
+def output_gate_means(model: Any, record: Any) -> Iterator[bool]:
+    """Within the block, every forward of a gated attention layer calls ``record(layer, mean)`` with
+    ``mean`` ``[batch, head]``: ``sigmoid(gate)`` averaged over positions and the head's channels,
+    read from a forward hook on the module's ``q_proj`` (the gate is what the head's output is
+    multiplied by). Yields whether the model has such layers."""
+    from einops import rearrange
+
+    modules = gated_attention_modules(model)
+    handles = []
+    for layer, module in modules.items():
+
+        def hook(_: Any, args: Any, out: Tensor, layer: int = layer, d: int = module.head_dim) -> None:
+            gate = rearrange(out.detach().float(), "b p (h dd) -> b p h dd", dd=2 * d)[..., d:]
+            record(layer, torch.sigmoid(gate).mean((1, 3)))
+
+        handles.append(module.q_proj.register_forward_hook(hook))
+    try:
+        yield bool(modules)
+    finally:
+        for h in handles:
+            h.remove()

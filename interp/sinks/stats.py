@@ -20,6 +20,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
+from interp.adapters.bridge import output_gate_means
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
@@ -53,6 +54,7 @@ class SinkStatistics:
     max_row_deviation: float  # max |sum_k A[i, k] + sink share - 1| seen (pattern engine: rows above 1 only)
     learned_sink: Float[Tensor, "batch layer head"] | None = None  # sum over queries of the sink's share
     has_sinks: bool = False  # the stream engine saw learned sink logits
+    gate: Float[Tensor, "batch layer head"] | None = None  # mean sigmoid output gate (gated attention; NaN: none)
 
 
 def sink_statistics(
@@ -117,7 +119,8 @@ def sink_statistics(
         hooks = []
         for layer in range(L):
             hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
-        run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
+        with output_gate_means(model, lambda layer, mean, sl=sl: _record_gate(stats, layer, mean, sl)):
+            run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
     return cap_massive(stats, max_massive)
 
 
@@ -136,8 +139,11 @@ def stream_sink_statistics(
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     scored = scored_queries(T, info.is_causal)
     stats = empty_statistics(B, L, H, T)
+    current: list[slice] = []  # the chunk being run (none during the guard's prefix)
 
     def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
+        current[:] = [rows]
+
         def reduce(a: AttentionInputs) -> None:
             r = row_pass(a)
             check_finite(r.lse, a.layer, info.name)
@@ -158,8 +164,17 @@ def stream_sink_statistics(
 
         return reduce, [(resid_post_hook(layer), residual) for layer in range(L)]
 
-    run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
+    def gate(layer: int, mean: Tensor) -> None:
+        if current:
+            _record_gate(stats, layer, mean, current[0])
+
+    with output_gate_means(model, gate):
+        run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
     return cap_massive(stats, max_massive)
+
+
+def _record_gate(stats: SinkStatistics, layer: int, mean: Tensor, rows: slice) -> None:
+    stats.gate[rows, layer] = mean.cpu()
 
 
 def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
@@ -176,6 +191,7 @@ def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
         massive=[],
         max_row_deviation=0.0,
         learned_sink=torch.zeros(B, L, H),
+        gate=torch.full((B, L, H), float("nan")),
     )
 
 
@@ -245,7 +261,7 @@ def concat_statistics(parts: list[SinkStatistics], max_massive: int = MAX_MASSIV
         by_layer[m[0]] = by_layer.get(m[0], 0) + 1
         if by_layer[m[0]] <= max_massive:
             kept.append(m)
-    names = ("received", "confidence", "confidence_no_first", "value_norm", "learned_sink")
+    names = ("received", "confidence", "confidence_no_first", "value_norm", "learned_sink", "gate")
     names += ("resid_max", "resid_median", "resid_top", "resid_seq_median")
     return SinkStatistics(
         **{n: cat(n) for n in names},

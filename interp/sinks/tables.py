@@ -73,6 +73,8 @@ def head_table(
     grids["first_mass_by_norm"] = point * grids["value_norm_ratio"]
     if stats.learned_sink is not None:  # mean over queries of the share a learned sink logit absorbs
         grids["learned_sink_mass"] = stats.learned_sink.mean(0) / T
+    if stats.gate is not None and bool(torch.isfinite(stats.gate).any()):  # gated attention (Qwen3-Next)
+        grids["output_gate"] = stats.gate.nanmean(0)  # mean sigmoid gate on each head's output
     return HeadScores.from_grids(grids)
 
 
