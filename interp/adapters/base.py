@@ -88,6 +88,9 @@ class AttentionInputs:
 
 
 OnAttention = Callable[[AttentionInputs], None]
+# the stream engine's own attention for what SDPA cannot do: (inputs with grad, inputs the callback
+# gets, the callback) -> the output [batch, head, pos, d_v]; it calls the callback itself
+Attend = Callable[[AttentionInputs, AttentionInputs, OnAttention], Tensor]
 
 
 @runtime_checkable
@@ -111,9 +114,12 @@ class Adapter(Protocol):
         """Run with ``fwd_hooks``, ending the pass right after ``stop_after`` fires (``None`` then)."""
         ...
 
-    def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
+    def capture_attention(
+        self, on_attention: OnAttention, attend: Attend | None = None
+    ) -> AbstractContextManager[HookList]:
         """Within the block every attention layer calls ``on_attention`` and runs fused; yields the
-        hooks the run must add."""
+        hooks the run must add. ``attend`` computes the layers whose attention SDPA cannot (a window,
+        softcap, sink logits, padded keys); without it such a layer is refused."""
         ...
 
     def check_capture(self) -> None:
@@ -198,7 +204,9 @@ class HookedAdapter:
 
     # ---- capture (each adapter its own) -----------------------------------------------------------
 
-    def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
+    def capture_attention(
+        self, on_attention: OnAttention, attend: Attend | None = None
+    ) -> AbstractContextManager[HookList]:
         raise NotImplementedError
 
     def check_capture(self) -> None:
@@ -228,4 +236,4 @@ class HookedAdapter:
             yield
 
 
-__all__ = ["Adapter", "AttentionInputs", "Hook", "HookList", "HookedAdapter", "HookedModel", "OnAttention"]
+__all__ = ["Adapter", "Attend", "AttentionInputs", "Hook", "HookList", "HookedAdapter", "HookedModel", "OnAttention"]

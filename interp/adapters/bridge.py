@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention
+from interp.adapters.base import Attend, AttentionInputs, HookedAdapter, HookList, OnAttention
 from interp.errors import UsageError
 from interp.hooks import layer_of, resid_post_hook
 
@@ -85,6 +85,7 @@ class _Capture:
 
     layers: dict[int, int]
     on_attention: OnAttention
+    attend: Attend | None = None
     key_mask: Tensor | None = None
 
 
@@ -134,8 +135,6 @@ def _capture_forward(
     or sink; that pass applies them all in memory linear in ``T``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from interp.stream.blockwise import attention_row_stats, reusing_row_stats
-
     capture = _ACTIVE[-1]
     if attention_mask is not None:
         raise UsageError(
@@ -159,10 +158,14 @@ def _capture_forward(
         capture.on_attention(seen)
         out, _ = sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs)
         return out, None
-    own = attention_row_stats(AttentionInputs(layer, query, key, value, scale, causal, **features), values=True)
-    with reusing_row_stats(seen, own):  # the callback's row pass is the output pass's, not a second one
-        capture.on_attention(seen)
-    return own.out.transpose(1, 2).to(query.dtype).contiguous(), None
+    if capture.attend is None:
+        raise UsageError(
+            "this layer's attention (a window, logit softcapping, sink logits or padded keys) needs the "
+            "stream engine's own attention pass: run it through interp.stream, or use --engine pattern"
+        )
+    own = AttentionInputs(layer, query, key, value, scale, causal, **features)
+    out = capture.attend(own, seen, capture.on_attention)
+    return out.transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 def _register() -> None:
@@ -199,7 +202,7 @@ class BridgeAdapter(HookedAdapter):
                 release_kept_pattern(self.model, layer)
 
     @contextlib.contextmanager
-    def capture_attention(self, on_attention: OnAttention) -> Iterator[HookList]:
+    def capture_attention(self, on_attention: OnAttention, attend: Attend | None = None) -> Iterator[HookList]:
         model = self.model
         attns = [getattr(block, "attn", None) for block in getattr(model, "blocks", [])]
         hf_model = getattr(model, "original_model", None)
@@ -222,7 +225,7 @@ class BridgeAdapter(HookedAdapter):
         layers = {id(sub): layer for layer, w in enumerate(wrapped) for sub in w.modules()}
         _register()
         saved = {key: c._attn_implementation for key, c in configs.items()}
-        _ACTIVE.append(_Capture(layers, on_attention))
+        _ACTIVE.append(_Capture(layers, on_attention, attend))
         try:
             for c in configs.values():
                 c._attn_implementation = IMPLEMENTATION

@@ -15,7 +15,7 @@ from typing import Any
 from einops import rearrange
 from torch import Tensor
 
-from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention
+from interp.adapters.base import Attend, AttentionInputs, HookedAdapter, HookList, OnAttention
 from interp.hooks import k_hook, layer_of, q_hook, v_hook
 
 
@@ -29,7 +29,7 @@ class ToyAdapter(HookedAdapter):
     """:class:`interp.toy.ToyTransformer`: hook points everywhere, a flash path of its own."""
 
     @contextlib.contextmanager
-    def capture_attention(self, on_attention: OnAttention) -> Iterator[HookList]:
+    def capture_attention(self, on_attention: OnAttention, attend: Attend | None = None) -> Iterator[HookList]:
         attns = [block.attn for block in self.model.blocks]
         saved = [a.use_flash for a in attns]
         try:

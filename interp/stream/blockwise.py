@@ -23,7 +23,7 @@ pass reuses its score tile.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -166,6 +166,18 @@ def reused_row_stats(a: AttentionInputs) -> RowStats | None:
     return next((r for held, r in reversed(_REUSE) if held is a), None)
 
 
+def own_attention(
+    own: AttentionInputs, seen: AttentionInputs, on_attention: Callable[[AttentionInputs], None]
+) -> Float[Tensor, "batch head pos d_v"]:
+    """The model's attention output where SDPA cannot compute it (the adapters' ``attend``): one
+    online-softmax pass with values over ``own``; the callback then gets ``seen`` (the same inputs,
+    detached) and its row pass reuses this pass's statistics instead of a second pass."""
+    stats = attention_row_stats(own, values=True)
+    with reusing_row_stats(seen, stats):
+        on_attention(seen)
+    return stats.out
+
+
 def attention_output(a: AttentionInputs, block: int = BLOCK) -> Float[Tensor, "batch head pos d_v"]:
     """The layer's attention output ``sum_k A[q, k] v_k`` (float32) by the online softmax: exact for
     every feature SDPA lacks (softcap, sink, window, key mask), in memory linear in ``T``."""
@@ -281,6 +293,7 @@ __all__ = [
     "key_range",
     "logits_at",
     "logits_tile",
+    "own_attention",
     "reused_row_stats",
     "reusing_row_stats",
     "row_stats",

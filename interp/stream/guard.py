@@ -25,6 +25,8 @@ from torch import Tensor
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook
+from interp.stream.blockwise import own_attention
+from interp.stream.passes import gather_pass, row_pass
 
 PREFIX = 64
 _PASSED: weakref.WeakSet = weakref.WeakSet()
@@ -66,8 +68,6 @@ def check_stream_conformance(model: HookedModel, tokens: Tensor, *, force: bool 
     """Refuse (:class:`UsageError`) unless the stream engine reproduces ``model``'s own attention on
     the first :data:`PREFIX` tokens of ``tokens[0]``; returns the largest error seen (0 if the model
     passed before and ``force`` is False)."""
-    from interp.stream.driver import gather_pass, row_pass
-
     if model in _PASSED and not force:
         return 0.0
     adapter = adapter_for(model)
@@ -84,7 +84,7 @@ def check_stream_conformance(model: HookedModel, tokens: Tensor, *, force: bool 
         got[a.layer] = (torch.exp(r.max - r.lse)[0].cpu(), gather_pass(a, r.lse, pairs).cpu())
 
     failed: Exception | None = None
-    with adapter.capture_attention(on_attention) as hooks:
+    with adapter.capture_attention(on_attention, attend=own_attention) as hooks:
         try:
             adapter.run_with_reducers(prefix, hooks, stop_after=stop)
         except UsageError:
