@@ -12,6 +12,13 @@ scores, and three passes cover them all, each in memory linear in ``T``:
   be 1: the check that the log-sum-exp is right).
 - :func:`gathered_weights`: ``A[q, k]`` at known ``(batch, q, k)`` targets, ``O(d)`` per target.
 
+The passes over :class:`~interp.adapters.AttentionInputs` (``attention_row_stats``,
+``attention_column_sums``, ``attention_gathered``, ``attention_output``/``own_attention``) apply its
+whole contract through :func:`logits_tile` (windows, softcap, ALiBi, padded keys; the sink logit in
+the log-sum-exp) and read only the key tiles inside each query block's :func:`key_range`: a window
+costs ``O(T x window)``. ``row_stats``/``column_sums``/``gathered_weights`` are their plain-attention
+spellings on bare tensors.
+
 Shapes follow torch's ``scaled_dot_product_attention``: ``q`` is ``[batch, head, pos, d_head]``,
 ``k`` is ``[batch, kv_head, pos, d_head]``; query head ``h`` reads key head ``h // (head / kv_head)``
 (grouped-query attention by index, as ``repeat_interleave`` would lay it out). Everything is
