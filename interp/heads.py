@@ -59,9 +59,8 @@ from interp.probes import TokenProbe, repeated_tokens
 from interp.probes.probe import padded_engine, refuse_padded_stream
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio
-from interp.stream.blockwise import gathered_weights
 from interp.stream.budget import choose_engine
-from interp.stream.driver import check_finite, row_pass, run_streamed
+from interp.stream.driver import check_finite, gather_pass, row_pass, run_streamed
 
 Queries = Literal["targets", "all"]
 
@@ -281,7 +280,7 @@ def stream_attention_scores(
             stats = row_pass(a)
             check_finite(stats.lse, a.layer, info.name)
             for name, p in chunk.items():
-                w = gathered_weights(a.q, a.k, stats.lse, a.scale, p)
+                w = gather_pass(a, stats.lse, p)
                 num[name][rows, a.layer] = _per_sequence(p, w, rows.stop - rows.start)
 
         return reduce, []

@@ -23,6 +23,7 @@ from interp.sinks import sink_scores
 from interp.sinks.stats import sink_statistics
 from interp.stream.blockwise import column_sums, gathered_weights, row_stats
 from interp.stream.budget import choose_engine
+from interp.stream.guard import check_stream_conformance
 from tests.helpers import VOCAB, llama_model
 
 TOL = 1e-5
@@ -200,6 +201,8 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
     for model in (llama_tiny, gpt2_tiny, bert_tiny, toy):
         describe(model)  # once per model, describe() looks at a 4-token pattern to see causality
+        # once per model, the stream engine's guard compares a 64-token prefix with the pattern
+        check_stream_conformance(model, repeated_tokens(model, batch=1, block_len=30).tokens)
     for model in (llama_tiny, gpt2_tiny, bert_tiny):
         model.blocks[0].attn.hook_pattern.register_forward_hook(lambda *_: formed.append(1))
     try:
@@ -224,6 +227,7 @@ def test_a_toy_built_without_flash_streams_on_its_flash_path(monkeypatch):
     model = ToyTransformer(ToyConfig(d_model=32, n_heads=2, n_ctx=64, d_vocab=50, use_flash=False)).eval()
     probe = repeated_tokens(model, batch=2, block_len=20)
     want, _ = attention_scores(model, probe, engine="pattern")
+    check_stream_conformance(model, probe.tokens)  # the guard's prefix forms a pattern, once per model
     formed: list[int] = []
     logits = toy_attention.attention_logits
     monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
@@ -306,7 +310,8 @@ def test_stream_runs_form_no_query_by_key_mask(gpt2_dir, tmp_path, monkeypatch):
     assert sinks([*common, "--seq-len", "20", "--out", str(tmp_path / "s")]) == 0
 
 
-def test_a_sliding_window_is_refused_with_a_clear_error():
+def test_a_sliding_window_streams_exactly():
+    """A window shorter than the probe (issue 16: it used to be refused) streams like the pattern engine."""
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
@@ -324,6 +329,9 @@ def test_a_sliding_window_is_refused_with_a_clear_error():
     )
     model = from_hf_model(MistralForCausalLM(cfg).eval())
     probe = repeated_tokens(model, batch=1, block_len=20)
-    with pytest.raises(UsageError, match=r"attends through an explicit mask \(padding, a sliding window, ...\)"):
-        attention_scores(model, probe, engine="stream")
-    assert model.original_model.config._attn_implementation == "eager"  # restored after the error
+    want, _ = attention_scores(model, probe, engine="pattern")
+    got, _ = attention_scores(model, probe, engine="stream")
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=TOL)
+    assert float(want["induction"].abs().max()) == 0  # induction targets lie outside the 8-token band
+    assert model.original_model.config._attn_implementation == "eager"  # restored after the run

@@ -89,6 +89,9 @@ class AttentionInputs:
 
 
 OnAttention = Callable[[AttentionInputs], None]
+# the stream engine's own attention for what SDPA cannot do: (inputs with grad, inputs the callback
+# gets, the callback) -> the output [batch, head, pos, d_v]; it calls the callback itself
+Attend = Callable[[AttentionInputs, AttentionInputs, OnAttention], Tensor]
 
 
 @runtime_checkable
@@ -116,9 +119,12 @@ class Adapter(Protocol):
         has in its text alone (``cumsum(mask) - 1``), whichever side the rows are padded on."""
         ...
 
-    def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
+    def capture_attention(
+        self, on_attention: OnAttention, attend: Attend | None = None
+    ) -> AbstractContextManager[HookList]:
         """Within the block every attention layer calls ``on_attention`` and runs fused; yields the
-        hooks the run must add."""
+        hooks the run must add. ``attend`` computes the layers whose attention SDPA cannot (a window,
+        softcap, sink logits, padded keys); without it such a layer is refused."""
         ...
 
     def check_capture(self) -> None:
@@ -258,7 +264,9 @@ class HookedAdapter:
 
     # ---- capture (each adapter its own) -----------------------------------------------------------
 
-    def capture_attention(self, on_attention: OnAttention) -> AbstractContextManager[HookList]:
+    def capture_attention(
+        self, on_attention: OnAttention, attend: Attend | None = None
+    ) -> AbstractContextManager[HookList]:
         raise NotImplementedError
 
     def check_capture(self) -> None:
@@ -333,6 +341,7 @@ class HookedAdapter:
 __all__ = [
     "padded_positions",
     "Adapter",
+    "Attend",
     "AttentionInputs",
     "Hook",
     "HookList",

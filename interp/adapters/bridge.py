@@ -11,9 +11,13 @@ Every touch of TransformerLens's and Hugging Face's private state lives here:
   calls the attention function its config (``_attn_implementation``) names. We register one with
   ``AttentionInterface``, ``"interp_stream"``: it gives the callback ``q`` and ``k`` exactly as the
   model attends with them (after rotary, grouped K/V not repeated) and computes the output with
-  torch's fused ``scaled_dot_product_attention``. Its mask function is the SDPA one, which returns
-  no mask for unpadded batches (a causal or full mask is then implied); an explicit mask (padding, a
-  sliding window) would be ``[T, T]`` again and raises :class:`UsageError`.
+  torch's fused ``scaled_dot_product_attention`` where the attention is plain, else with the
+  blockwise online softmax of :mod:`interp.stream.blockwise` (sliding windows, logit softcapping,
+  learned sink logits, padded keys: what SDPA cannot do). Its mask function never builds a
+  ``[T, T]`` mask: it hands the 2D padding mask to the capture as the key mask; the window, softcap
+  and sink logits come from the keyword arguments of each attention call (``sliding_window``,
+  ``softcap``, ``s_aux``). Attention classes that do not call the interface (Bloom's ALiBi, Falcon)
+  are refused by the stream engine's guard before any work (:mod:`interp.stream.guard`).
 - **eager attention**: :func:`use_eager_attention` switches an in-memory Hugging Face model to the
   eager implementation, so ``hook_pattern`` fires.
 """
@@ -23,12 +27,13 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention
+from interp.adapters.base import Attend, AttentionInputs, HookedAdapter, HookList, OnAttention
 from interp.errors import UsageError
 from interp.hooks import layer_of, resid_post_hook
 
@@ -73,7 +78,45 @@ def use_eager_attention(hf_model: Any) -> None:
 # fused capture: our registered attention function
 
 
-_ACTIVE: list[tuple[dict[int, int], OnAttention]] = []  # (id(hf module) -> layer, callback), innermost last
+@dataclass
+class _Capture:
+    """One active capture: the layer of each wrapped HF module, the callback, and the padding mask the
+    mask function was handed on this forward (``None``: no padding)."""
+
+    layers: dict[int, int]
+    on_attention: OnAttention
+    attend: Attend | None = None
+    key_mask: Tensor | None = None
+
+
+_ACTIVE: list[_Capture] = []  # innermost last
+
+
+def _stream_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: Tensor | None = None,
+    **kwargs: Any,
+) -> None:
+    """The mask function registered as ``"interp_stream"``: it never builds a ``[T, T]`` mask. The 2D
+    padding mask (if any) goes to the capture as the key mask; causality comes from the attention
+    module, windows from the ``sliding_window`` argument of each call."""
+    if _ACTIVE:
+        keep = None
+        if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.bool().all()):
+            keep = attention_mask.bool()[:, kv_offset : kv_offset + kv_length]
+        _ACTIVE[-1].key_mask = keep
+    return None
+
+
+def _sink_logits(module: Any, kwargs: dict[str, Any]) -> Tensor | None:
+    """Learned sink logits, one per head: GPT-OSS passes them as ``s_aux``."""
+    sink = kwargs.get("s_aux")
+    return None if sink is None else sink.detach()
 
 
 def _capture_forward(
@@ -86,28 +129,51 @@ def _capture_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """The attention function registered as ``"interp_stream"``: report q, k, v, then run SDPA."""
+    """The attention function registered as ``"interp_stream"``: report q, k, v with the layer's
+    window, softcap, sink logits and key mask, then compute the output: torch's fused SDPA for plain
+    attention, else :func:`interp.stream.blockwise.attention_output` (SDPA has no window, softcap
+    or sink; that pass applies them all in memory linear in ``T``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    layers, on_attention = _ACTIVE[-1]
+    capture = _ACTIVE[-1]
     if attention_mask is not None:
         raise UsageError(
-            "the stream engine handles plain causal or full attention, but this model attends through "
-            "an explicit mask (padding, a sliding window, ...): use --engine pattern"
+            f"the stream engine got a prepared attention mask of shape {tuple(attention_mask.shape)} "
+            "(a [T, T] mask); pass a 2D padding mask instead, or use --engine pattern"
         )
+    window, softcap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
+    sink = _sink_logits(module, kwargs)
+    kwargs.pop("s_aux", None)
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
     scale = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
-    on_attention(AttentionInputs(layers[id(module)], query.detach(), key.detach(), value.detach(), scale, causal))
-    out, _ = sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs)
-    return out, None
+    features = dict(
+        window=None if window is None or int(window) >= key.shape[2] else int(window),  # wider: hides nothing
+        softcap=None if not softcap else float(softcap),
+        sink=sink,
+        key_mask=capture.key_mask,
+    )
+    layer = capture.layers[id(module)]
+    seen = AttentionInputs(layer, query.detach(), key.detach(), value.detach(), scale, causal, **features)
+    if seen.plain:
+        capture.on_attention(seen)
+        out, _ = sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs)
+        return out, None
+    if capture.attend is None:
+        raise UsageError(
+            "this layer's attention (a window, logit softcapping, sink logits or padded keys) needs the "
+            "stream engine's own attention pass: run it through interp.stream, or use --engine pattern"
+        )
+    own = AttentionInputs(layer, query, key, value, scale, causal, **features)
+    out = capture.attend(own, seen, capture.on_attention)
+    return out.transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(IMPLEMENTATION, _capture_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(IMPLEMENTATION, _stream_mask)
 
 
 def _run_wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -146,7 +212,7 @@ class BridgeAdapter(HookedAdapter):
                 release_kept_pattern(self.model, layer)
 
     @contextlib.contextmanager
-    def capture_attention(self, on_attention: OnAttention) -> Iterator[HookList]:
+    def capture_attention(self, on_attention: OnAttention, attend: Attend | None = None) -> Iterator[HookList]:
         model = self.model
         blocks = getattr(model, "blocks", [])
         index = [l for l in self.describe().attention_layers] if blocks else []  # linear-attention layers have none
@@ -171,7 +237,7 @@ class BridgeAdapter(HookedAdapter):
         layers = {id(sub): layer for layer, w in zip(index, wrapped) for sub in w.modules()}
         _register()
         saved = {key: c._attn_implementation for key, c in configs.items()}
-        _ACTIVE.append((layers, on_attention))
+        _ACTIVE.append(_Capture(layers, on_attention, attend))
         try:
             for c in configs.values():
                 c._attn_implementation = IMPLEMENTATION
@@ -187,3 +253,48 @@ class BridgeAdapter(HookedAdapter):
 
 
 __all__ = ["IMPLEMENTATION", "BridgeAdapter", "keeps_patterns", "release_kept_pattern", "use_eager_attention"]
+
+
+# --------------------------------------------------------------------------------------------
+# output gates (gated attention: Qwen3-Next)
+
+
+def gated_attention_modules(model: Any) -> dict[int, Any]:
+    """``{layer: HF attention module}`` for attention with a sigmoid output gate per head: its
+    ``q_proj`` writes query and gate interleaved per head (``[..., head, 2 * head_dim]``), and
+    ``attn_output * sigmoid(gate)`` is applied after the attention call, before ``o_proj``."""
+    hf = getattr(model, "original_model", model)
+    found: dict[int, Any] = {}
+    for module in hf.modules():
+        q_proj, layer = getattr(module, "q_proj", None), getattr(module, "layer_idx", None)
+        config, head_dim = getattr(module, "config", None), getattr(module, "head_dim", None)
+        heads = getattr(config, "num_attention_heads", None)
+        if layer is None or head_dim is None or heads is None or not hasattr(q_proj, "out_features"):
+            continue
+        if getattr(config, "model_type", "").startswith("qwen3_next") and q_proj.out_features == 2 * heads * head_dim:
+            found[int(layer)] = module
+    return found
+
+
+@contextlib.contextmanager
+def output_gate_means(model: Any, record: Any) -> Iterator[bool]:
+    """Within the block, every forward of a gated attention layer calls ``record(layer, mean)`` with
+    ``mean`` ``[batch, head]``: ``sigmoid(gate)`` averaged over positions and the head's channels,
+    read from a forward hook on the module's ``q_proj`` (the gate is what the head's output is
+    multiplied by). Yields whether the model has such layers."""
+    from einops import rearrange
+
+    modules = gated_attention_modules(model)
+    handles = []
+    for layer, module in modules.items():
+
+        def hook(_: Any, args: Any, out: Tensor, layer: int = layer, d: int = module.head_dim) -> None:
+            gate = rearrange(out.detach().float(), "b p (h dd) -> b p h dd", dd=2 * d)[..., d:]
+            record(layer, torch.sigmoid(gate).mean((1, 3)))
+
+        handles.append(module.q_proj.register_forward_hook(hook))
+    try:
+        yield bool(modules)
+    finally:
+        for h in handles:
+            h.remove()

@@ -17,7 +17,7 @@ from einops import rearrange
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from interp.adapters.base import AttentionInputs, HookedAdapter, HookList, OnAttention, padded_positions
+from interp.adapters.base import Attend, AttentionInputs, HookedAdapter, HookList, OnAttention, padded_positions
 from interp.hooks import k_hook, layer_of, q_hook, v_hook
 
 
@@ -31,7 +31,7 @@ class ToyAdapter(HookedAdapter):
     """:class:`interp.toy.ToyTransformer`: hook points everywhere, a flash path of its own."""
 
     @contextlib.contextmanager
-    def capture_attention(self, on_attention: OnAttention) -> Iterator[HookList]:
+    def capture_attention(self, on_attention: OnAttention, attend: Attend | None = None) -> Iterator[HookList]:
         attns = [block.attn for block in self.model.blocks]
         saved = [a.use_flash for a in attns]
         try:

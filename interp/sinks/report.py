@@ -37,6 +37,7 @@ from interp.sinks.tables import (
     first_label,
     head_table,
     layer_table,
+    learned_sink_row,
     massive_table,
     occurrences,
     position_table,
@@ -155,6 +156,7 @@ class SinkReport:
 
 
 TABLES = ("layers", "positions", "tokens", "massive")
+LEARNED_SINK_FLOOR = 1e-4  # a head whose rows miss more than this on average has a learned sink
 
 
 def sink_scores(
@@ -238,6 +240,12 @@ def sink_scores(
     is_sink = lambda f: (f["attention_ratio"] >= sink_ratio) | (f["sink_head_share"] >= 0.999 / (L * H))  # noqa: E731
     sink_pos = sink_positions(occ[is_sink(occ)], probe, sep)
     tokens = token_table(occ, is_sink)
+    # a learned sink logit: seen by the stream engine; by the pattern engine as rows summing below 1
+    learned = stats.has_sinks or float(stats.learned_sink.mean(0).max()) / T > LEARNED_SINK_FLOOR
+    if learned:
+        tokens = pd.concat([tokens, learned_sink_row(stats, T, causal, epsilon, sink_ratio)], ignore_index=True)
+        tokens = tokens.sort_values(["attention_ratio", "occurrences"], ascending=[False, False], kind="mergesort")
+        tokens = tokens.reset_index(drop=True)
     massive = massive_table(stats, probe, model, info, sink_pos)
     layers = layer_table(alpha, stats, sep, sink_pos, massive, epsilon, info)
     positions = position_table(alpha, epsilon, sep, n_k, first)
@@ -258,6 +266,7 @@ def sink_scores(
         min_queries=min_queries,
         n_massive=len(massive),
         max_row_sum_deviation=stats.max_row_deviation,
+        learned_sinks=learned,
         ci_level=level,
         n_boot=n_boot,
         seed=seed,

@@ -20,11 +20,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
+from interp.adapters.bridge import output_gate_means
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
 from interp.probes.probe import refuse_padded_stream
-from interp.stream.driver import check_finite, column_pass, row_pass, run_streamed
+from interp.stream.driver import check_finite, column_pass, query_rows, row_pass, run_streamed
 
 EPSILON = 0.3
 ABS_THRESHOLD = 100.0
@@ -51,7 +52,10 @@ class SinkStatistics:
     resid_top: Float[Tensor, "batch layer 3"]  # the 3 largest |x| of each sequence's layer output
     resid_seq_median: Float[Tensor, "batch layer"]  # median |x| over the whole layer output
     massive: list[tuple[int, int, int, int, float, float]]  # layer, seq, pos, dim, value, |x|/median
-    max_row_deviation: float  # max |sum_k A[i, k] - 1| seen
+    max_row_deviation: float  # max |sum_k A[i, k] + sink share - 1| seen (pattern engine: rows above 1 only)
+    learned_sink: Float[Tensor, "batch layer head"] | None = None  # sum over queries of the sink's share
+    has_sinks: bool = False  # the stream engine saw learned sink logits
+    gate: Float[Tensor, "batch layer head"] | None = None  # mean sigmoid output gate (gated attention; NaN: none)
 
 
 def sink_statistics(
@@ -108,7 +112,9 @@ def sink_statistics(
             a = a.detach().float()
             rows = a.sum(-1)  # [b, h, q]: NaN or inf here iff anywhere in the row (weights are >= 0)
             check_finite(rows, layer, info.name)
-            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).abs().max()))
+            # Hugging Face returns weights over real keys only: a learned sink logit takes 1 - row sum
+            stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).clamp_min(0).max()))
+            stats.learned_sink[sl, layer] = (1 - rows).clamp_min(0).sum(-1).cpu()
             stats.received[sl, layer] = a.sum(-2).cpu()
             stats.confidence[sl, layer] = a[:, :, scored].amax(-1).sum(-1).cpu()
             stats.confidence_no_first[sl, layer] = a[:, :, scored, 1:].amax(-1).sum(-1).cpu()
@@ -119,7 +125,8 @@ def sink_statistics(
         hooks = [(resid_post_hook(layer), residual) for layer in range(L)]
         for layer in info.attention_layers:
             hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern)]
-        run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
+        with output_gate_means(model, lambda layer, mean, sl=sl: _record_gate(stats, layer, mean, sl)):
+            run_with_reducers(model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1))
     return cap_massive(absent_nan(stats, info.absent_layers), max_massive)
 
 
@@ -166,8 +173,13 @@ def _padded_chunk(
         a = torch.where(q_real, a, 0.0)  # padded query rows are left out
         rows = a.sum(-1)
         check_finite(rows, layer, name)
-        dev = (rows - 1).abs()[real.to(a.device)[:, None, :].expand_as(rows)]
-        stats.max_row_deviation = max(stats.max_row_deviation, float(dev.max()))
+        # Hugging Face returns weights over real keys only: a learned sink logit takes 1 - row sum
+        q_rows = real.to(a.device)[:, None, :].expand_as(rows)
+        stats.max_row_deviation = max(stats.max_row_deviation, float((rows - 1).clamp_min(0)[q_rows].max()))
+        # stored as T x the row's mean over its real queries, so that / T (as for unpadded rows) is that mean
+        n_real = q_rows.sum(-1).clamp_min(1)
+        share = torch.where(q_rows, (1 - rows).clamp_min(0), 0.0).sum(-1) / n_real * T
+        stats.learned_sink[sl, layer] = share.cpu()
         stats.received[sl, layer] = align(a.sum(-2), 2, 0.0).cpu()
         s = scored.to(a.device)[:, None, :].float()
         stats.confidence[sl, layer] = (a.amax(-1) * s).sum(-1).cpu()
@@ -179,12 +191,13 @@ def _padded_chunk(
         x = align(x.detach().float(), 1, float("nan"))
         reduce_residual(stats, x, layer, sl, abs_threshold, rel_threshold, max_massive)
 
-    hooks = []
-    for layer in range(L):
-        hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern), (resid_post_hook(layer), residual)]
-    run_with_reducers(
-        model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1), attention_mask=probe.attention_mask[sl]
-    )
+    hooks = [(resid_post_hook(layer), residual) for layer in range(L)]
+    for layer in describe(model).attention_layers:
+        hooks += [(v_hook(layer), values), (pattern_hook(layer), pattern)]
+    with output_gate_means(model, lambda layer, mean: _record_gate(stats, layer, mean, sl)):
+        run_with_reducers(
+            model, probe.tokens[sl], hooks, stop_after=resid_post_hook(L - 1), attention_mask=probe.attention_mask[sl]
+        )
 
 
 def stream_sink_statistics(
@@ -202,8 +215,11 @@ def stream_sink_statistics(
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     scored = scored_queries(T, info.is_causal)
     stats = empty_statistics(B, L, H, T)
+    current: list[slice] = []  # the chunk being run (none during the guard's prefix)
 
     def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
+        current[:] = [rows]
+
         def reduce(a: AttentionInputs) -> None:
             r = row_pass(a)
             check_finite(r.lse, a.layer, info.name)
@@ -212,6 +228,10 @@ def stream_sink_statistics(
             stats.received[rows, a.layer] = received.cpu()
             stats.confidence[rows, a.layer] = torch.exp(r.max - r.lse)[:, :, scored].sum(-1).cpu()
             stats.confidence_no_first[rows, a.layer] = torch.exp(r.max_rest - r.lse)[:, :, scored].sum(-1).cpu()
+            if a.sink is not None:  # the share of each row the sink logit absorbs
+                share = torch.exp(a.sink.float().to(r.lse.device)[None, :, None] - r.lse)
+                stats.learned_sink[rows, a.layer] = torch.where(query_rows(a), share, 0.0).sum(-1).cpu()
+                stats.has_sinks = True
             norm = rearrange(a.v.float().norm(dim=-1), "b h p -> b p h")
             record_value_norms(stats, norm, a.layer, rows)
 
@@ -220,8 +240,17 @@ def stream_sink_statistics(
 
         return reduce, [(resid_post_hook(layer), residual) for layer in range(L)]
 
-    run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
+    def gate(layer: int, mean: Tensor) -> None:
+        if current:
+            _record_gate(stats, layer, mean, current[0])
+
+    with output_gate_means(model, gate):
+        run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
     return cap_massive(absent_nan(stats, info.absent_layers), max_massive)
+
+
+def _record_gate(stats: SinkStatistics, layer: int, mean: Tensor, rows: slice) -> None:
+    stats.gate[rows, layer] = mean.cpu()
 
 
 def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
@@ -237,13 +266,16 @@ def empty_statistics(B: int, L: int, H: int, T: int) -> SinkStatistics:
         resid_seq_median=torch.zeros(B, L),
         massive=[],
         max_row_deviation=0.0,
+        learned_sink=torch.zeros(B, L, H),
+        gate=torch.full((B, L, H), float("nan")),
     )
 
 
 def absent_nan(stats: SinkStatistics, layers: Sequence[int]) -> SinkStatistics:
     """NaN for the attention statistics of ``layers`` (layers without softmax attention)."""
-    for field in (stats.received, stats.confidence, stats.confidence_no_first):
-        field[:, list(layers)] = float("nan")
+    for field in (stats.received, stats.confidence, stats.confidence_no_first, stats.learned_sink):
+        if field is not None:
+            field[:, list(layers)] = float("nan")
     return stats
 
 
@@ -317,12 +349,13 @@ def concat_statistics(parts: list[SinkStatistics], max_massive: int = MAX_MASSIV
         by_layer[m[0]] = by_layer.get(m[0], 0) + 1
         if by_layer[m[0]] <= max_massive:
             kept.append(m)
-    names = ("received", "confidence", "confidence_no_first", "value_norm")
+    names = ("received", "confidence", "confidence_no_first", "value_norm", "learned_sink", "gate")
     names += ("resid_max", "resid_median", "resid_top", "resid_seq_median")
     return SinkStatistics(
         **{n: cat(n) for n in names},
         massive=kept,
         max_row_deviation=max(p.max_row_deviation for p in parts),
+        has_sinks=any(p.has_sinks for p in parts),
     )
 
 

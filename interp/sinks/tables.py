@@ -15,7 +15,7 @@ from torch import Tensor
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe, ordinary_vocab
 from interp.scores import HeadScores, bootstrap_ratio
-from interp.sinks.stats import SinkStatistics, queries_per_key_rows, scored_queries, uniform_mass_rows
+from interp.sinks.stats import SinkStatistics, queries_per_key_rows, scored_queries, uniform_mass, uniform_mass_rows
 
 
 def first_label(info: ModelInfo, probe: TokenProbe) -> str:
@@ -88,7 +88,35 @@ def head_table(
     if sep is not None:
         grids["sep_value_norm_ratio"] = vn[:, :, sep].mean(0) / vn_other.clamp_min(1e-30)
     grids["first_mass_by_norm"] = point * grids["value_norm_ratio"]
+    if stats.learned_sink is not None:  # mean over queries of the share a learned sink logit absorbs
+        grids["learned_sink_mass"] = stats.learned_sink.mean(0) / T
+    if stats.gate is not None and bool(torch.isfinite(stats.gate).any()):  # gated attention (Qwen3-Next)
+        grids["output_gate"] = stats.gate.nanmean(0)  # mean sigmoid gate on each head's output
     return HeadScores.from_grids(grids)
+
+
+LEARNED_SINK = "<learned sink>"
+
+
+def learned_sink_row(stats: SinkStatistics, T: int, causal: bool, epsilon: float, sink_ratio: float) -> pd.DataFrame:
+    """The token table's row for a learned sink logit (GPT-OSS): a "token" every query row attends
+    to without it being a key. ``mass`` is the mean share it absorbs over heads and queries,
+    ``attention_ratio`` that over the mean mass a key position draws from a uniform head,
+    ``sink_head_share`` the share of heads where it absorbs more than ``epsilon``."""
+    share = stats.learned_sink.mean(0) / T  # [L, H]
+    uniform = float(uniform_mass(T, causal).mean())
+    row = {
+        "token": LEARNED_SINK,
+        "token_id": -1,
+        "role": "learned sink",
+        "occurrences": int(stats.learned_sink.shape[0]),
+        "mean_position": float("nan"),
+        "attention_ratio": float(share.mean()) / uniform,
+        "mass": float(share.mean()),
+        "sink_head_share": float((share > epsilon).float().mean()),
+    }
+    row["is_sink"] = row["attention_ratio"] >= sink_ratio or row["sink_head_share"] > 0
+    return pd.DataFrame([row])
 
 
 _PUNCT = lambda s: bool(s) and all(unicodedata.category(c).startswith(("P", "S")) for c in s)  # noqa: E731

@@ -7,8 +7,9 @@ back from its q/k/v hooks; a TransformerLens bridge runs each wrapped Hugging Fa
 with an attention function of ours. Hooks outside the attention modules (``hook_resid_post`` and
 the like) fire as usual.
 
-Only plain causal or full attention is supported: an explicit mask (padding, a sliding window)
-would be ``[T, T]`` again, and raises :class:`~interp.errors.UsageError`.
+Sliding windows, logit softcapping, learned sink logits and padded keys travel on
+:class:`AttentionInputs`; the layers SDPA cannot compute run the banded online softmax of
+:func:`interp.stream.blockwise.own_attention`. No ``[T, T]`` mask is built.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 
 from interp.adapters import AttentionInputs, HookedModel, OnAttention, adapter_for, is_toy
 from interp.adapters.base import HookList
+from interp.stream.blockwise import own_attention
 
 
 @contextmanager
@@ -27,7 +29,7 @@ def streamed_attention(model: HookedModel, on_attention: OnAttention) -> Iterato
     Yields the forward hooks the caller must add to its run (the toy's q/k/v hooks; none on a
     bridge). Raises :class:`UsageError` for a model whose attention cannot be run this way.
     """
-    with adapter_for(model).capture_attention(on_attention) as hooks:
+    with adapter_for(model).capture_attention(on_attention, attend=own_attention) as hooks:
         yield hooks
 
 

@@ -11,51 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
 from interp.adapters.base import HookList
-from interp.errors import NonFiniteAttentionError, UsageError
+from interp.errors import UsageError
 from interp.hooks import resid_post_hook
-from interp.kernels import use_triton
-from interp.stream.blockwise import RowStats, column_sums, row_stats
+from interp.stream.blockwise import own_attention
+from interp.stream.guard import check_stream_conformance
+from interp.stream.passes import check_finite, column_pass, gather_pass, query_rows, row_pass
 
 OnLayer = Callable[[AttentionInputs], None]
 OnChunk = Callable[[slice], tuple[OnLayer, HookList]]
-
-
-def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
-    """Raise :class:`NonFiniteAttentionError` if ``rows`` (row sums or log-sum-exps of a layer's
-    attention) hold NaN or inf: the model is unstable in its dtype on this input."""
-    if not torch.isfinite(rows).all():
-        raise NonFiniteAttentionError(
-            f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-            f"in {model_name}'s dtype on this input: try --dtype float32"
-        )
-
-
-def row_pass(a: AttentionInputs) -> RowStats:
-    """Log-sum-exp and row maxima: the Triton kernel where :func:`interp.kernels.use_triton` says, else torch."""
-    if use_triton(a.q):
-        from interp.stream.triton import triton_row_stats
-
-        return triton_row_stats(a.q, a.k, a.scale, a.causal)
-    return row_stats(a.q, a.k, a.scale, a.causal)
-
-
-def column_pass(a: AttentionInputs, lse: Float[Tensor, "batch head q"]) -> tuple[Float[Tensor, "batch head k"], float]:
-    """``(received mass per key, max |row sum - 1|)``. The Triton pass has no row sums; there the
-    check is on their mean (the total received mass over ``T``)."""
-    if use_triton(a.q):
-        from interp.stream.triton import triton_column_sums
-
-        received = triton_column_sums(a.q, a.k, lse, a.scale, a.causal)
-        return received, float((received.sum(-1) / a.q.shape[2] - 1).abs().max())
-    received, rows = column_sums(a.q, a.k, lse, a.scale, a.causal)
-    return received, float((rows - 1).abs().max())
 
 
 def run_streamed(
@@ -68,9 +36,12 @@ def run_streamed(
 ) -> None:
     """Run ``tokens`` chunk by chunk with fused attention; ``on_chunk(rows)`` gives the callback and hooks.
 
-    The pass of each chunk stops after the last layer's residual output; a layer that never called
-    back (an architecture whose attention bypasses the capture) is a :class:`UsageError`.
+    First :func:`interp.stream.guard.check_stream_conformance` checks on a short prefix that the engine
+    reproduces the model's own attention (refusing before any work otherwise). The pass of each
+    chunk stops after the last layer's residual output; a layer that never called back (an
+    architecture whose attention bypasses the capture) is a :class:`UsageError`.
     """
+    check_stream_conformance(model, tokens)  # before any work: refuses what it cannot reproduce
     adapter = adapter_for(model)
     info = describe(model)
     L, B, expected = info.n_layers, tokens.shape[0], set(info.attention_layers)
@@ -86,7 +57,7 @@ def run_streamed(
             seen.add(a.layer)
             bar.update()
 
-        with adapter.capture_attention(on_attention) as capture_hooks:
+        with adapter.capture_attention(on_attention, attend=own_attention) as capture_hooks:
             adapter.run_with_reducers(tokens[rows], [*capture_hooks, *hooks], stop_after=resid_post_hook(L - 1))
         if seen != expected:
             missing = sorted(expected - seen)
@@ -97,4 +68,4 @@ def run_streamed(
     bar.close()
 
 
-__all__ = ["OnChunk", "OnLayer", "check_finite", "column_pass", "row_pass", "run_streamed"]
+__all__ = ["OnChunk", "OnLayer", "check_finite", "column_pass", "gather_pass", "query_rows", "row_pass", "run_streamed"]
