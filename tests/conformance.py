@@ -737,11 +737,15 @@ def prepare(family: str, *, seed: int = 0, block_len: int = 20) -> Setup:
     body = (probe.body_start, probe.body_end)
     counter = [0]
 
-    def count(module: Any, args: tuple) -> None:
-        counter[0] += 1
+    def count(module: Any, args: tuple, kwargs: dict) -> None:
+        # work is a block run on the probe's sequences: the stream engine's pre-flight check (one
+        # sequence's prefix, batch 1) is the check that lets it refuse before any work, not work
+        hidden = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(hidden, Tensor) or hidden.shape[0] == probe.batch:
+            counter[0] += 1
 
     for block in model.blocks:
-        block.register_forward_pre_hook(count)
+        block.register_forward_pre_hook(count, with_kwargs=True)
     return Setup(
         fam,
         ref_model,

@@ -18,20 +18,7 @@ import torch
 
 from tests.conformance import CHECKS, FAMILIES, TOL, prepare, run_check
 
-_WINDOW = "the stream engine refuses the sliding-window mask inside layer 0's forward, after work"
-_ALIBI = "the attention never calls the attention interface: the stream engine notices after a whole pass"
-KNOWN_STREAM_GAPS: dict[tuple[str, str], str] = {
-    **{(f, c): _WINDOW for f in ("mistral", "gemma2", "gemma3", "gpt_oss") for c in ("scores_stream", "sinks_stream")},
-    **{(f, c): _ALIBI for f in ("bloom", "falcon") for c in ("scores_stream", "sinks_stream")},
-    **{
-        ("gpt_oss_128", c): "learned sink logits are left out of the stream softmax: silently wrong numbers"
-        for c in ("scores_stream", "sinks_stream")
-    },
-    **{
-        ("gemma2_wide", c): "logit softcapping reaches torch SDPA, which raises a raw ValueError"
-        for c in ("scores_stream", "sinks_stream")
-    },
-}
+KNOWN_STREAM_GAPS: dict[tuple[str, str], str] = {}  # none left: every stream cell is exact or refused first
 # the families the issue names, plus the shipped windows that go silent or raw on the stream engine
 REQUIRED = (
     "gpt2 gptj gpt_neox opt bloom falcon llama mistral mixtral qwen2 qwen3 qwen3_next gemma2 gemma3 phi3 "
