@@ -56,6 +56,8 @@ _API = {
     "incontext_loss": "interp.ablation",
     "lm_loss": "interp.ablation",
     "logit_diff": "interp.ablation",
+    "Metric": "interp.ablation",
+    "as_metric": "interp.ablation",
     # figures and the atlas
     "heatmap": "interp.plots",
     "head_atlas": "interp.report",
@@ -67,7 +69,9 @@ __getattr__, __dir__, __all__ = lazy(__name__, _API)
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
     from interp.ablation import GateSweep as GateSweep
+    from interp.ablation import Metric as Metric
     from interp.ablation import ablated as ablated
+    from interp.ablation import as_metric as as_metric
     from interp.ablation import exact_sweep as exact_sweep
     from interp.ablation import gradient_importance as gradient_importance
     from interp.ablation import heads_prunable as heads_prunable

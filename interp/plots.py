@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # plots draw result objects; the result objects call plots (H
 
 PRETTY = {
     "prev_token": "previous-token",
+    "current": "current-token",
     "duplicate": "duplicate-token",
     "induction": "induction",
     "copying": "copying",
@@ -80,6 +81,7 @@ SIGNED = Scale("copying score", colorscale="RdBu_r", zmin=-1.0, zmax=1.0, zmid=0
 IMPORTANCE = Scale("importance", colorscale="Viridis", anchor=0.0)
 FAMILIES: dict[str, Scale] = {
     "prev_token": MASS,
+    "current": MASS,
     "duplicate": MASS,
     "induction": MASS,
     "first_mass": MASS,
@@ -124,7 +126,7 @@ def heatmap(
     overrides the family of a column; ``zmin``/``zmax``/``colorscale`` put every panel on one
     given scale, whose colour bar is titled ``value_name``.
     """
-    columns = list(columns or scores.score_names)
+    columns = [columns] if isinstance(columns, str) else list(columns or scores.score_names)  # "induction": one
     baselines = dict(baselines or {})
     if zmin is not None or zmax is not None or colorscale is not None:
         fixed = Scale(value_name, colorscale or "Viridis", zmin, zmax)

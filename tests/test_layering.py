@@ -64,6 +64,8 @@ LAYERS: dict[str, int] = {
     "browser": 1,
     "_lazy": 1,
     "lock": 1,
+    "progress": 1,
+    "threads": 1,
     "journal": 2,
     "errors": 0,
 }

@@ -93,7 +93,7 @@ def _capture_forward(
     if attention_mask is not None:
         raise UsageError(
             "the stream engine handles plain causal or full attention, but this model attends through "
-            "an explicit mask (padding, a sliding window, ...): use --engine pattern"
+            "an explicit mask (padding, a sliding window, ...): use engine='pattern' (command line: --engine pattern)"
         )
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
     scale = float(query.shape[-1] ** -0.5 if scaling is None else scaling)
@@ -144,7 +144,7 @@ class BridgeAdapter(HookedAdapter):
         if not attns or hf_model is None or any(w is None for w in wrapped):
             raise UsageError(
                 f"the stream engine runs on TransformerLens bridges and the toy; {type(model).__name__} "
-                "is neither (its attention modules wrap no Hugging Face module): use --engine pattern"
+                "is neither (its attention modules wrap no Hugging Face module): use engine='pattern' (command line: --engine pattern)"
             )
         configs = {
             id(c): c
@@ -154,7 +154,7 @@ class BridgeAdapter(HookedAdapter):
         }
         if not configs:
             raise UsageError(
-                f"{type(hf_model).__name__} has no attention implementation to switch: use --engine pattern"
+                f"{type(hf_model).__name__} has no attention implementation to switch: use engine='pattern' (command line: --engine pattern)"
             )
         layers = {id(sub): layer for layer, w in enumerate(wrapped) for sub in w.modules()}
         _register()

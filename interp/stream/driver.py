@@ -14,13 +14,13 @@ from collections.abc import Callable
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
 from interp.adapters.base import HookList
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import resid_post_hook
 from interp.kernels import use_triton
+from interp.progress import tqdm
 from interp.stream.blockwise import RowStats, column_sums, row_stats
 
 OnLayer = Callable[[AttentionInputs], None]
@@ -33,7 +33,7 @@ def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
     if not torch.isfinite(rows).all():
         raise NonFiniteAttentionError(
             f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-            f"in {model_name}'s dtype on this input: try --dtype float32"
+            f"in {model_name}'s dtype on this input: load it in float32 (command line: --dtype float32)"
         )
 
 
@@ -91,7 +91,7 @@ def run_streamed(
             missing = sorted(set(range(L)) - seen)
             raise UsageError(
                 f"the stream engine saw no attention inputs for layer(s) {missing}: this architecture's "
-                "attention does not call the registered attention function; use --engine pattern"
+                "attention does not call the registered attention function; use engine='pattern' (command line: --engine pattern)"
             )
     bar.close()
 
