@@ -100,7 +100,7 @@ def test_unwritable_out_is_refused_even_for_root(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err.startswith("python -m interp.induction: error: cannot write to output folder /proc/interp-nope/x: ")
-    assert err.endswith("; pass a writable --out\n") and err.count("\n") == 1
+    assert err.endswith("; pass a writable output folder (command line: --out)\n") and err.count("\n") == 1
 
 
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):

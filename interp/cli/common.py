@@ -252,12 +252,13 @@ def mark_partial(out: Path, since: float) -> list[Path]:
 @contextmanager
 def one_line_warnings(prog: str) -> Iterator[None]:
     """Inside the block, a warning prints as one line, ``prog: warning: message`` (no file or source line)."""
-    saved = warnings.formatwarning
-    warnings.formatwarning = lambda message, *_, **__: f"{prog}: warning: {' '.join(str(message).split())}\n"
-    try:
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    with warnings.catch_warnings():  # restores the previous showwarning on the way out
+        warnings.showwarning = show
         yield
-    finally:
-        warnings.formatwarning = saved
 
 
 def progress_lines(force: bool) -> Any:
