@@ -38,6 +38,7 @@ _API = {
     # head scores
     "head_scores": "interp.heads",
     "uniform_baseline": "interp.heads",
+    "uniform_baselines": "interp.heads",
     "HeadScores": "interp.scores",
     # sinks
     "sink_scores": "interp.sinks",
@@ -61,6 +62,7 @@ _API = {
     # figures and the atlas
     "heatmap": "interp.plots",
     "head_atlas": "interp.report",
+    "pattern_heatmap": "interp.report.pattern_figure",
     # errors
     "InterpError": "interp.errors",
 }
@@ -87,6 +89,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores
     from interp.heads import uniform_baseline as uniform_baseline
+    from interp.heads import uniform_baselines as uniform_baselines
     from interp.models import ModelInfo as ModelInfo
     from interp.models import describe as describe
     from interp.models import from_hf_model as from_hf_model
@@ -97,6 +100,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.probes import repeated_tokens as repeated_tokens
     from interp.probes import text_probe as text_probe
     from interp.report import head_atlas as head_atlas
+    from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap
     from interp.scores import HeadScores as HeadScores
     from interp.sinks import SinkReport as SinkReport
     from interp.sinks import sink_scores as sink_scores

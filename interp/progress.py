@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tqdm.auto import tqdm as _bar
+from tqdm.std import tqdm as _text_bar
 
 EVERY = 10.0  # seconds between lines, at most
 _force_lines = False
@@ -130,7 +130,15 @@ def tqdm(iterable: Iterable | None = None, **kwargs: Any) -> Any:
     """A progress bar where one reads well (a terminal, a notebook), else :class:`Lines`."""
     if use_lines(kwargs.get("file")):
         return Lines(iterable, **kwargs)
-    return _bar(iterable, **kwargs)
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401  (tqdm's notebook bar needs it; without, the text bar)
+            from tqdm.notebook import tqdm as widget_bar
+
+            return widget_bar(iterable, **kwargs)
+        except ImportError:
+            pass
+    return _text_bar(iterable, **kwargs)
 
 
 __all__ = ["EVERY", "Lines", "lines", "tqdm", "use_lines"]

@@ -75,8 +75,11 @@ def test_console_command_lists_and_dispatches(tmp_path, capsys):
 @pytest.mark.parametrize(
     "make_out, message",
     [
-        (lambda tmp: tmp / "file", "--out {out} exists and is not a directory: pass a folder path"),
-        (lambda tmp: tmp / "file" / "x", "cannot create output folder {out}: {tmp}/file is a file; pass another --out"),
+        (lambda tmp: tmp / "file", "{out} exists and is not a directory: pass a folder path (command line: --out)"),
+        (
+            lambda tmp: tmp / "file" / "x",
+            "cannot create output folder {out}: {tmp}/file is a file; pass another output folder (command line: --out)",
+        ),
     ],
     ids=["is-a-file", "under-a-file"],
 )
