@@ -38,6 +38,7 @@ _API = {
     # head scores
     "head_scores": "interp.heads",
     "uniform_baseline": "interp.heads",
+    "uniform_baselines": "interp.heads",
     "HeadScores": "interp.scores",
     # sinks
     "sink_scores": "interp.sinks",
@@ -58,12 +59,15 @@ _API = {
     "incontext_loss": "interp.ablation",
     "lm_loss": "interp.ablation",
     "logit_diff": "interp.ablation",
+    "Metric": "interp.ablation",
+    "as_metric": "interp.ablation",
     # figures and the atlas
     "heatmap": "interp.plots",
     "save_figure": "interp.plots",
     "save_png": "interp.plots",
     "view_patterns": "interp.report.patterns_view",
     "head_atlas": "interp.report",
+    "pattern_heatmap": "interp.report.pattern_figure",
     # errors
     "InterpError": "interp.errors",
 }
@@ -72,7 +76,9 @@ __getattr__, __dir__, __all__ = lazy(__name__, _API)
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
     from interp.ablation import GateSweep as GateSweep
+    from interp.ablation import Metric as Metric
     from interp.ablation import ablated as ablated
+    from interp.ablation import as_metric as as_metric
     from interp.ablation import exact_sweep as exact_sweep
     from interp.ablation import gradient_importance as gradient_importance
     from interp.ablation import heads_prunable as heads_prunable
@@ -88,6 +94,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores
     from interp.heads import uniform_baseline as uniform_baseline
+    from interp.heads import uniform_baselines as uniform_baselines
     from interp.models import ModelInfo as ModelInfo
     from interp.models import describe as describe
     from interp.models import from_hf_model as from_hf_model
@@ -100,6 +107,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.probes import repeated_tokens as repeated_tokens
     from interp.probes import text_probe as text_probe
     from interp.report import head_atlas as head_atlas
+    from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap
     from interp.report.patterns_view import view_patterns as view_patterns
     from interp.retrieval import retrieval_scores as retrieval_scores
     from interp.scores import HeadScores as HeadScores

@@ -94,7 +94,9 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
 def _cannot_write(path: Path, error: OSError) -> str:
     why = (error.strerror or type(error).__name__).lower()
     return f"cannot write {path}: {why}; it was not replaced (its previous content, if any, is intact): " + (
-        "free some space or pass another --out" if error.errno in _FULL else "pass a writable --out"
+        "free some space or pass another output folder (command line: --out)"
+        if error.errno in _FULL
+        else "pass a writable output folder (command line: --out)"
     )
 
 
@@ -122,13 +124,15 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} exists and is not a directory: pass a folder path")
+        raise OutputError(f"{out} exists and is not a directory: pass a folder path (command line: --out)")
     made: list[Path] = []
     try:
         for parent in reversed([out, *out.parents]):
             if parent.exists():
                 if not parent.is_dir():
-                    raise OutputError(f"cannot create output folder {out}: {parent} is a file; pass another --out")
+                    raise OutputError(
+                        f"cannot create output folder {out}: {parent} is a file; pass another output folder (command line: --out)"
+                    )
                 continue
             parent.mkdir()
             made.append(parent)
@@ -137,7 +141,9 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
         os.unlink(probe)
     except OSError as e:
         why = e.strerror or type(e).__name__
-        raise OutputError(f"cannot write to output folder {out}: {why}; pass a writable --out") from None
+        raise OutputError(
+            f"cannot write to output folder {out}: {why}; pass a writable output folder (command line: --out)"
+        ) from None
     finally:
         for folder in reversed(made):
             try:

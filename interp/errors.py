@@ -20,6 +20,13 @@ class UsageError(InterpError, ValueError):
     """Bad input found after parsing (e.g. a probe too long for the model): exit 2, nothing written."""
 
 
+class UnknownNameError(UsageError, KeyError):
+    """A name (a score, a column, a role) that is not there; still a ``KeyError`` for old ``except`` code."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class ModelLoadError(InterpError, RuntimeError):
     """The model could not be had; the message says why and what to do."""
 

@@ -1,9 +1,10 @@
-"""Per-head scores: previous-token, duplicate-token, induction (prefix matching) and copying.
+"""Per-head scores: previous-token, current-token, duplicate-token, induction (prefix matching) and copying.
 
 Definitions (``A`` is a head's attention pattern, rows are queries ``q``, columns keys ``k``; every
 row sums to 1):
 
 - **previous-token**: mean of ``A[q, q-1]`` over the probe's body queries (positions >= 1).
+- **current-token**: mean of ``A[q, q]`` (the query's own position) over the probe's body queries.
 - **duplicate-token**: over the queries whose token occurred before (any other occurrence, for
   encoders), the mean of the attention mass on those earlier occurrences.
 - **induction** (prefix matching, Olsson et al. 2022): over exactly the queries that *have* an
@@ -48,7 +49,6 @@ import einops
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp import distributed
 from interp.adapters import AttentionInputs, HookedModel, ModelInfo, describe, run_with_reducers
@@ -57,6 +57,7 @@ from interp.errors import InterpError, NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
 from interp.probes.probe import padded_engine, refuse_padded_stream
+from interp.progress import tqdm
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio
 from interp.stream.budget import choose_engine
@@ -101,6 +102,30 @@ SCORES.add(
         pairs=lambda probe, queries: probe.prev_pairs(every_query=queries == "all"),
         mask=_prev_mask,
     ),
+)
+
+
+def _current_pairs(probe: TokenProbe, queries: Queries) -> Int[Tensor, "n 3"]:
+    q = torch.arange(probe.seq_len)
+    if queries == "targets":
+        q = q[(q >= probe.body_start) & (q < probe.body_end)]
+    b = torch.arange(probe.batch).repeat_interleave(len(q))
+    q = q.repeat(probe.batch)
+    return torch.stack([b, q, q], -1)
+
+
+def _current_mask(probe: TokenProbe, queries: Queries) -> Bool[Tensor, "batch q k"]:
+    n = probe.seq_len
+    mask = torch.zeros(probe.batch, n, n, dtype=torch.bool, device=probe.tokens.device)
+    b, q, k = _current_pairs(probe, queries).to(probe.tokens.device).unbind(-1)
+    mask[b, q, k] = True
+    return mask
+
+
+SCORES.add(
+    "current",
+    "attention on the query's own position",
+    HeadScore(pairs=_current_pairs, mask=_current_mask),
 )
 SCORES.add(
     "duplicate",
@@ -199,11 +224,7 @@ def attention_scores(
     if engine != "pattern":
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     targets = {name: SCORES.get(name).mask(probe, queries).float() for name in SCORES if name in scores}
-    counts = _query_counts(targets, queries, probe.seq_len)
-    if queries == "targets":
-        for name, c in counts.items():
-            if float(c.sum()) == 0:
-                raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
+    counts = _query_counts(targets, queries, probe.seq_len)  # a score no query has a target for: 0 / 0
     L, H, B = info.n_layers, info.n_heads, probe.batch
     real = probe.real_mask()  # padded query rows are dropped before any reduction
     num = {k: _absent_nan(torch.zeros(B, L, H), info) for k in targets}
@@ -223,7 +244,7 @@ def attention_scores(
             if not torch.isfinite(pattern).all():
                 raise NonFiniteAttentionError(
                     f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-                    f"in {info.name}'s dtype on this input: try --dtype float32"
+                    f"in {info.name}'s dtype on this input: load it in float32 (command line: --dtype float32)"
                 )
             for name, mask in chunk_targets.items():
                 mask = mask.to(pattern.device)  # blocks may live on different devices
@@ -263,9 +284,7 @@ def stream_attention_scores(
         if queries == "all":  # detect_head divides by the pattern's total mass: T rows of mass 1
             den[name] = torch.full((B, L, H), float(T))
             continue
-        count = _queries_with_target(p, B)
-        if float(count.sum()) == 0:
-            raise UsageError(f"the probe has no query with a {name} target: use at least 2 repeats")
+        count = _queries_with_target(p, B)  # all zeros: no target on this probe, the score is NaN
         den[name] = count[:, None, None].expand(B, L, H).clone()
     num = {name: _absent_nan(torch.zeros(B, L, H), info) for name in pairs}
 
@@ -396,6 +415,7 @@ def head_scores(
     given.update(engine=engine, budget=budget)
     cfg = RunConfig.of(config, **{k: v for k, v in given.items() if v is not None})
     scores = SCORES.check_all(scores)
+    _check_order(model, probe)
     if probe is None:
         probe = repeated_tokens(model, seed=cfg.seed)
     info = describe(model)
@@ -415,8 +435,12 @@ def head_scores(
         what="scoring heads",
     )
     grids: dict[str, Tensor] = {}
+    notes: list[str] = []
     for name in scores:
         point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+        if float(den[name].sum()) == 0:  # e.g. duplicate/induction on a prompt with no repeated token
+            point, lo, hi = (torch.full_like(point, float("nan")) for _ in range(3))
+            notes.append(no_target_note(name))
         grids.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
     if copying and info.latent_attention:  # no per-head W_V: the column says so, the rest stands
         warnings.warn(f"{_no_copying(info)}; its copying column is NaN", stacklevel=2)
@@ -437,7 +461,23 @@ def head_scores(
         meta["baselines"] = {k: v for k, v in uniform_baselines(probe).items() if k in scores}
     except (InterpError, ZeroDivisionError, ValueError):
         pass
+    if notes:
+        meta["notes"] = notes
     return HeadScores.from_grids(grids, meta)
+
+
+def _check_order(model: Any, probe: Any) -> None:
+    """``head_scores(probe, model)``: say so, rather than fail deep inside on a missing attribute."""
+    if isinstance(model, TokenProbe) or (probe is not None and not isinstance(probe, TokenProbe)):
+        got = ", ".join(type(x).__name__ for x in (model, probe))
+        raise UsageError(
+            f"head_scores takes the model first and the probe second: head_scores(model, probe), got ({got})"
+        )
+
+
+def no_target_note(name: str) -> str:
+    """Why score ``name`` is NaN: no query of the probe has a target for it."""
+    return f"{name}: no query of this probe has a target for this score (e.g. no token occurs twice), so it is NaN"
 
 
 __all__ = [
@@ -448,6 +488,7 @@ __all__ = [
     "attention_scores",
     "copying_scores",
     "head_scores",
+    "no_target_note",
     "stream_attention_scores",
     "uniform_baseline",
     "uniform_baselines",

@@ -76,7 +76,7 @@ def _in_use(out: Path, path: Path, holder: dict[str, Any] | None) -> OutputError
         if holder.get("host") != socket.gethostname():
             who += f" on host {holder.get('host')}"
     return OutputError(
-        f"{out} is in use by another interp run ({who}): wait for it to finish or pass another --out; "
+        f"{out} is in use by another interp run ({who}): wait for it to finish or pass another output folder (command line: --out); "
         f"if no such run is left, delete {path}"
     )
 
@@ -114,7 +114,9 @@ def out_lock(out: str | os.PathLike, name: str = NAME, *, take: bool = True) -> 
             except OSError as e:  # a full disk: no half-written lock left behind
                 path.unlink(missing_ok=True)
                 why = (e.strerror or type(e).__name__).lower()
-                raise OutputError(f"cannot create the lock file {path}: {why}; pass a writable --out") from None
+                raise OutputError(
+                    f"cannot create the lock file {path}: {why}; pass a writable output folder (command line: --out)"
+                ) from None
             break
         else:
             raise _in_use(out, path, _holder(path))

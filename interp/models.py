@@ -60,11 +60,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise UsageError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"device {device!r} asked for, but this machine has no CUDA device: use --device cpu")
+            raise UsageError(
+                f"device {device!r} asked for, but this machine has no CUDA device: use device='cpu' (command line: --device cpu)"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise UsageError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"device {device!r} asked for, but MPS is not available here: use --device cpu")
+        raise UsageError(
+            f"device {device!r} asked for, but MPS is not available here: use device='cpu' (command line: --device cpu)"
+        )
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise UsageError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto")
     return dev
@@ -157,6 +161,9 @@ def _load_toy(dev: torch.device, dt: torch.dtype) -> Any:
         raise ModelLoadError(str(e)) from None
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+
+
 def _load_local_dir(path: Path, dev: torch.device, dt: torch.dtype, placement: dict[str, Any]) -> Any:
     if not path.exists():
         raise ModelLoadError(f"no such directory: {path}. Pass an existing folder, a Hub name, or 'toy'.")
@@ -173,6 +180,12 @@ def _load_local_dir(path: Path, dev: torch.device, dt: torch.dtype, placement: d
             "save the model with model.save_pretrained(dir), or pass a Hub name."
         )
     _check_safetensors(path)
+    if not any((path / f).exists() for f in _TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{path} has a model but no tokenizer (none of {', '.join(_TOKENIZER_FILES)}): save it beside the "
+            "model with tokenizer.save_pretrained(dir), or wrap the model yourself with "
+            "interp.from_hf_model(hf_model, tokenizer)"
+        )
     try:
         return _boot(str(path), dev, dt, placement, what=f"the local directory {path}")
     except ModelLoadError as e:

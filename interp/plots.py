@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # plots draw result objects; the result objects call plots (H
 
 PRETTY = {
     "prev_token": "previous-token",
+    "current": "current-token",
     "duplicate": "duplicate-token",
     "induction": "induction",
     "copying": "copying",
@@ -114,6 +115,7 @@ SIGNED = Scale("copying score", colorscale="RdBu_r", zmin=-1.0, zmax=1.0, zmid=0
 IMPORTANCE = Scale("importance", colorscale="Viridis", anchor=0.0)
 FAMILIES: dict[str, Scale] = {
     "prev_token": MASS,
+    "current": MASS,
     "duplicate": MASS,
     "induction": MASS,
     "first_mass": MASS,

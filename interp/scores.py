@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp._io import atomic_write, atomic_write_json
-from interp.errors import UsageError
+from interp.errors import UnknownNameError, UsageError
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -187,7 +187,7 @@ class HeadScores:
 
     def _check(self, score: str) -> None:
         if score not in self.table.columns:
-            raise KeyError(f"no score {score!r}; have {self.score_names}")
+            raise UnknownNameError(f"no score {score!r}; have {self.score_names}")
 
     # ---- files ------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ def text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) -
         path = text_dir() / TEXT_FILE
         if not path.is_file():
             raise DatasetLoadError(
-                f"the bundled text probe {path} is missing: restore data/text/ from the repository, or pass --dataset"
+                f"the bundled text probe {path} is missing: restore data/text/ from the repository, or pass a data set (command line: --dataset)"
             )
         ds = datasets.load_dataset("text", data_files=str(path), split="train")
         return _column(ds, "text", "data/text/" + TEXT_FILE), "data/text/" + TEXT_FILE
@@ -43,6 +43,8 @@ def text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) -
     path = Path(spec).expanduser()
     if path.exists():
         kind = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+        if path.is_file() and not path.read_bytes().strip():
+            raise DatasetLoadError(f"{path} is empty: put some text in it (one or more lines), or pass another file")
         try:
             if path.is_dir():
                 ds = datasets.load_dataset(str(path), split=split)
@@ -50,17 +52,16 @@ def text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) -
                 ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train")
             else:
                 raise DatasetLoadError(
-                    f"--dataset {path}: cannot read a {path.suffix or 'suffix-less'} "
-                    "file; use .txt, .json, .jsonl or .csv"
+                    f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use .txt, .json, .jsonl or .csv"
                 )
         except DatasetLoadError:
             raise
         except Exception as e:
-            raise DatasetLoadError(f"could not read --dataset {path}: {_first_line(e)}") from None
+            raise DatasetLoadError(f"could not read the data set {path}: {_first_line(e)}") from None
         column = "text" if kind.get(path.suffix.lower()) == "text" else text_column
         return _column(ds, column, str(path)), str(path)
     if spec.startswith((".", "/", "~")) or path.suffix.lower() in (".txt", ".text", ".json", ".jsonl", ".csv"):
-        raise DatasetLoadError(f"--dataset {spec}: no such file")
+        raise DatasetLoadError(f"data set {spec}: no such file")
     name, _, config = spec.partition(":")
     ds = _load_hub_dataset(name, config or None, split)
     return _column(ds, text_column, spec), f"{spec} ({split})"
@@ -92,8 +93,8 @@ def _load_hub_dataset(name: str, config: str | None, split: str) -> Any:
         raise DatasetLoadError(
             f"could not load the data set {name!r}{f' (config {config!r})' if config else ''}, split "
             f"{split!r}: {why}: {type(e).__name__}: {_first_line(e)}. Download it once with network "
-            "access, pass a local .txt/.json/.csv file as --dataset, or leave --dataset out to use "
-            "the bundled English text; name a config as NAME:CONFIG."
+            "access, pass a local .txt/.json/.csv file instead, or leave the data set out to use "
+            "the bundled English text (command line: --dataset); name a config as NAME:CONFIG."
         ) from None
 
 
@@ -115,7 +116,7 @@ def _offline_mode() -> Iterator[None]:
 def _column(ds: Any, column: str, source: str) -> Iterator[str]:
     if column not in ds.column_names:
         raise DatasetLoadError(
-            f"{source} has no column {column!r}; its columns are {ds.column_names}: pass --text-column"
+            f"{source} has no column {column!r}; its columns are {ds.column_names}: name one as text_column (command line: --text-column)"
         )
     return (row for row in ds[column] if isinstance(row, str) and row.strip())
 

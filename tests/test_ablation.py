@@ -97,13 +97,13 @@ def test_bad_heads_are_clear_errors(gpt2_tiny, heads, message):
 
 
 def test_bad_metrics_are_clear_errors(gpt2_tiny, probe):
-    per_position = as_metric(lambda logits, tokens: logits[..., 0], name="per_position")
+    per_position = as_metric(lambda logits, tokens: logits[..., 0], name="per_position", higher_is_better=False)
     with pytest.raises(MetricError, match=r"one number per sequence \(shape \[4\]\), got shape \[4, 25\]"):
         exact_sweep(gpt2_tiny, probe, per_position)
-    batch_mean = as_metric(lambda logits, tokens: logits.mean(), name="batch_mean")
+    batch_mean = as_metric(lambda logits, tokens: logits.mean(), name="batch_mean", higher_is_better=False)
     with pytest.raises(MetricError, match="got shape \\[\\]"):
         exact_sweep(gpt2_tiny, probe, batch_mean)
-    nan = as_metric(lambda logits, tokens: logits[:, 0, 0] * float("nan"), name="nan")
+    nan = as_metric(lambda logits, tokens: logits[:, 0, 0] * float("nan"), name="nan", higher_is_better=False)
     with pytest.raises(MetricError, match="non-finite"):
         gradient_importance(gpt2_tiny, probe, nan)
 
@@ -221,7 +221,7 @@ def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny, m
     from interp.adapters import HookedAdapter
 
     p = repeated_tokens(bert_tiny, batch=2, block_len=6, seed=0)
-    metric = as_metric(lambda logits, tokens: logits[:, 1].logsumexp(-1), name="mlm_logsumexp")
+    metric = as_metric(lambda logits, tokens: logits[:, 1].logsumexp(-1), name="mlm_logsumexp", higher_is_better=False)
     fast = exact_sweep(bert_tiny, p, metric, replay="fast")
     loop = exact_sweep(bert_tiny, p, metric, replay="loop")
     assert fast.meta["engine"] == "fast"

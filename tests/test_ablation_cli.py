@@ -124,7 +124,10 @@ def test_bad_flags_exit_2_before_loading(argv, message, tmp_path, capsys):
     [
         (["--ablated", "0.9"], "head 0.9 is out of range: the model has 2 layers x 4 heads"),
         (["--ablated", ","], "the head set is empty"),
-        (["--ablated", "1.1", "--method", "prune"], "--ablated applies to --method exact or gradient"),
+        (
+            ["--ablated", "1.1", "--method", "prune"],
+            "--method prune does not read --ablated (it applies to --method exact or gradient)",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_nothing_written(loaded, argv, message, tmp_path, capsys):
@@ -174,7 +177,7 @@ def test_gradient_on_an_encoder_is_refused_with_the_reason(monkeypatch, bert_tin
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert "gradient importance cannot rank heads by metric 'pooled_cosine' at the unablated run" in err
-    assert "Use the exact sweep (--method exact)" in err
+    assert "Use the exact sweep, exact_sweep (command line: --method exact)" in err
     assert not (tmp_path / "o").exists()
 
 

@@ -80,8 +80,8 @@ def test_atlas_viewer_shows_the_role_heads_and_toggles(chromium, outputs):
     click = "document.querySelector('#head-picker button[aria-pressed=false]').click()"
     visit = chromium.visit(page, script=f"const before = {count}; {click}; {later}.then(after => [before, after])")
     assert not visit.errors
-    # the strongest head of each role is drawn at once (toy: 1.2, 0.1, 1.0); a click adds one more
-    assert visit.value == [3, 4]
+    # the strongest head of each role is drawn at once (toy: 1.2, 0.1, 0.3 current-token, 1.0); a click adds one more
+    assert visit.value == [4, 5]
 
 
 def test_the_checks_catch_errors_and_blank_pages(chromium, tmp_path):

@@ -74,7 +74,10 @@ def test_unwritable_out_is_checked_before_loading(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     _fails_with(
-        ["--model", "no-such-model-xyz", "--out", str(blocker / "sub")], capsys, 2, "is a file; pass another --out"
+        ["--model", "no-such-model-xyz", "--out", str(blocker / "sub")],
+        capsys,
+        2,
+        "is a file; pass another output folder (command line: --out)",
     )
 
 

@@ -66,6 +66,8 @@ LAYERS: dict[str, int] = {
     "_lazy": 1,
     "lock": 1,
     "saving": 1,
+    "progress": 1,
+    "threads": 1,
     "journal": 2,
     "errors": 0,
 }

@@ -75,8 +75,11 @@ def test_console_command_lists_and_dispatches(tmp_path, capsys):
 @pytest.mark.parametrize(
     "make_out, message",
     [
-        (lambda tmp: tmp / "file", "--out {out} exists and is not a directory: pass a folder path"),
-        (lambda tmp: tmp / "file" / "x", "cannot create output folder {out}: {tmp}/file is a file; pass another --out"),
+        (lambda tmp: tmp / "file", "{out} exists and is not a directory: pass a folder path (command line: --out)"),
+        (
+            lambda tmp: tmp / "file" / "x",
+            "cannot create output folder {out}: {tmp}/file is a file; pass another output folder (command line: --out)",
+        ),
     ],
     ids=["is-a-file", "under-a-file"],
 )
@@ -100,7 +103,7 @@ def test_unwritable_out_is_refused_even_for_root(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err.startswith("python -m interp.induction: error: cannot write to output folder /proc/interp-nope/x: ")
-    assert err.endswith("; pass a writable --out\n") and err.count("\n") == 1
+    assert err.endswith("; pass a writable output folder (command line: --out)\n") and err.count("\n") == 1
 
 
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):

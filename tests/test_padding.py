@@ -27,7 +27,7 @@ from tests.helpers import gpt2_model, llama_model, one_thread, word_tokenizer
 
 LENGTHS = (12, 20, 31)
 PADDINGS = ("right", "left")
-STREAM_LINE = "the stream engine does not take padded probes yet: use --engine pattern"
+STREAM_LINE = "the stream engine does not take padded probes yet: use engine='pattern' (command line: --engine pattern)"
 
 
 def _text(n: int, seed: int) -> str:

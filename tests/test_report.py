@@ -108,7 +108,7 @@ def test_atlas_loads_back_and_draws_its_figure(toy_atlas, tmp_path):
     np.testing.assert_allclose(back.grid("induction"), toy_atlas.grid("induction"))
     assert Atlas.load(tmp_path / "atlas.json").named("previous-token") == ["0.1"]
     panels = [t for t in toy_atlas.figure().data if t.type == "heatmap"]
-    assert len(panels) == 5 and np.allclose(panels[2].z, toy_atlas.grid("induction"))
+    assert len(panels) == 6 and np.allclose(panels[3].z, toy_atlas.grid("induction"))
     # a loaded atlas has no renderer of its own: its page is drawn when one is passed
     again = tmp_path / "again"
     assert sorted(p.name for p in back.save(again)) == ["atlas.json", "atlas_roles.csv"]
@@ -124,9 +124,9 @@ def test_roles_and_parts_are_registries():
     from interp.report import PARTS, ROLES
     from interp.report.roles import role_columns
 
-    assert ROLES.names() == ("induction", "previous-token", "duplicate-token", "sink")
-    assert role_columns() == {"induction": "induction", "prev_token": "previous-token", "duplicate": "duplicate-token",
-                              "first_mass": "sink"}  # fmt: skip
+    assert ROLES.names() == ("induction", "previous-token", "current-token", "duplicate-token", "sink")
+    assert role_columns() == {"induction": "induction", "prev_token": "previous-token", "current": "current-token",
+                              "duplicate": "duplicate-token", "first_mass": "sink"}  # fmt: skip
     assert PARTS.names() == ("sinks", "exact", "gradient", "pruning", "patterns")
     with pytest.raises(UsageError, match="unknown role 'nope'"):
         ROLES.check("nope")

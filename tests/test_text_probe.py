@@ -132,7 +132,7 @@ def test_hub_dataset_offline_fails_fast_and_clearly(gpt2_text, monkeypatch):
         (
             dict(seq_len=300),
             "probe of 301 tokens (BOS + 300) is longer than the model's context of 256 "
-            "tokens: the longest window is 255; lower --seq-len",
+            "tokens: the longest window is 255; lower seq_len (command line: --seq-len)",
         ),
     ],
 )
@@ -152,5 +152,5 @@ def test_missing_local_file_is_not_taken_for_a_hub_name(gpt2_text, tmp_path):
 def test_text_shorter_than_window(gpt2_text, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("tiny.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="has only .* tokens, fewer than --seq-len 64"):
+    with pytest.raises(ValueError, match="has only .* tokens, fewer than seq_len=64"):
         text_probe(gpt2_text, dataset=short)

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp._io import atomic_write, atomic_write_json
 from interp.ablation.gradient import frozen, gated_forward
@@ -27,6 +26,7 @@ from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.models import describe
 from interp.probes import TokenProbe
+from interp.progress import tqdm
 from interp.scores import HeadScores, file_frame, memory_frame
 
 if TYPE_CHECKING:

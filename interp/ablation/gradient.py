@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp import distributed
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
@@ -22,6 +22,7 @@ from interp.errors import AblationError, MetricError
 from interp.hooks import z_hook
 from interp.models import describe
 from interp.probes import TokenProbe
+from interp.progress import tqdm
 from interp.scores import NOISE_FLOOR_FRACTION, HeadScores, bootstrap_mean
 
 
@@ -67,6 +68,13 @@ def gated_forward(
     return metric(out, tokens, reference, rows)
 
 
+ZERO_GRADIENT_WARNING = (
+    "gradient importance under zero ablation: the gradient at the unablated point says little about "
+    "replacing a head by zero, far from where it sits, so it tracks the exact sweep poorly; use "
+    "ablation='mean' (command line: --ablation mean)"
+)
+
+
 def gradient_importance(
     model: HookedModel,
     probe: TokenProbe,
@@ -109,6 +117,8 @@ def gradient_importance(
     L, H = info.n_layers, info.n_heads
     refuse_padded_ablation(probe, ablation)
     abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
+    if abl.kind == "zero":
+        warnings.warn(ZERO_GRADIENT_WARNING, UserWarning, stacklevel=2)
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
     step = config.minibatch or probe.batch
 
@@ -195,6 +205,6 @@ def gradient_importance(
 def _flat_message(name: str, why: str) -> str:
     return (
         f"gradient importance cannot rank heads by metric {name!r} at the unablated run: {why}, so the "
-        "ranking would be rounding noise. Use the exact sweep (--method exact), or a metric with a "
+        "ranking would be rounding noise. Use the exact sweep, exact_sweep (command line: --method exact), or a metric with a "
         "gradient there (a loss or a logit difference)"
     )

@@ -73,12 +73,31 @@ class Metric:
         return diff / max(abs(float(clean)), 1e-12)
 
 
-def as_metric(fn: Callable | Metric, *, name: str | None = None, higher_is_better: bool = False) -> Metric:
-    """Wrap a plain ``fn(logits, tokens) -> [batch]`` (it reads the logits at every position)."""
+UNWRAPPED = (
+    "a plain function does not say which way is better: wrap it as "
+    "interp.as_metric(fn, higher_is_better=True) for a score such as a logit difference, or "
+    "interp.as_metric(fn, higher_is_better=False) for a loss"
+)
+
+
+def as_metric(fn: Callable | Metric, *, name: str | None = None, higher_is_better: bool | None = None) -> Metric:
+    """Wrap a plain ``fn(logits, tokens) -> [batch]`` (it reads the logits at every position).
+
+    ``higher_is_better`` is required for a plain function: a logit difference (higher is better) and a
+    loss (lower is better) rank heads in opposite orders, and guessing would flip every importance. A
+    :class:`Metric` is returned as it is (``higher_is_better``, when given, must agree with it).
+    """
     if isinstance(fn, Metric):
+        if higher_is_better is not None and bool(higher_is_better) != fn.higher_is_better:
+            raise MetricError(
+                f"metric {fn.name!r} is {'higher' if fn.higher_is_better else 'lower'}-is-better; "
+                f"as_metric was told higher_is_better={higher_is_better}"
+            )
         return fn
     if not callable(fn):
         raise MetricError(f"a metric must be callable as fn(logits, tokens), got {type(fn).__name__}")
+    if higher_is_better is None:
+        raise MetricError(UNWRAPPED)
     return Metric(
         name or getattr(fn, "__name__", "metric"),
         lambda out, tokens, clean, rows: fn(out, tokens),

@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.ablation.curves import CURVE_ATTRS, PruningCurves
 from interp.ablation.gradient import gradient_importance
@@ -28,6 +27,7 @@ from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.models import describe
 from interp.probes import TokenProbe
+from interp.progress import tqdm
 from interp.registry import Registry
 from interp.scores import HeadScores
 

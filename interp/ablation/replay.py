@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp import distributed
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
@@ -35,6 +34,7 @@ from interp.errors import AblationError
 from interp.hooks import resid_post_hook, z_hook
 from interp.models import describe
 from interp.probes import TokenProbe
+from interp.progress import tqdm
 from interp.registry import Registry
 
 REPLAYS: Registry[str] = Registry("replay")

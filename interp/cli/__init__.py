@@ -9,8 +9,11 @@ Commands are imported only when asked for, so ``interp --help`` loads no model c
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from interp.registry import Registry
 
@@ -24,6 +27,31 @@ COMMANDS.add("retrieval", "retrieval heads, streaming heads and copy distance on
 COMMANDS.add(
     "report", "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns", "interp.cli.report"
 )
+
+
+def import_interruptibly(module: str, prog: str) -> ModuleType:
+    """Import a command's module (torch, transformers: seconds) so that Ctrl-C meanwhile ends the
+    process with one line, ``prog: interrupted``, and exit 130: no traceback from inside an import.
+
+    The handler is set before the first heavy import and the previous one is back afterwards, when
+    :func:`~interp.cli.common.run_cli` takes over Ctrl-C (it keeps what was computed, marks partial
+    files, and exits 130 too). Entry points only: it changes the process's SIGINT handler meanwhile.
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        os.write(2, f"{prog}: interrupted\n".encode())
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        return importlib.import_module(module)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_command(module: str, prog: str, argv: Sequence[str] | None = None) -> int:
+    """An entry point: import the command's module under :func:`import_interruptibly`, run its ``cli``."""
+    return import_interruptibly(module, prog).cli(argv, prog=prog)
 
 
 def usage() -> str:
@@ -52,8 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage(), end="", file=sys.stderr)
         print(f"interp: error: unknown command {name!r}: choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    command = importlib.import_module(COMMANDS.get(name))
-    return command.cli(rest, prog=f"interp {name}")
+    return run_command(COMMANDS.get(name), f"interp {name}", rest)
 
 
 if __name__ == "__main__":

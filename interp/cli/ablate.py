@@ -97,8 +97,8 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     p.add_argument(
         "--ablation",
         choices=ABLATIONS.names(),
-        default="zero",
-        help="what an ablated head outputs: " + ABLATIONS.help() + " (default: zero)",
+        default="mean",
+        help="what an ablated head outputs: " + ABLATIONS.help() + " (default: mean, as interp report)",
     )
     p.add_argument(
         "--metric",
@@ -123,8 +123,8 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     p.add_argument(
         "--replay",
         choices=REPLAYS.names(),
-        default="auto",
-        help="how head sets are evaluated: " + REPLAYS.help() + " (default: auto)",
+        default=None,
+        help="exact/prune/gates: how head sets are evaluated: " + REPLAYS.help() + " (default: auto)",
     )
     p.add_argument(
         "--engine",
@@ -138,10 +138,13 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     p.add_argument(
         "--per",
         choices=("example", "token"),
-        default="example",
-        help="gradient: absolute value of the gate gradient per sequence (Michel et al.) or per token",
+        default=None,
+        help="gradient: absolute value of the gate gradient per sequence (Michel et al.) or per token "
+        "(default: example)",
     )
-    p.add_argument("--step", type=_fraction, default=0.1, help="prune: fraction of heads removed per step")
+    p.add_argument(
+        "--step", type=_fraction, default=None, help="prune: fraction of heads removed per step (default: 0.1)"
+    )
     p.add_argument("--reestimate", action="store_true", help="prune: re-estimate importance after every step")
     p.add_argument(
         "--orders",
@@ -150,19 +153,71 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         help="prune: comma-separated orders to compare (" + ORDERS.help() + "); default: all of them "
         "(without gradient for a metric with no gradient at the clean point, e.g. pooled-cos)",
     )
-    p.add_argument("--random-seeds", type=positive_int, default=3, help="prune: random orders (seeds 0..n-1)")
     p.add_argument(
-        "--tolerance", type=_non_negative, default=0.1, help="prune/gates: the metric may degrade by this fraction"
+        "--random-seeds", type=positive_int, default=None, help="prune: random orders (seeds 0..n-1) (default: 3)"
+    )
+    p.add_argument(
+        "--tolerance",
+        type=_non_negative,
+        default=None,
+        help="prune/gates: the metric may degrade by this fraction (default: 0.1)",
     )
     p.add_argument(
         "--lambdas",
         type=_lambdas,
-        default=[0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
-        help="gates: comma-separated L0 penalty weights",
+        default=None,
+        help="gates: comma-separated L0 penalty weights (default: " + ",".join(map(str, DEFAULTS["lambdas"])) + ")",
     )
-    p.add_argument("--gate-steps", type=positive_int, default=200, help="gates: optimisation steps per lambda")
-    p.add_argument("--gate-lr", type=float, default=0.05, help="gates: Adam learning rate")
+    p.add_argument(
+        "--gate-steps", type=positive_int, default=None, help="gates: optimisation steps per lambda (default: 200)"
+    )
+    p.add_argument("--gate-lr", type=float, default=None, help="gates: Adam learning rate (default: 0.05)")
     return p
+
+
+# flags that only some methods read: dest -> (the flag, the methods that read it, its default)
+METHOD_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "normalize": ("--normalize", ("gradient",)),
+    "per": ("--per", ("gradient",)),
+    "step": ("--step", ("prune",)),
+    "reestimate": ("--reestimate", ("prune",)),
+    "orders": ("--orders", ("prune",)),
+    "random_seeds": ("--random-seeds", ("prune",)),
+    "tolerance": ("--tolerance", ("prune", "gates")),
+    "lambdas": ("--lambdas", ("gates",)),
+    "gate_steps": ("--gate-steps", ("gates",)),
+    "gate_lr": ("--gate-lr", ("gates",)),
+    "replay": ("--replay", ("exact", "prune", "gates")),
+    "ablated": ("--ablated", ("exact", "gradient")),
+}
+DEFAULTS: dict[str, Any] = {
+    "per": "example",
+    "step": 0.1,
+    "random_seeds": 3,
+    "tolerance": 0.1,
+    "lambdas": [0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
+    "gate_steps": 200,
+    "gate_lr": 0.05,
+    "replay": "auto",
+}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags the chosen ``--method`` would ignore (exit 2, before the model loads), then fill
+    in the defaults of the ones it reads."""
+    ignored = []
+    for dest, (flag, methods) in METHOD_FLAGS.items():
+        if getattr(args, dest, None) not in (None, False) and args.method not in methods:
+            ignored.append(f"{flag} (it applies to --method {' or '.join(methods)})")
+    if ignored:
+        raise AblationError(
+            f"--method {args.method} does not read {'; '.join(ignored)}: drop "
+            f"{'it' if len(ignored) == 1 else 'them'}, or choose the method that reads "
+            f"{'it' if len(ignored) == 1 else 'them'}"
+        )
+    for dest, value in DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
 
 
 def make_probe(args: argparse.Namespace, model: Any) -> tuple[TokenProbe, str]:
@@ -182,9 +237,14 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     base = None
     if args.ablated is not None:
         base = head_mask(info, args.ablated)
+        if bool(base.all()):
+            raise AblationError(
+                f"--ablated names every head ({base.numel()}): nothing would be left to rank; "
+                "keep at least one head out of it"
+            )
     probe, metric_name = make_probe(args, model)
     metric = builtin_metric(metric_name, probe)
-    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=not args.no_progress)
+    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
     common = dict(ablation=args.ablation, config=config)
     kind = "causal" if info.is_causal else "encoder"
     print(
@@ -202,8 +262,6 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
             )
         scores.meta["model_spec"] = args.model
         return _write_scores(args, scores, out, time.perf_counter() - t0)
-    if base is not None:
-        raise AblationError(f"--ablated applies to --method exact or gradient, not {args.method}")
     if args.method == "prune":
         orders = args.orders
         if orders is None:
@@ -309,7 +367,7 @@ def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check_flags)
 
 
 if __name__ == "__main__":

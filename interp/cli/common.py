@@ -11,6 +11,8 @@ import json
 import os
 import re
 import sys
+import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -87,8 +89,36 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=positive_int, default=10, help="probe sequences")
     p.add_argument("--out", default=None, help="output folder (default: a folder named after the model)")
     p.add_argument("--top", type=positive_int, default=10, help="rows in the printed summary")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars: a line every 10 s or tenth of the way instead (what runs outside a terminal get)",
+    )
+    add_threads_flag(p)
     return p
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's CPU threads (default: one for small models or a busy machine)."""
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads for torch (default: 1 for a model under 20M parameters or when fewer than 2 CPUs "
+        "are free, else the free CPUs; the first line printed says what was picked and why)",
+    )
+
+
+def set_threads(args: argparse.Namespace, model: Any) -> str:
+    """Set torch's thread count from ``--threads`` or :func:`interp.threads.choose_threads`; the line to print."""
+    import torch
+
+    from interp.threads import choose_threads, count_parameters
+
+    given = getattr(args, "threads", None)
+    n, why = (given, "--threads") if given else choose_threads(count_parameters(model))
+    torch.set_num_threads(n)
+    return f"threads: {n} ({why})"
 
 
 def add_engine_flag(p: argparse.ArgumentParser) -> None:
@@ -115,10 +145,19 @@ def run_cli(
     main: Callable[[argparse.Namespace, Any, Path], Sequence[Path]],
     argv: Sequence[str] | None,
     analysis: str,
+    *,
+    check: Callable[[argparse.Namespace], None] | None = None,
 ) -> int:
     """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
 
-    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Errors that
+    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. ``check(args)``
+    runs right after parsing (flags that do not go together: exit 2 before any model loads).
+
+    The first line printed says how many CPU threads torch got and why (``--threads``, or
+    :func:`interp.threads.choose_threads`). Progress is bars on a terminal and occasional lines
+    elsewhere (:mod:`interp.progress`; ``--no-progress`` forces lines). Warnings are one line each,
+    ``prog: warning: ...``. On Ctrl-C the files this run had already written under ``--out`` are
+    renamed with ``.partial`` before their suffix (:func:`mark_partial`), and the run exits 130. Errors that
     ``interp`` raises on purpose (:class:`~interp.errors.InterpError`) end the run with one line on
     stderr: exit 1 when the model cannot be had (or another rank failed), 2 for bad usage or input
     (nothing written). Any other exception is a bug and keeps its traceback (exit 1).
@@ -131,9 +170,13 @@ def run_cli(
     lead = distributed.is_main()
     with _quiet(not lead):
         args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
-    if not lead and hasattr(args, "no_progress"):
-        args.no_progress = True
+    args.progress = lead  # only rank 0 reports progress; --no-progress turns its bars into lines
+    started = time.time()
+    out: Path | None = None
+    started = time.time()
     try:
+        if check is not None:
+            check(args)
         # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
         device = resolve_device(distributed.rank_device(args.device))
         resolve_dtype(args.dtype)
@@ -143,6 +186,8 @@ def run_cli(
             distributed.interrupt_once(),
             _quiet(not lead, stderr=False),
             writes_skipped(not lead),
+            one_line_warnings(parser.prog),
+            progress_lines(bool(getattr(args, "no_progress", False))),
             ExitStack() as held,
         ):
             with distributed.checked("checking --out and loading the model"):
@@ -151,6 +196,10 @@ def run_cli(
                 held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
                 kwargs = {"device": device} if placement is None else placement
                 model = load_model(args.model, dtype=args.dtype, **kwargs)
+            if lead:
+                print(set_threads(args, model), flush=True)
+            else:
+                set_threads(args, model)
             with distributed.checked(f"running {analysis}"), cli_owned() as replaced:
                 written = main(args, model, out)  # a command owns its --out: its earlier outputs are replaced
     except (ModelLoadError, RankFailedError) as e:
@@ -159,6 +208,11 @@ def run_cli(
         return fail(parser, e, EXIT_USAGE, quiet=not lead)
     except KeyboardInterrupt:
         if lead:
+            marked = mark_partial(out, started) if out is not None and out.is_dir() else []
+            if marked:
+                print(f"{parser.prog}: interrupted; these files were written before the interrupt, marked partial:")
+                for path in marked:
+                    print(f"  {path}")
             print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
     finally:
@@ -168,6 +222,51 @@ def run_cli(
         for path in written:
             print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
     return 0
+
+
+PARTIAL = ".partial"
+
+
+def mark_partial(out: Path, since: float) -> list[Path]:
+    """Rename the files under ``out`` written at or after ``since`` to ``<stem>.partial<suffix>``.
+
+    What an interrupted run wrote may be a mix of new and old results (a figure from this run beside
+    a table from the last), so nothing of it may pass for complete: ``sinks_heads.html`` becomes
+    ``sinks_heads.partial.html``. Files already marked, hidden files (locks, journals) and older
+    files are left alone. Returns the new paths.
+    """
+    marked = []
+    for path in sorted(out.iterdir()):
+        if not path.is_file() or path.name.startswith(".") or PARTIAL in path.name:
+            continue
+        try:
+            if path.stat().st_mtime < since - 1e-3:
+                continue
+        except OSError:
+            continue
+        target = path.with_name(f"{path.stem}{PARTIAL}{path.suffix}")
+        os.replace(path, target)
+        marked.append(target)
+    return marked
+
+
+@contextmanager
+def one_line_warnings(prog: str) -> Iterator[None]:
+    """Inside the block, a warning prints as one line, ``prog: warning: message`` (no file or source line)."""
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        print(f"{prog}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    with warnings.catch_warnings():  # restores the previous showwarning on the way out
+        warnings.showwarning = show
+        yield
+
+
+def progress_lines(force: bool) -> Any:
+    """Progress as lines (``--no-progress``), or as usual: bars on a terminal, lines elsewhere."""
+    from interp.progress import lines
+
+    return lines(force)
 
 
 def _placement(args: argparse.Namespace) -> dict[str, Any] | None:

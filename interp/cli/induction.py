@@ -44,7 +44,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()
-    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=not args.no_progress, engine=args.engine)
+    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=args.progress, engine=args.engine)
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
 

@@ -85,7 +85,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         view_heads=args.view_heads,
         skip=args.skip,
         seed=args.seed,
-        progress=not args.no_progress,
+        progress=args.progress,
     )
     atlas.meta["model_spec"] = args.model
     elapsed = time.perf_counter() - t0

@@ -98,7 +98,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         sink_ratio=args.sink_ratio,
         seed=args.seed,
         minibatch=args.minibatch,
-        progress=not args.no_progress,
+        progress=args.progress,
         engine=args.engine,
     )
     elapsed = time.perf_counter() - t0

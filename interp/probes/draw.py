@@ -69,7 +69,9 @@ def repeated_tokens(
         info,
         block_len * n_repeats,
         f"{n_repeats} x {block_len}",
-        lambda room: f"the longest block for {n_repeats} repeats is {room // n_repeats}; lower --seq-len or --repeats",
+        lambda room: (
+            f"the longest block for {n_repeats} repeats is {room // n_repeats}; lower block_len or n_repeats (command line: --seq-len, --repeats)"
+        ),
     )
     block = draw_blocks(model, info, batch, block_len, seed)
     body = block.repeat(1, n_repeats)
@@ -98,7 +100,9 @@ def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int =
     """
     check_positive(batch=batch, seq_len=seq_len)
     info = describe(model)
-    check_fits(info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower --seq-len")
+    check_fits(
+        info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower seq_len (command line: --seq-len)"
+    )
     body = draw_blocks(model, info, batch, seq_len, seed)
     return framed_probe(
         info,

@@ -40,7 +40,9 @@ def _built_by(name: str) -> Callable[..., TokenProbe]:
     return _BUILDERS[name]
 
 
-STREAM_PADDED = "the stream engine does not take padded probes yet: use --engine pattern"
+STREAM_PADDED = (
+    "the stream engine does not take padded probes yet: use engine='pattern' (command line: --engine pattern)"
+)
 
 
 def refuse_padded_stream(probe: TokenProbe) -> None:

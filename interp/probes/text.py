@@ -49,7 +49,12 @@ def text_probe(
     """
     check_positive(batch=batch, seq_len=seq_len)
     info = describe(model)
-    check_fits(info, seq_len, str(seq_len), lambda room: f"the longest window is {room}; lower --seq-len")
+    check_fits(
+        info,
+        seq_len,
+        str(seq_len),
+        lambda room: f"the longest window is {room}; lower seq_len (command line: --seq-len)",
+    )
     rows, source = text_rows(dataset, split, text_column)
     tokenizer = getattr(model, "tokenizer", None)
     budget = max(_MIN_TEXT_TOKENS, 8 * batch * seq_len)
@@ -67,7 +72,7 @@ def text_probe(
     if len(stream) < seq_len:
         raise UsageError(
             f"the text from {source} has only {len(stream)} tokens, fewer than "
-            f"--seq-len {seq_len}: lower --seq-len or use a larger --dataset"
+            f"seq_len={seq_len}: lower seq_len or use a larger data set (command line: --seq-len, --dataset)"
         )
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(len(stream) - seq_len + 1, (batch,), generator=gen)

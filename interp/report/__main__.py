@@ -2,6 +2,6 @@
 
 import sys
 
-from interp.cli.report import cli
+from interp.cli import run_command
 
-sys.exit(cli())
+sys.exit(run_command("interp.cli.report", "python -m interp.report"))

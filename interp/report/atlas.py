@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 STEM = "atlas"
-HEATMAP_SCORES = ("prev_token", "duplicate", "induction", "first_mass", "copying")  # the atlas's score heatmaps
+# the atlas's score heatmaps
+HEATMAP_SCORES = ("prev_token", "current", "duplicate", "induction", "first_mass", "copying")
 
 
 @dataclass

@@ -65,7 +65,7 @@ def head_atlas(
     ablation parts take its seed and progress.
     """
     cfg = RunConfig.of(config, **{k: v for k, v in {"seed": seed, "progress": progress}.items() if v is not None})
-    skip = list(skip)
+    skip = [skip] if isinstance(skip, str) else list(skip)  # skip="exact" is one part, not five letters
     unknown = sorted(set(skip) - set(PARTS))
     if unknown:
         raise UsageError(f"cannot skip {', '.join(unknown)}: choose from {', '.join(PARTS)}")

@@ -25,6 +25,7 @@ from interp.scores import HeadScores
 ROLES: Registry[str] = Registry("role")
 ROLES.add("induction", "attends to the token after an earlier copy of the current one", column="induction")
 ROLES.add("previous-token", "attends to the previous position", column="prev_token")
+ROLES.add("current-token", "attends to its own position", column="current")
 ROLES.add("duplicate-token", "attends to earlier copies of the current token", column="duplicate")
 ROLES.add("sink", "parks its attention on the first token", column="first_mass")
 THRESHOLD = 0.3

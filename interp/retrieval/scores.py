@@ -173,7 +173,7 @@ def _pattern_counts(
             if not torch.isfinite(pattern).all():
                 raise NonFiniteAttentionError(
                     f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-                    f"in {info.name}'s dtype on this input: try --dtype float32"
+                    f"in {info.name}'s dtype on this input: load it in float32 (command line: --dtype float32)"
                 )
             hits, mass = argmax_hits(pattern, local_ret.to(pattern.device))
             counts.hits[:, layer].index_add_(0, needles_ret, hits.double().cpu())

@@ -17,7 +17,6 @@ import torch
 from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
 from interp.adapters.bridge import output_gate_means
@@ -25,6 +24,7 @@ from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
 from interp.probes.probe import refuse_padded_stream
+from interp.progress import tqdm
 from interp.stream.driver import check_finite, column_pass, query_rows, row_pass, run_streamed
 
 EPSILON = 0.3

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
 from interp.adapters.base import HookList
 from interp.errors import UsageError
 from interp.hooks import resid_post_hook
+from interp.progress import tqdm
 from interp.stream.blockwise import own_attention
 from interp.stream.guard import check_stream_conformance
 from interp.stream.passes import check_finite, column_pass, gather_pass, query_rows, row_pass
@@ -63,7 +63,7 @@ def run_streamed(
             missing = sorted(expected - seen)
             raise UsageError(
                 f"the stream engine saw no attention inputs for layer(s) {missing}: this architecture's "
-                "attention does not call the registered attention function; use --engine pattern"
+                "attention does not call the registered attention function; use engine='pattern' (command line: --engine pattern)"
             )
     bar.close()
 

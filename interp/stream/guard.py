@@ -91,7 +91,7 @@ def check_stream_conformance(model: HookedModel, tokens: Tensor, *, force: bool 
     if missing:
         raise UsageError(
             f"the stream engine cannot run {architecture(model, missing[0])}: its attention does not call "
-            f"Hugging Face's attention interface (no q and k from layer(s) {missing}); use --engine pattern"
+            f"Hugging Face's attention interface (no q and k from layer(s) {missing}); use engine='pattern' (command line: --engine pattern)"
         ) from failed
     if failed is not None:
         raise failed
@@ -111,7 +111,7 @@ def check_stream_conformance(model: HookedModel, tokens: Tensor, *, force: bool 
     if not worst <= tolerance(dtype):
         raise UsageError(
             f"the stream engine does not reproduce {architecture(model, where)}'s own attention on a "
-            f"{n}-token prefix (max weight error {worst:.2g} in layer {where}): use --engine pattern"
+            f"{n}-token prefix (max weight error {worst:.2g} in layer {where}): use engine='pattern' (command line: --engine pattern)"
         )
     _PASSED.add(model)
     return worst
