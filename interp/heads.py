@@ -106,6 +106,10 @@ SCORES.add(
 
 
 def _current_pairs(probe: TokenProbe, queries: Queries) -> Int[Tensor, "n 3"]:
+    if probe.padded:  # rows differ: each row's own body (or every real query)
+        rows = probe.body_mask() if queries == "targets" else probe.real_mask()
+        b, q = rows.cpu().nonzero().unbind(-1)
+        return torch.stack([b, q, q], -1)
     q = torch.arange(probe.seq_len)
     if queries == "targets":
         q = q[(q >= probe.body_start) & (q < probe.body_end)]

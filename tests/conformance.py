@@ -788,7 +788,7 @@ def _largest_error(setup: Setup, check: str) -> float:
     if check.startswith("sinks_"):
         sr = sink_scores(model, probe, engine=check[6:], n_boot=10)
         return max(_max_err(sr.grid(k)[layers], setup.ref_sinks[k][layers]) for k in ("first_mass", "confidence"))
-    metric = as_metric(setup.metric, name="token_loss")
+    metric = as_metric(setup.metric, name="token_loss", higher_is_better=False)
     if check == "exact_sweep":
         got_sweep = torch.as_tensor(exact_sweep(model, probe, metric, ablation="zero").grid("delta"))
         want = torch.full_like(got_sweep, float("nan"))

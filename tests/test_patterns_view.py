@@ -89,7 +89,8 @@ def test_the_cli_prints_a_summary_and_the_path(tmp_path, capsys):
         code = main(["patterns", "--text", TEXT, "--heads", "0.1,1.2", "--out", str(tmp_path), "--top", "2"])
     out = capsys.readouterr().out
     assert code == 0
-    assert out.startswith("toy: attention patterns of 2 heads on 1 text(s) of 60 tokens; 1 window(s)")
+    assert out.startswith("threads: 1 (")  # every command says first how many threads it uses
+    assert out.splitlines()[1].startswith("toy: attention patterns of 2 heads on 1 text(s) of 60 tokens; 1 window(s)")
     assert f"wrote:\n  {tmp_path / 'patterns.html'}\n" in out
     with one_thread():
         code = main(["patterns", "--text", TEXT, "--heads", "0.1", "--out", str(tmp_path)])
