@@ -64,6 +64,7 @@ LAYERS: dict[str, int] = {
     "browser": 1,
     "_lazy": 1,
     "lock": 1,
+    "memory": 1,
     "journal": 2,
     "errors": 0,
 }

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp import distributed
+from interp import distributed, memory
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.replay import read_out
@@ -20,6 +20,7 @@ from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import AblationError, MetricError
 from interp.hooks import z_hook
+from interp.memory import gradient_memory
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.scores import HeadScores
@@ -104,9 +105,10 @@ def gradient_importance(
         raise MetricError(_flat_message(metric.name, "it is at its optimum on the unablated run"))
     info = describe(model)
     L, H = info.n_layers, info.n_heads
+    step = config.minibatch or probe.batch
+    memory.check(gradient_memory(model, info, probe, metric), step, info.device)  # before any forward
     abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
-    step = config.minibatch or probe.batch
 
     def accumulate(block: range) -> tuple[Tensor, int, Tensor]:
         """Sum of |gate gradient| per head over the sequences in ``block``, gates counted, metric values."""
