@@ -27,8 +27,8 @@ results, the model's identity (name, parameter names and shapes, each parameter'
 ==========================  ===================================  =============================
 journal under --out         without ``--resume``                 with ``--resume``
 ==========================  ===================================  =============================
-none (or only a torn        start                                start (nothing to resume:
-header)                                                          a first attempt may pass it)
+none (or only a header:     start                                start (nothing to resume:
+no unit finished)                                                a first attempt may pass it)
 same fingerprint            refuse: ``--resume`` or ``--fresh``  continue with the units done
 another fingerprint         refuse, naming what differs          refuse, naming what differs
 ==========================  ===================================  =============================
@@ -186,6 +186,8 @@ class Journal:
         if fresh:
             self.path.unlink(missing_ok=True)
         objects, good = _read_lines(self.path) if self.path.exists() else ([], 0)
+        if len(objects) == 1:  # a header and no unit: nothing was done, nothing to keep
+            objects, good = [], 0
         if objects:
             header = objects[0]
             differs = _differences(header.get("fingerprint", {}), self.fingerprint)
@@ -241,22 +243,29 @@ class Journal:
         return dict(self._done)
 
     def close(self, *, sync: bool = True) -> None:
+        """Close the file; a journal that holds no finished unit is deleted (a run that failed
+        before finishing anything leaves nothing behind)."""
         if self._file is not None:
             self._file.flush()
-            if sync:
+            if sync and self._done:
                 os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+            if not self._done:
+                self._remove()
+
+    def _remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        try:
+            self.path.parent.rmdir()
+        except OSError:
+            pass
 
     def finish(self) -> None:
         """The run's outputs are written: delete the journal (and its folder when empty)."""
         self.close(sync=False)
         if writing():
-            self.path.unlink(missing_ok=True)
-            try:
-                self.path.parent.rmdir()
-            except OSError:
-                pass
+            self._remove()
 
     def __enter__(self) -> Journal:
         return self

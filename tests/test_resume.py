@@ -149,13 +149,16 @@ def test_a_gate_sweep_resumed_trains_only_the_lambdas_left_and_equals_an_uninter
 
 def test_the_atlas_ablation_parts_resume_after_a_crash(toy, tmp_path):
     kw = dict(batch=4, seq_len=8, skip=["sinks", "gradient", "patterns"], seed=0, progress=False)
-    whole = head_atlas(toy, **kw)
+    with _count(Sweeper, "_evaluate_group") as plain:
+        whole = head_atlas(toy, **kw)
     journals = Journals(tmp_path, ARGS, toy, "toy")
-    with _Stop(Sweeper, "_evaluate_group", 3, RuntimeError("node lost")), pytest.raises(RuntimeError):
+    with _Stop(Sweeper, "_evaluate_group", 4, RuntimeError("node lost")), pytest.raises(RuntimeError):
         head_atlas(toy, journals=journals, **kw)
     journals.close()
     assert sorted(p.name for p in (tmp_path / ".journal").iterdir()) == ["atlas-exact.jsonl", "atlas-pruning.jsonl"]
-    resumed = head_atlas(toy, journals=Journals(tmp_path, ARGS, toy, "toy", resume=True), **kw)
+    with _count(Sweeper, "_evaluate_group") as evaluated:
+        resumed = head_atlas(toy, journals=Journals(tmp_path, ARGS, toy, "toy", resume=True), **kw)
+    assert evaluated.calls == plain.calls - 3  # the 3 forwards journaled before the crash were not redone
     pd.testing.assert_frame_equal(resumed.exact.table, whole.exact.table, check_exact=True)
     pd.testing.assert_frame_equal(resumed.pruning, whole.pruning, check_exact=True)
     pd.testing.assert_frame_equal(resumed.roles, whole.roles, check_exact=True)
