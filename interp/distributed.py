@@ -112,7 +112,16 @@ def start(device: str | torch.device | None = None) -> bool:
     on_cuda = dev is not None and torch.device(dev).type == "cuda"
     if on_cuda:
         torch.cuda.set_device(torch.device(dev))
-    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if on_cuda else "gloo")
+    backend = "cpu:gloo,cuda:nccl" if on_cuda else "gloo"
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        dist.init_process_group(backend=backend)
+    else:
+        # torchrun's store outlives a restart (--max-restarts): keys of this attempt under their own
+        # prefix, or a restarted rank may read a dead rank's address left by the attempt before
+        store, r, w = next(dist.rendezvous("env://"))
+        prefixed = dist.PrefixStore(f"interp/attempt-{attempt}/", store)
+        dist.init_process_group(backend=backend, store=prefixed, rank=r, world_size=w)
     _STARTED_HERE = True
     return True
 
@@ -217,6 +226,17 @@ def run_sharded(fn: Callable[[], T], what: str) -> list[T]:
         raise _reported(error)
     _raise_for([g[0] for g in gathered], what)
     return [g[1] for g in gathered]
+
+
+def from_main(fn: Callable[[], T], what: str) -> T:
+    """``fn()`` as rank 0 computes it, on every rank (the other ranks do not call ``fn``).
+
+    What only rank 0 may know (the journal it alone reads, see :mod:`interp.journal`) reaches every
+    rank this way; a failure on rank 0 stops every rank as :func:`run_sharded` does. Without a
+    process group: ``fn()``."""
+    if not active():
+        return fn()
+    return run_sharded(lambda: fn() if is_main() else None, what)[0]
 
 
 def check_in(what: str, error: BaseException | None = None) -> None:

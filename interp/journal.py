@@ -2,8 +2,11 @@
 
 An exact sweep, a pruning curve or a gate sweep is a list of units (a head, a pruning step, a
 lambda) whose results do not depend on the order they are computed in. :class:`Journal` appends
-each finished unit as one line of ``<out>/.journal/<kind>.jsonl``, flushed and ``fsync``-ed, so a
-``kill -9``, an out-of-memory kill or a lost node leaves every unit finished before it on disk. A
+each finished unit as one line of ``<out>/.journal/<kind>.jsonl``, written through to the operating
+system before :meth:`Journal.append` returns, so a ``kill -9``, an out-of-memory kill or a lost
+process leaves every unit finished before it on disk; the file is also ``fsync``-ed at most every
+:data:`SYNC_EVERY_S` seconds (and when closed), so a machine that loses power loses at most the
+units of the last few seconds, and a run of many short units does not wait on the disk for each. A
 run started again with ``--resume`` reads them back (:meth:`Journal.open`), computes only the rest,
 and its numbers equal an uninterrupted run's: payloads are JSON, whose floats are written with
 ``repr`` and read back bit for bit (infinities included; a NaN comes back as NaN).
@@ -24,8 +27,8 @@ results, the model's identity (name, parameter names and shapes, each parameter'
 ==========================  ===================================  =============================
 journal under --out         without ``--resume``                 with ``--resume``
 ==========================  ===================================  =============================
-none (or only a torn        start                                start (nothing to resume:
-header)                                                          a first attempt may pass it)
+none (or only a header:     start                                start (nothing to resume:
+no unit finished)                                                a first attempt may pass it)
 same fingerprint            refuse: ``--resume`` or ``--fresh``  continue with the units done
 another fingerprint         refuse, naming what differs          refuse, naming what differs
 ==========================  ===================================  =============================
@@ -43,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -55,7 +59,10 @@ from interp.errors import UsageError
 
 VERSION = 1
 FOLDER = ".journal"
-NOT_RESULTS = ("out", "top", "no_progress", "resume", "fresh")
+SYNC_EVERY_S = 2.0
+"""Appends are flushed to the operating system at once (a killed process loses nothing); they are
+``fsync``-ed to the disk when this much time has passed since the last ``fsync``."""
+NOT_RESULTS = ("out", "top", "no_progress", "resume", "fresh", "journals")
 """Flags that change where and how a run reports, never its numbers: left out of the fingerprint."""
 
 
@@ -165,13 +172,22 @@ class Journal:
         self.fingerprint = json.loads(json.dumps(dict(fingerprint), default=str))
         self._done: dict[Any, Any] = {}
         self._file: Any = None
+        self._synced = 0.0
 
     def open(self, resume: bool = False, *, fresh: bool = False) -> dict[Any, Any]:
-        """Start or continue the journal (see the module docstring); the units already done."""
+        """Start or continue the journal (see the module docstring); the units already done.
+
+        Where :func:`interp._io.writing` is off (the ranks of a ``torchrun`` run other than rank 0)
+        nothing is read or written and nothing is done: rank 0's journal is the one, and the
+        analyses share what it holds (:func:`interp.distributed.from_main`)."""
         self._done = {}
+        if not writing():
+            return {}
         if fresh:
             self.path.unlink(missing_ok=True)
         objects, good = _read_lines(self.path) if self.path.exists() else ([], 0)
+        if len(objects) == 1:  # a header and no unit: nothing was done, nothing to keep
+            objects, good = [], 0
         if objects:
             header = objects[0]
             differs = _differences(header.get("fingerprint", {}), self.fingerprint)
@@ -190,8 +206,6 @@ class Journal:
                     "arguments, model and probe: pass --resume to continue it, or --fresh to start over"
                 )
             self._done = units
-        if not writing():
-            return dict(self._done)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if objects:
             with open(self.path, "r+b") as f:  # drop a torn tail before appending after it
@@ -199,41 +213,104 @@ class Journal:
             self._file = open(self.path, "ab")
         else:
             self._file = open(self.path, "wb")
-            self._write(_line({"journal": VERSION, "kind": self.kind, "fingerprint": self.fingerprint}))
+            self._write(_line({"journal": VERSION, "kind": self.kind, "fingerprint": self.fingerprint}), sync=True)
+            self._synced = 0.0  # the first units are synced as soon as they come
         return dict(self._done)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, *, sync: bool = False) -> None:
         self._file.write(data)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self._file.flush()  # in the operating system's hands: a killed process loses nothing
+        now = time.monotonic()
+        if sync or now - self._synced >= SYNC_EVERY_S:
+            os.fsync(self._file.fileno())
+            self._synced = now
 
     def append(self, unit: Any, payload: Any) -> None:
-        """Record one finished unit (one line, flushed and fsync-ed before this returns)."""
-        self._done[_unit(json.loads(json.dumps(unit)))] = payload
-        if self._file is not None:
-            self._write(_line({"unit": unit, "payload": payload}))
+        """Record one finished unit (one line, in the file before this returns)."""
+        self.extend([(unit, payload)])
+
+    def extend(self, items: Iterable[tuple[Any, Any]]) -> None:
+        """Record several finished units at once (one line each, one write)."""
+        lines = []
+        for unit, payload in items:
+            self._done[_unit(json.loads(json.dumps(unit)))] = payload
+            lines.append(_line({"unit": unit, "payload": payload}))
+        if self._file is not None and lines:
+            self._write(b"".join(lines))
 
     def done(self) -> dict[Any, Any]:
         """``{unit: payload}`` of every unit finished so far (read back, then appended)."""
         return dict(self._done)
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> None:
+        """Close the file; a journal that holds no finished unit is deleted (a run that failed
+        before finishing anything leaves nothing behind)."""
         if self._file is not None:
+            self._file.flush()
+            if sync and self._done:
+                os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+            if not self._done:
+                self._remove()
+
+    def _remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        try:
+            self.path.parent.rmdir()
+        except OSError:
+            pass
 
     def finish(self) -> None:
         """The run's outputs are written: delete the journal (and its folder when empty)."""
-        self.close()
+        self.close(sync=False)
         if writing():
-            self.path.unlink(missing_ok=True)
-            try:
-                self.path.parent.rmdir()
-            except OSError:
-                pass
+            self._remove()
 
     def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Journals:
+    """The journals of one command run, opened as its ``--resume`` / ``--fresh`` say.
+
+    ``journals(kind, tokens)`` opens the journal of ``kind`` under ``out`` with the fingerprint of
+    ``arguments`` (:func:`run_arguments` of the command line), ``model`` (named ``name``; hashed
+    once, on first use) and ``tokens`` (the probe); :meth:`finish` deletes every journal opened, once
+    the command's final outputs are written; :meth:`close` closes them (an interrupted or failed
+    run: the journals stay for ``--resume``).
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        arguments: Mapping[str, Any],
+        model: Any,
+        name: str,
+        *,
+        resume: bool = False,
+        fresh: bool = False,
+    ) -> None:
+        self.out, self.arguments, self.model, self.name = Path(out), dict(arguments), model, name
+        self.resume, self.fresh = resume, fresh
+        self.opened: list[Journal] = []
+        self._identity: str | None = None
+
+    def __call__(self, kind: str, tokens: torch.Tensor) -> Journal:
+        if self._identity is None:
+            self._identity = model_identity(self.model, self.name) if writing() else ""
+        journal = Journal(self.out, kind, fingerprint(self.arguments, self._identity, tokens_hash(tokens)))
+        journal.open(self.resume, fresh=self.fresh)
+        self.opened.append(journal)
+        return journal
+
+    def finish(self) -> None:
+        for journal in self.opened:
+            journal.finish()
+
+    def close(self) -> None:
+        for journal in self.opened:
+            journal.close()

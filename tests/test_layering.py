@@ -68,6 +68,7 @@ LAYERS: dict[str, int] = {
     "saving": 1,
     "progress": 1,
     "threads": 1,
+    "memory": 1,
     "journal": 2,
     "errors": 0,
 }

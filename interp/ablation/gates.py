@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp import distributed
 from interp._io import atomic_write, atomic_write_json
 from interp.ablation.gradient import frozen, gated_forward
 from interp.ablation.metrics import Metric, as_metric
@@ -24,6 +25,7 @@ from interp.ablation.sweep import scores_meta
 from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import AblationError
+from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.progress import tqdm
@@ -179,6 +181,7 @@ def train_gates(
     seed: int | None = None,
     progress: bool | None = None,
     engine: str | None = None,
+    journal: Journal | None = None,
 ) -> GateSweep:
     """Train Voita et al.'s input-independent Hard-Concrete head gates, once per lambda.
 
@@ -192,6 +195,11 @@ def train_gates(
     its deprecated spelling). ``config`` or the keywords ``minibatch``, ``seed`` (of the gate
     samples and a resample ablation), ``progress`` set the run. On Ctrl-C the lambdas finished are
     returned (``meta["partial"] = True``).
+
+    ``journal`` (an opened :class:`~interp.journal.Journal`): each lambda finished is recorded there
+    (its summary row and its per-head rows); a resumed run takes the lambdas recorded from it and
+    trains only the others. The gate samples' generator is seeded afresh for every lambda, so a
+    lambda trained after others were skipped is trained exactly as in an uninterrupted run.
     """
     replay = checked(REPLAYS, replay_choice(replay, engine))
     config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
@@ -214,8 +222,13 @@ def train_gates(
     none = torch.zeros(L, H, dtype=torch.bool)
     summary, per_head = [], []
     partial = False
+    found = distributed.from_main(journal.done, "reading the journal") if journal is not None else {}
     try:
-        for lam in tqdm(lambdas, desc="gates", disable=not config.progress):
+        for lam in tqdm(lambdas, desc="gates", disable=not (config.progress and distributed.is_main())):
+            if lam in found:
+                summary.append(found[lam]["summary"])
+                per_head.extend(found[lam]["heads"])
+                continue
             gen = torch.Generator().manual_seed(seed)
             log_alpha = torch.full((L, H), init, device=probe.tokens.device, requires_grad=True)
             opt = torch.optim.Adam([log_alpha], lr=lr)
@@ -236,19 +249,18 @@ def train_gates(
             v = float(sweeper.evaluate(dropped[None]).mean()) if bool(dropped.any()) else clean
             if sweeper.interrupted:
                 raise KeyboardInterrupt
-            summary.append(
-                dict(
-                    **{"lambda": lam},
-                    heads_kept=int(kept.sum()),
-                    metric=v,
-                    degradation=float(metric.degradation(v, clean)),
-                    clean_metric=clean,
-                    l0_penalty=float(p_open.sum()),
-                )
+            row = dict(
+                **{"lambda": lam},
+                heads_kept=int(kept.sum()),
+                metric=v,
+                degradation=float(metric.degradation(v, clean)),
+                clean_metric=clean,
+                l0_penalty=float(p_open.sum()),
             )
+            heads = []
             for l in range(L):
                 for h in range(H):
-                    per_head.append(
+                    heads.append(
                         {
                             "lambda": lam,
                             "layer": l,
@@ -260,6 +272,10 @@ def train_gates(
                             "kept": bool(kept[l, h]),
                         }
                     )
+            summary.append(row)
+            per_head.extend(heads)
+            if journal is not None:
+                journal.append(lam, {"summary": row, "heads": heads})
     except KeyboardInterrupt:
         partial = True
     meta = scores_meta(

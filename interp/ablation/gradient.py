@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from interp import distributed
+from interp import distributed, memory
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.replay import read_out
@@ -20,6 +20,7 @@ from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import AblationError, MetricError
 from interp.hooks import z_hook
+from interp.memory import gradient_memory
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.progress import tqdm
@@ -116,11 +117,12 @@ def gradient_importance(
     info = describe(model)
     L, H = info.n_layers, info.n_heads
     refuse_padded_ablation(probe, ablation)
+    step = config.minibatch or probe.batch
+    memory.check(gradient_memory(model, info, probe, metric), step, info.device)  # before any forward
     abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
     if abl.kind == "zero":
         warnings.warn(ZERO_GRADIENT_WARNING, UserWarning, stacklevel=2)
     base_mask = torch.zeros(L, H, dtype=torch.bool) if base is None else head_mask(info, base, allow_empty=True)
-    step = config.minibatch or probe.batch
 
     def accumulate(block: range) -> tuple[Tensor, int, Tensor]:
         """Sum of |gate gradient| per head over the sequences in ``block``, gates counted, metric values."""

@@ -25,6 +25,7 @@ from interp.ablation.sweep import ablation_header, exact_sweep
 from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import AblationError
+from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.progress import tqdm
@@ -61,6 +62,7 @@ def _gradient_order(
     base: Tensor,
     replay: str,
     config: RunConfig,
+    journal: Journal | None = None,
 ) -> HeadScores:
     return gradient_importance(model, probe, metric, ablation=abl, base=base, minibatch=config.minibatch)
 
@@ -74,8 +76,11 @@ def _exact_order(
     base: Tensor,
     replay: str,
     config: RunConfig,
+    journal: Journal | None = None,
 ) -> HeadScores:
-    scores = exact_sweep(model, probe, metric, ablation=abl, base=base, replay=replay, minibatch=config.minibatch)
+    scores = exact_sweep(
+        model, probe, metric, ablation=abl, base=base, replay=replay, minibatch=config.minibatch, journal=journal
+    )
     if scores.meta.get("partial"):  # an order from a partial sweep is no order: stop the curve here
         raise KeyboardInterrupt
     return scores
@@ -90,6 +95,7 @@ def _random_order(
     base: Tensor,
     replay: str,
     config: RunConfig,
+    journal: Journal | None = None,
 ) -> Tensor:
     info = describe(model)
     return torch.rand(info.n_layers, info.n_heads, generator=torch.Generator().manual_seed(config.seed))
@@ -104,8 +110,9 @@ def _importance(
     base: Tensor,
     replay: str,
     config: RunConfig,
+    journal: Journal | None = None,
 ) -> HeadScores | Tensor:
-    return ORDERS.get(checked(ORDERS, order))(model, probe, metric, abl, base, replay, config)
+    return ORDERS.get(checked(ORDERS, order))(model, probe, metric, abl, base, replay, config, journal)
 
 
 def pruning_curve(
@@ -124,6 +131,7 @@ def pruning_curve(
     seed: int | None = None,
     progress: bool | None = None,
     engine: str | None = None,
+    journal: Journal | None = None,
 ) -> pd.DataFrame:
     """Prune heads in increasing order of importance, ``step`` (a fraction of all heads) at a time.
 
@@ -135,7 +143,8 @@ def pruning_curve(
     done are returned, with ``frame.attrs["partial"] = True``. ``replay`` (one of
     :data:`~interp.ablation.replay.REPLAYS`; ``engine=`` is its deprecated spelling) is how the
     head sets are evaluated; ``config`` or the keywords ``minibatch``, ``seed``, ``progress`` set
-    the run.
+    the run. ``journal`` (an opened :class:`~interp.journal.Journal`): every step evaluated (and
+    every head of an exact order's sweep) is recorded there; a resumed run takes them from it.
     """
     metric = as_metric(metric)
     replay = checked(REPLAYS, replay_choice(replay, engine))
@@ -151,7 +160,8 @@ def pruning_curve(
         checked(ORDERS, order)
     abl = as_ablation(ablation, model, probe, seed=seed, minibatch=config.minibatch)
     name = label or (order if isinstance(order, str) else "given")
-    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, minibatch=config.minibatch)
+    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, minibatch=config.minibatch, journal=journal)
+    scope = f"pruning ({name}, seed {seed})"  # a resample ablation is fitted per seed
     clean = float(sweeper.clean.mean())
     rows: list[dict[str, Any]] = [
         dict(order=name, seed=seed, step=0, n_pruned=0, frac_pruned=0.0, metric=clean, degradation=0.0, removed="")
@@ -162,7 +172,7 @@ def pruning_curve(
     try:
         if static:
             scores = (
-                _importance(order, model, probe, metric, abl, pruned, replay, config)
+                _importance(order, model, probe, metric, abl, pruned, replay, config, journal)
                 if isinstance(order, str)
                 else order
             )
@@ -175,7 +185,7 @@ def pruning_curve(
                     mask[l, h] = True
                 masks.append(mask)
                 removed.append(ranked[k0:k])
-            values = sweeper.evaluate(torch.stack(masks), desc=f"pruning ({name})").mean(1)
+            values = sweeper.evaluate(torch.stack(masks), desc=f"pruning ({name})", scope=scope).mean(1)
             partial = sweeper.interrupted
             for i, (mask, gone, v) in enumerate(zip(masks, removed, values.tolist())):
                 if math.isnan(v):
@@ -187,11 +197,11 @@ def pruning_curve(
                 desc=f"pruning ({name}, re-estimated)",
                 disable=not config.progress,
             ):
-                scores = _importance(order, model, probe, metric, abl, pruned, replay, config)
+                scores = _importance(order, model, probe, metric, abl, pruned, replay, config, journal)
                 gone = _order_from(scores, ~pruned)[:per_step]
                 for l, h in gone:
                     pruned[l, h] = True
-                v = float(sweeper.evaluate(pruned[None]).mean())
+                v = float(sweeper.evaluate(pruned[None], scope=f"{scope}, re-estimated").mean())
                 if sweeper.interrupted:
                     raise KeyboardInterrupt
                 rows.append(_curve_row(name, seed, i + 1, pruned, n_total, v, clean, metric, gone))

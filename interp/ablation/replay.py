@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from interp import distributed
+from interp import distributed, memory
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
@@ -32,6 +32,7 @@ from interp.adapters.patch import by_head
 from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import resid_post_hook, z_hook
+from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.progress import tqdm
@@ -72,7 +73,13 @@ class Sweeper:
     by the fast replay (default: as many as make about 2k tokens on a CPU, 16k elsewhere).
     ``config`` (or the keywords ``minibatch``, ``seed``, ``progress``): probe sequences per
     forward (default all), the seed of a resample ablation fitted here, progress bars.
-    ``engine=`` is the deprecated spelling of ``replay=``.
+    ``engine=`` is the deprecated spelling of ``replay=``. ``journal`` (an opened
+    :class:`~interp.journal.Journal`): :meth:`evaluate` records every head set it finishes there
+    and takes those already recorded from it (a resumed run).
+
+    Before any forward pass the memory the replay needs (the clean pass of every sequence is kept)
+    is estimated and compared with what the device has free (:mod:`interp.memory`): over it, the
+    construction refuses with one line saying what to do.
     """
 
     def __init__(
@@ -90,25 +97,29 @@ class Sweeper:
         seed: int | None = None,
         progress: bool | None = None,
         engine: str | None = None,
+        journal: Journal | None = None,
     ):
         replay = checked(REPLAYS, replay_choice(replay, engine))
         self.config = config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
         self.model, self.probe, self.metric = model, probe, as_metric(metric)
         self.adapter = adapter_for(model)
         self.info = describe(model)
+        self.journal = journal
         if probe.seq_len > self.info.n_ctx:
             raise AblationError(
                 f"probe of {probe.seq_len} tokens is longer than the model's context of {self.info.n_ctx}"
             )
         refuse_padded_ablation(probe, ablation)
+        self.minibatch = config.minibatch or probe.batch
+        self.chunk = chunk
+        memory.check(self.memory_estimate, self.minibatch, self.info.device)  # before any forward, the fit too
         self.ablation = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
         self.base = (
             torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)
             if base is None
             else head_mask(self.info, base, allow_empty=True)
         )
-        self.minibatch = config.minibatch or probe.batch
-        self.chunk, self.progress = chunk, config.progress
+        self.progress = config.progress
         self.replay = "loop" if replay == "loop" else "fast"
         self.interrupted = False
         self._plans: list[Any] = []
@@ -302,10 +313,25 @@ class Sweeper:
 
     # ---- evaluation ---------------------------------------------------------------------------
 
-    def evaluate(self, masks: Any, *, desc: str = "ablating heads") -> Float[Tensor, "n batch"]:
+    def evaluate(
+        self, masks: Any, *, desc: str = "ablating heads", scope: str | None = None
+    ) -> Float[Tensor, "n batch"]:
         """The metric per sequence under each head set in ``masks`` (``[n, layer, head]``, added to base).
 
         On Ctrl-C the evaluation stops, :attr:`interrupted` is set, and the rows not reached are NaN.
+
+        With a :attr:`journal`, each head set is a unit keyed ``(scope, base heads, its heads)``
+        (``scope`` defaults to ``desc``: give each kind of evaluation its own), recorded with its
+        values as soon as its batched forward is done; head sets already recorded are filled in from
+        the journal and not evaluated again. The head sets are cut into batched forwards exactly as
+        an uninterrupted run cuts them (a forward whose sets are all recorded is skipped, one with
+        any set missing is evaluated whole), so every value is computed by the same forward in both
+        runs: bit for bit the same.
+
+        Under ``torchrun`` each rank evaluates its share (every ``world``-th head set) one batched
+        forward per round; each round's results are gathered on every rank and rank 0 records
+        them, so the ranks never race on the journal (and what rank 0 found there at the start is
+        shared with the others first).
         """
         masks = torch.as_tensor(masks, dtype=torch.bool)
         if masks.ndim != 3 or tuple(masks.shape[1:]) != (self.info.n_layers, self.info.n_heads):
@@ -323,28 +349,58 @@ class Sweeper:
             else:
                 todo.append((int(extra[i].any(-1).nonzero()[0]), i))
         todo.sort()
-        mine = distributed.shard(todo)  # under torchrun: every world-th head set, balanced over layers
+        journal = self.journal
+        keys: dict[int, Any] = {}
+        done: set[int] = set()
+        if journal is not None and todo:
+            base = tuple(tuple(p) for p in self.base.nonzero().tolist())
+            where = scope or desc
+            keys = {i: (where, base, tuple(tuple(p) for p in extra[i].nonzero().tolist())) for _, i in todo}
+            found = distributed.from_main(journal.done, "reading the journal")
+            for i, key in keys.items():
+                if key in found:
+                    result[i] = torch.tensor(found[key], dtype=result.dtype)
+                    done.add(i)
+        # every rank's forwards, cut from its whole share as an uninterrupted run cuts them
+        world = distributed.world_size()
+        me = distributed.rank() if distributed.active() else 0
+        pending = [
+            [(start, idx) for start, idx in self._groups(todo[r::world]) if not done.issuperset(idx)]
+            for r in range(world)
+        ]
+        mine = pending[me]
+        n_rounds = max(len(p) for p in pending)
 
-        def evaluate_mine() -> tuple[list[int], Tensor, bool]:
-            values = torch.full((n, self.probe.batch), float("nan"))
-            stopped = False
-            bar = tqdm(
-                self._groups(mine), desc=desc, disable=not (self.progress and distributed.is_main()), unit="batch"
-            )
+        def one_round(k: int) -> tuple[tuple[list[int], Tensor] | None, bool]:
+            if k >= len(mine):  # nothing left here: join the exchange with nothing
+                return None, False
+            start, idx = mine[k]
             try:
-                for start, idx in bar:
-                    values[idx] = self._evaluate_group(start, effective[idx])
+                return (idx, self._evaluate_group(start, effective[idx])), False
             except KeyboardInterrupt:
-                stopped = True
-            finally:
-                bar.close()
-            rows = [i for _, i in mine]
-            return rows, values[rows], stopped
+                return None, True
 
-        parts = distributed.run_sharded(evaluate_mine, desc)
-        for rows, values, _ in parts:
-            result[rows] = values
-        self.interrupted = any(stopped for _, _, stopped in parts)
+        stopped = False
+        bar = tqdm(total=n_rounds, desc=desc, disable=not (self.progress and distributed.is_main()), unit="batch")
+        try:
+            for k in range(n_rounds):
+                parts = distributed.run_sharded(lambda k=k: one_round(k), desc)
+                finished = [part for part, _ in parts if part is not None]
+                for idx, values in finished:
+                    result[idx] = values
+                if journal is not None and finished:
+                    journal.extend((keys[i], result[i].tolist()) for idx, _ in finished for i in idx)
+                bar.update(1)
+                if any(halted for _, halted in parts):
+                    stopped = True
+                    break
+        except KeyboardInterrupt:
+            if distributed.active():  # the other ranks are told in the next exchange
+                raise
+            stopped = True
+        finally:
+            bar.close()
+        self.interrupted = stopped
         return result
 
     @property
@@ -370,11 +426,23 @@ class Sweeper:
         """The clean (or base-ablated) pass over each minibatch of the probe, as the replays use it."""
         return tuple(self._batches)
 
+    def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:
+        """What the replay is expected to need with ``minibatch`` sequences per forward (default: this
+        sweeper's); see :mod:`interp.memory`. Read before any forward."""
+        mb = min(minibatch or self.minibatch, self.probe.batch)
+        chunk = self.chunk or self._default_chunk(mb)
+        n_read = memory.positions_read(self.metric, self.info, self.probe.seq_len)
+        shape = memory.Shape.of(self.model, self.info)
+        return memory.sweep_estimate(shape, self.probe.batch, self.probe.seq_len, mb, chunk, n_read)
+
+    def _default_chunk(self, minibatch: int) -> int:
+        budget = _TOKEN_BUDGET["cpu" if self.info.device.type == "cpu" else "other"]
+        return max(1, budget // (minibatch * self.probe.seq_len))
+
     @property
     def chunk_size(self) -> int:
         """How many ablations the fast replay batches into one forward."""
-        budget = _TOKEN_BUDGET["cpu" if self.info.device.type == "cpu" else "other"]
-        return self.chunk or max(1, budget // (self.minibatch * self.probe.seq_len))
+        return self.chunk or self._default_chunk(self.minibatch)
 
     def _groups(self, todo: list[tuple[int, int]]) -> list[tuple[int, list[int]]]:
         """Masks grouped by the first layer they touch, cut into chunks of one batched forward."""

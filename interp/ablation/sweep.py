@@ -13,6 +13,7 @@ from interp.ablation.replay import Sweeper
 from interp.ablation.settings import replay_choice, run_config
 from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
+from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.scores import NOISE_FLOOR_FRACTION, HeadScores, bootstrap_mean
@@ -51,6 +52,7 @@ def exact_sweep(
     seed: int | None = None,
     progress: bool | None = None,
     engine: str | None = None,
+    journal: Journal | None = None,
 ) -> HeadScores:
     """Ablate every head alone (on top of ``base``) and record the metric.
 
@@ -59,7 +61,8 @@ def exact_sweep(
     NaN. ``replay`` is one of :data:`~interp.ablation.replay.REPLAYS` (``engine=`` is its deprecated
     spelling); ``config`` or the keywords ``minibatch``, ``seed``, ``progress`` set the run (see
     :class:`~interp.ablation.replay.Sweeper`). On Ctrl-C the rows computed so far are returned, with
-    ``meta["partial"] = True``.
+    ``meta["partial"] = True``. ``journal`` (an opened :class:`~interp.journal.Journal`): every
+    head finished is recorded there, and a resumed run takes the heads already recorded from it.
     """
     sweeper = Sweeper(
         model,
@@ -70,6 +73,7 @@ def exact_sweep(
         replay=replay_choice(replay, engine),
         chunk=chunk,
         config=run_config(config, minibatch=minibatch, seed=seed, progress=progress),
+        journal=journal,
     )
     return _single_head_scores(sweeper, "exact sweep")
 

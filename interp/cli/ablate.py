@@ -18,6 +18,11 @@ more release; it prints a deprecation line on stderr).
 
 Ctrl-C during a long sweep keeps the rows already computed: they are written with ``.partial`` in
 the file name (and ``"partial": true`` in the JSON), and the command exits with 130.
+
+The exact sweep, the pruning curves and the gate sweep record every finished unit (a head, a
+pruning step, a lambda) in a journal under ``--out`` (:mod:`interp.journal`): after a crash, a
+``kill -9`` or Ctrl-C, the same command with ``--resume`` computes only what is missing, and writes
+what an uninterrupted run writes, bit for bit. ``--fresh`` discards the journal and starts over.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from interp._io import writing
 from interp.ablation import (
     ABLATIONS,
     METRICS,
@@ -45,7 +51,7 @@ from interp.ablation import (
     pruning_curves,
     train_gates,
 )
-from interp.cli.common import base_parser, float_in, format_table, positive_int, run_cli
+from interp.cli.common import add_resume_flags, base_parser, float_in, format_table, positive_int, run_cli
 from interp.config import RunConfig
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
@@ -93,6 +99,7 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         "Ablate attention heads (zero, mean or resample) to find which matter for a metric and "
         "how many can go: exact sweeps, Michel gradient importance, pruning curves, Voita gates.",
     )
+    add_resume_flags(p)
     p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
     p.add_argument(
         "--ablation",
@@ -252,10 +259,12 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         f"{probe.seq_len} tokens ({probe.meta.get('kind', 'probe')}), seed {args.seed}; metric {metric.name} "
         f"({'higher' if metric.higher_is_better else 'lower'} is better); {args.ablation} ablation"
     )
+    journals = getattr(args, "journals", None)
+    journal = journals(args.method, probe.tokens) if journals is not None and args.method != "gradient" else None
     t0 = time.perf_counter()
     if args.method in ("exact", "gradient"):
         if args.method == "exact":
-            scores = exact_sweep(model, probe, metric, base=base, replay=args.replay, **common)
+            scores = exact_sweep(model, probe, metric, base=base, replay=args.replay, journal=journal, **common)
         else:
             scores = gradient_importance(
                 model, probe, metric, base=base, normalize=args.normalize, per=args.per, **common
@@ -277,6 +286,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
             step=args.step,
             reestimate=args.reestimate,
             replay=args.replay,
+            journal=journal,
             **common,
         )
         return _write_prune(args, result, out, metric.name, time.perf_counter() - t0, info.n_layers * info.n_heads)
@@ -288,6 +298,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         steps=args.gate_steps,
         lr=args.gate_lr,
         replay=args.replay,
+        journal=journal,
         **common,
     )
     return _write_gates(args, sweep, out, time.perf_counter() - t0)
@@ -297,13 +308,21 @@ def _stem(method: str, partial: bool) -> str:
     return f"{STEM}_{method}" + (".partial" if partial else "")
 
 
-def _finish(written: list[Path], partial: bool) -> list[Path]:
-    """Partial results are written, listed, and the run ends as interrupted (exit 130)."""
+def _finish(written: list[Path], partial: bool, args: argparse.Namespace | None = None) -> list[Path]:
+    """Partial results are written, listed, and the run ends as interrupted (exit 130), its journal
+    kept for ``--resume``; complete results are written, and the journal goes."""
     if partial:
         print("\ninterrupted: wrote the rows computed so far:")
         for path in written:
             print(f"  {path}")
+        if getattr(args, "journals", None) is not None and args.journals.opened:
+            print("the finished units are journaled: run the same command with --resume to finish it")
         raise KeyboardInterrupt
+    if getattr(args, "journals", None) is not None:
+        args.journals.finish()
+        if written and writing():  # an interrupted run's rows are in the complete files now
+            for stale in written[0].parent.glob(f"{STEM}_{args.method}.partial*"):
+                stale.unlink(missing_ok=True)
     return written
 
 
@@ -325,7 +344,7 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     written = scores.save(out, stem)
     title = f"{short_name(meta['model'])}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
     written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
-    return _finish(written, partial)
+    return _finish(written, partial, args)
 
 
 def _write_prune(
@@ -342,7 +361,7 @@ def _write_prune(
     stem = _stem("prune", partial)
     written = result.save(out, stem, tolerance=args.tolerance, meta={"model_spec": args.model})
     written += save_figure(result.figure(), out, stem)
-    return _finish(written, partial)
+    return _finish(written, partial, args)
 
 
 def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed: float) -> list[Path]:
@@ -363,7 +382,7 @@ def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed:
     if len(sweep.summary):
         written += save_figure(sweep.figure("gates"), out, stem)
         written += save_figure(sweep.figure("curves"), out, f"{stem}_curves")
-    return _finish(written, partial)
+    return _finish(written, partial, args)
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:

@@ -21,6 +21,7 @@ from typing import Any
 from interp import distributed
 from interp._io import ensure_writable_dir, writes_skipped
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
+from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
 from interp.models import load_model, resolve_device, resolve_dtype
 from interp.saving import cli_owned
@@ -121,6 +122,18 @@ def set_threads(args: argparse.Namespace, model: Any) -> str:
     return f"threads: {n} ({why})"
 
 
+def add_resume_flags(p: argparse.ArgumentParser) -> None:
+    """``--resume`` / ``--fresh``: for commands whose long work is journaled (see :mod:`interp.journal`)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run journaled under --out (a crash, a kill, Ctrl-C): it must have the same "
+        "arguments, model and probe; without a journal there, start",
+    )
+    g.add_argument("--fresh", action="store_true", help="discard a journal under --out and start over")
+
+
 def add_engine_flag(p: argparse.ArgumentParser) -> None:
     """``--engine {auto,pattern,stream}``: how attention statistics are computed."""
     from interp.stream.budget import ENGINES
@@ -151,7 +164,10 @@ def run_cli(
     """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
 
     ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. ``check(args)``
-    runs right after parsing (flags that do not go together: exit 2 before any model loads).
+    runs right after parsing (flags that do not go together: exit 2 before any model loads). A command
+    with ``--resume`` (:func:`add_resume_flags`) finds ``args.journals`` (a
+    :class:`~interp.journal.Journals`): ``args.journals(kind, probe.tokens)`` opens the journal of one
+    kind of long work, and ``args.journals.finish()`` deletes them once the final outputs are written.
 
     The first line printed says how many CPU threads torch got and why (``--threads``, or
     :func:`interp.threads.choose_threads`). Progress is bars on a terminal and occasional lines
@@ -196,6 +212,10 @@ def run_cli(
                 held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
                 kwargs = {"device": device} if placement is None else placement
                 model = load_model(args.model, dtype=args.dtype, **kwargs)
+                if hasattr(args, "resume"):  # journaled long work (under the lock: one run per journal)
+                    arguments = run_arguments(args)
+                    args.journals = Journals(out, arguments, model, args.model, resume=args.resume, fresh=args.fresh)
+                    held.callback(args.journals.close)
             if lead:
                 print(set_threads(args, model), flush=True)
             else:

@@ -2,7 +2,8 @@
 
 A thin layer over :func:`interp.report.head_atlas`: it prints the heads that earned a role and
 writes ``atlas.html`` (self-contained and offline: plotly.js inlined), ``atlas_roles.csv`` (a row
-per head) and ``atlas.json`` under ``--out``.
+per head) and ``atlas.json`` under ``--out``. The exact sweep and the pruning curves are journaled
+(:mod:`interp.journal`): ``--resume`` continues a run that was killed, ``--fresh`` starts over.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.ablation import ABLATIONS
-from interp.cli.common import base_parser, float_in, positive_int, run_cli
+from interp.cli.common import add_resume_flags, base_parser, float_in, positive_int, run_cli
 from interp.models import describe
 from interp.report.atlas import STEM
 from interp.report.build import PARTS, head_atlas
@@ -46,6 +47,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         "Write a one-page head atlas: each head's scores and role, heatmaps, sinks, ablation importance, "
         "pruning curves and an attention-pattern viewer, as one offline HTML file.",
     )
+    add_resume_flags(p)
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block of the score probe")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
     p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
@@ -86,6 +88,7 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         skip=args.skip,
         seed=args.seed,
         progress=args.progress,
+        journals=getattr(args, "journals", None),
     )
     atlas.meta["model_spec"] = args.model
     elapsed = time.perf_counter() - t0
@@ -109,7 +112,12 @@ def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
         print("\n".join(f"{line}  {role}" for line, role in zip(lines, ["role", *named["role"].head(args.top)])))
     else:
         print(f"\nno head's CI clears the uniform baseline with a score of at least {args.threshold:g}: no role named")
-    return atlas.save(out, STEM)
+    written = atlas.save(out, STEM)
+    exact = getattr(atlas, "exact", None)
+    partial = exact is not None and bool(exact.meta.get("partial"))
+    if getattr(args, "journals", None) is not None and not partial:
+        args.journals.finish()  # the atlas is written whole: its journals go
+    return written
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.report") -> int:

@@ -57,12 +57,15 @@ def head_atlas(
     skip: tuple[str, ...] | list[str] = (),
     seed: int | None = None,
     progress: bool | None = None,
+    journals: Any = None,
 ) -> Atlas:
     """Run every per-head analysis of ``model`` and gather them into an :class:`Atlas`.
 
     ``config`` (a :class:`~interp.config.RunConfig`; ``seed=`` and ``progress=`` override it) sets
     the bootstrap, seed, minibatch, progress and engine of the head scores and the sink report; the
-    ablation parts take its seed and progress.
+    ablation parts take its seed and progress. ``journals`` (a :class:`~interp.journal.Journals`,
+    as ``--resume`` opens them): the exact sweep and the pruning curves record their finished units
+    in the journals ``atlas-exact`` and ``atlas-pruning``, and a resumed run takes them from there.
     """
     cfg = RunConfig.of(config, **{k: v for k, v in {"seed": seed, "progress": progress}.items() if v is not None})
     skip = [skip] if isinstance(skip, str) else list(skip)  # skip="exact" is one part, not five letters
@@ -110,7 +113,7 @@ def head_atlas(
         baselines["first_mass"] = float(atlas.sinks.meta["uniform_first_mass"])
         meta.update(sink_probe=sink_probe.meta, epsilon=atlas.sinks.meta["epsilon"], sink_rate=atlas.sinks.sink_rate)
     if set(ABLATION_PARTS) - set(skip):
-        _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra)
+        _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra, journals)
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
     if "patterns" not in skip:
         atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed)
@@ -118,7 +121,15 @@ def head_atlas(
 
 
 def _ablations(
-    atlas: Atlas, model: Any, probe: Any, ablation: str, skip: Any, seed: int, progress: bool, extra: dict
+    atlas: Atlas,
+    model: Any,
+    probe: Any,
+    ablation: str,
+    skip: Any,
+    seed: int,
+    progress: bool,
+    extra: dict,
+    journals: Any = None,
 ) -> None:
     from interp.ablation import builtin_metric, exact_sweep, gradient_importance, pruning_curves
 
@@ -127,7 +138,8 @@ def _ablations(
     common = dict(ablation=ablation, seed=seed, progress=progress)
     atlas.meta.update(metric=metric.name, ablation=ablation)
     if "exact" not in skip:
-        atlas.exact = exact_sweep(model, probe, metric, **common)
+        journal = journals("atlas-exact", probe.tokens) if journals is not None else None
+        atlas.exact = exact_sweep(model, probe, metric, journal=journal, **common)
         extra["exact_"] = HeadScores(atlas.exact.table[["layer", "head", "importance"]])
         atlas.meta["clean_metric"] = atlas.exact.meta.get("clean_metric")
     if "gradient" not in skip:
@@ -135,7 +147,10 @@ def _ablations(
         extra["gradient_"] = HeadScores(atlas.gradient.table[["layer", "head", "importance"]])
     if "pruning" not in skip:
         orders = [o for o in ("gradient", "exact") if o not in skip] + ["random"]
-        atlas.pruning = pruning_curves(model, probe, metric, orders=orders, random_seeds=(seed,), **common).table
+        journal = journals("atlas-pruning", probe.tokens) if journals is not None else None
+        atlas.pruning = pruning_curves(
+            model, probe, metric, orders=orders, random_seeds=(seed,), journal=journal, **common
+        ).table
 
 
 def _pattern_view(model: Any, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int) -> dict:

@@ -1,0 +1,169 @@
+"""Memory estimates made before the work starts: refuse up front instead of being killed half-way.
+
+The pattern engine's budget (:mod:`interp.stream.budget`) already sizes attention. This module
+sizes the two other large consumers, from the model's shape and the probe's size alone (no forward
+pass):
+
+- the exact sweep's replay (:class:`~interp.ablation.replay.Sweeper`): the clean pass of *every*
+  probe sequence is kept (the residual entering each block, each layer's ``hook_z`` and attention
+  output, and the metric's read-out), plus one batched replay forward at a time (``chunk`` ablations
+  of a minibatch through one block: attention scores and weights, the MLP's hidden layer, the
+  logits read);
+- the gradient pass (:func:`~interp.ablation.gradient.gradient_importance`): one minibatch's
+  activations kept for backward (per layer: the residual and norms, q/k/v, z, scores and weights,
+  the MLP's hidden layer; then the logits read, with their log-softmax and gradient).
+
+Both are estimates (the model's own temporaries, the allocator's slack and the library's caches are
+not counted) of what the work needs *beyond the loaded model*, compared with what the device has
+free when the work starts: ``MemAvailable`` of ``/proc/meminfo`` on a CPU,
+``torch.cuda.mem_get_info`` on CUDA (elsewhere, or where that cannot be read, nothing is checked).
+Over it, :func:`check` refuses with one line (a :class:`~interp.errors.UsageError`, exit 2, nothing
+written) giving the estimate, what is free, and what to do: the minibatch that would fit when a
+smaller one would (``--minibatch``), else a smaller probe. (The replay batches as many ablations
+into one forward as make about 2k tokens on a CPU, 16k elsewhere, so its forwards shrink with the
+minibatch only once one minibatch is past that; what it keeps grows with the whole probe.) It never picks a smaller minibatch by
+itself: a minibatch changes how sums are rounded, and a resumed run (:mod:`interp.journal`) must
+compute exactly what the run it continues computed, whatever memory happens to be free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from interp.errors import UsageError
+
+MEMINFO = "/proc/meminfo"
+
+
+def gib(n_bytes: float) -> str:
+    """``n_bytes`` in GiB, MiB or KiB, three significant digits."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.3g} {unit}"
+    return f"{n_bytes / 2**10:.3g} KiB"
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Bytes free on ``device`` now: ``MemAvailable`` on a CPU, free CUDA memory; None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    if device.type == "cpu":
+        try:
+            with open(MEMINFO, encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimates read of a model: its ``describe`` facts, its MLP width and its dtype."""
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    itemsize: int
+
+    @classmethod
+    def of(cls, model: Any, info: Any) -> Shape:
+        cfg = getattr(model, "cfg", None)
+        d_mlp = getattr(cfg, "d_mlp", None) or 4 * info.d_model
+        try:
+            itemsize = next(p for p in model.parameters()).element_size()
+        except (StopIteration, AttributeError):
+            itemsize = 4
+        return cls(info.n_layers, info.n_heads, info.d_model, info.d_head, int(d_mlp), info.d_vocab, itemsize)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a piece of work needs: ``kept`` for its whole length, ``per_forward`` for one forward
+    of ``minibatch`` sequences."""
+
+    what: str
+    kept: int
+    per_forward: int
+    minibatch: int
+    kept_is: str
+
+    @property
+    def total(self) -> int:
+        return self.kept + self.per_forward
+
+
+def sweep_estimate(shape: Shape, batch: int, seq_len: int, minibatch: int, chunk: int, n_read: int) -> Estimate:
+    """The replay's clean cache of ``batch`` sequences of ``seq_len`` tokens, and one forward of
+    ``chunk`` ablations of a ``minibatch`` (``n_read`` positions read; the vocabulary when the
+    metric reads logits, counted as read)."""
+    s, L, T = shape, shape.n_layers, seq_len
+    width = s.n_heads * s.d_head
+    per_token_layer = 3 * s.d_model + width  # residual in, the call's extras, attention out; hook_z
+    read = 2 * n_read * s.d_vocab  # the read-out and the unablated reference
+    kept = s.itemsize * batch * (T * L * per_token_layer + read)
+    # one replay forward, per sequence of the minibatch: `chunk` copies through one block at a time
+    block = T * (4 * s.d_model + 3 * width + 2 * s.n_heads * T + 2 * s.d_mlp)
+    per_forward = s.itemsize * minibatch * chunk * (T * s.d_model + block + 2 * n_read * s.d_vocab)
+    return Estimate("the exact sweep", kept, per_forward, minibatch, "the clean pass of every sequence, kept")
+
+
+def gradient_estimate(shape: Shape, seq_len: int, minibatch: int, n_read: int) -> Estimate:
+    """One minibatch's forward with every activation kept for backward (see the module docstring)."""
+    s, T = shape, seq_len
+    width = s.n_heads * s.d_head
+    per_layer = T * (6 * s.d_model + 4 * width + 2 * s.n_heads * T + 2 * s.d_mlp)
+    per_forward = s.itemsize * minibatch * (s.n_layers * per_layer + 3 * n_read * s.d_vocab)
+    return Estimate("the gradient pass", 0, per_forward, minibatch, "")
+
+
+def check(estimate_for: Callable[[int], Estimate], minibatch: int, device: torch.device | str) -> None:
+    """Refuse (:class:`~interp.errors.UsageError`) when ``estimate_for(minibatch)`` is above what
+    ``device`` has free (:func:`free_bytes`, read when called); the message names the largest
+    smaller minibatch that would fit, if one does."""
+    device = torch.device(device)
+    available = free_bytes(device)
+    estimate = estimate_for(minibatch)
+    if available is None or estimate.total <= available:
+        return
+    fits = next((m for m in range(minibatch - 1, 0, -1) if estimate_for(m).total <= available), 0)
+    need = f"{estimate.what} needs about {gib(estimate.total)}"
+    if estimate.kept:
+        need += f" ({gib(estimate.kept)} for {estimate.kept_is}, {gib(estimate.per_forward)} per forward"
+        need += f" of {estimate.minibatch} sequence(s))"
+    else:
+        need += f" for a forward and backward of {estimate.minibatch} sequence(s)"
+    if fits:
+        todo = f"pass --minibatch {fits} (or less) to run fewer sequences per forward"
+    else:
+        todo = "use fewer or shorter probe sequences (--batch, --seq-len)"
+    raise UsageError(f"{need}, but the {device.type} has {gib(available)} free: {todo}")
+
+
+def positions_read(metric: Any, info: Any, seq_len: int) -> int:
+    """How many vocabulary-wide rows a metric's read-out takes per sequence (its positions; a
+    metric that reads the final residual instead counts as that much of a vocabulary row)."""
+    positions = getattr(metric, "positions", None)
+    n = seq_len if positions is None else len(positions)
+    if getattr(metric, "reads", "logits") != "logits":
+        n = max(1, n * info.d_model // max(1, info.d_vocab))
+    return n
+
+
+def gradient_memory(model: Any, info: Any, probe: Any, metric: Any) -> Callable[[int], Estimate]:
+    """:func:`gradient_estimate` for ``model`` on ``probe``, as a function of the minibatch."""
+    n_read = positions_read(metric, info, probe.seq_len)
+    shape = Shape.of(model, info)
+    return lambda minibatch: gradient_estimate(shape, probe.seq_len, min(minibatch, probe.batch), n_read)
