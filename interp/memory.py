@@ -146,9 +146,9 @@ def check(estimate_for: Callable[[int], Estimate], minibatch: int, device: torch
     else:
         need += f" for a forward and backward of {estimate.minibatch} sequence(s)"
     if fits:
-        todo = f"pass --minibatch {fits} (or less) to run fewer sequences per forward"
+        todo = f"pass minibatch={fits} (or less) to run fewer sequences per forward (command line: the same to --minibatch)"
     else:
-        todo = "use fewer or shorter probe sequences (--batch, --seq-len)"
+        todo = "use fewer or shorter probe sequences (command line: --batch, --seq-len)"
     raise UsageError(f"{need}, but the {device.type} has {gib(available)} free: {todo}")
 
 
