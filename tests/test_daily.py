@@ -342,6 +342,8 @@ sys.meta_path.insert(0, Interrupt())
     [
         (["-m", "interp.induction"], "python -m interp.induction"),
         (["-m", "interp.ablate"], "python -m interp.ablate"),
+        (["-m", "interp.sinks"], "python -m interp.sinks"),
+        (["-m", "interp.report"], "python -m interp.report"),
         (["-m", "interp", "report"], "interp report"),
     ],
 )

@@ -50,39 +50,49 @@ each layer's pattern on its attention module; :func:`interp.adapters.run_with_re
 is done, see ``analyses/bench_sinks.py``.)
 """
 
-from interp.sinks.figures import first_mass_heatmap, residual_curves, sink_rate_bars
-from interp.sinks.report import SinkReport, sink_scores
-from interp.sinks.stats import (
-    ABS_THRESHOLD,
-    EPSILON,
-    MAX_MASSIVE_PER_LAYER,
-    MIN_QUERIES,
-    REL_THRESHOLD,
-    SINK_RATIO,
-    SinkStatistics,
-    queries_per_key,
-    sink_statistics,
-    uniform_mass,
-)
-from interp.sinks.summary import sink_summary
-from interp.sinks.tables import token_texts
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ABS_THRESHOLD",
-    "EPSILON",
-    "MAX_MASSIVE_PER_LAYER",
-    "MIN_QUERIES",
-    "REL_THRESHOLD",
-    "SINK_RATIO",
-    "SinkReport",
-    "SinkStatistics",
-    "first_mass_heatmap",
-    "queries_per_key",
-    "residual_curves",
-    "sink_rate_bars",
-    "sink_scores",
-    "sink_statistics",
-    "sink_summary",
-    "token_texts",
-    "uniform_mass",
-]
+from interp._lazy import lazy
+
+# names load on first use, so `python -m interp.sinks` can set its Ctrl-C handler before torch loads
+__getattr__, __dir__, __all__ = lazy(
+    __name__,
+    {
+        "first_mass_heatmap": "interp.sinks.figures",
+        "residual_curves": "interp.sinks.figures",
+        "sink_rate_bars": "interp.sinks.figures",
+        "SinkReport": "interp.sinks.report",
+        "sink_scores": "interp.sinks.report",
+        "ABS_THRESHOLD": "interp.sinks.stats",
+        "EPSILON": "interp.sinks.stats",
+        "MAX_MASSIVE_PER_LAYER": "interp.sinks.stats",
+        "MIN_QUERIES": "interp.sinks.stats",
+        "REL_THRESHOLD": "interp.sinks.stats",
+        "SINK_RATIO": "interp.sinks.stats",
+        "SinkStatistics": "interp.sinks.stats",
+        "queries_per_key": "interp.sinks.stats",
+        "sink_statistics": "interp.sinks.stats",
+        "uniform_mass": "interp.sinks.stats",
+        "sink_summary": "interp.sinks.summary",
+        "token_texts": "interp.sinks.tables",
+    },
+)
+
+if TYPE_CHECKING:  # what editors and type checkers see
+    from interp.sinks.figures import first_mass_heatmap as first_mass_heatmap
+    from interp.sinks.figures import residual_curves as residual_curves
+    from interp.sinks.figures import sink_rate_bars as sink_rate_bars
+    from interp.sinks.report import SinkReport as SinkReport
+    from interp.sinks.report import sink_scores as sink_scores
+    from interp.sinks.stats import ABS_THRESHOLD as ABS_THRESHOLD
+    from interp.sinks.stats import EPSILON as EPSILON
+    from interp.sinks.stats import MAX_MASSIVE_PER_LAYER as MAX_MASSIVE_PER_LAYER
+    from interp.sinks.stats import MIN_QUERIES as MIN_QUERIES
+    from interp.sinks.stats import REL_THRESHOLD as REL_THRESHOLD
+    from interp.sinks.stats import SINK_RATIO as SINK_RATIO
+    from interp.sinks.stats import SinkStatistics as SinkStatistics
+    from interp.sinks.stats import queries_per_key as queries_per_key
+    from interp.sinks.stats import sink_statistics as sink_statistics
+    from interp.sinks.stats import uniform_mass as uniform_mass
+    from interp.sinks.summary import sink_summary as sink_summary
+    from interp.sinks.tables import token_texts as token_texts
