@@ -470,7 +470,7 @@ def head_scores(
     return HeadScores.from_grids(grids, meta)
 
 
-def _check_order(model: Any, probe: Any) -> None:
+def _check_order(model: HookedModel, probe: Any) -> None:
     """``head_scores(probe, model)``: say so, rather than fail deep inside on a missing attribute."""
     if isinstance(model, TokenProbe) or (probe is not None and not isinstance(probe, TokenProbe)):
         got = ", ".join(type(x).__name__ for x in (model, probe))

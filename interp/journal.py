@@ -50,12 +50,15 @@ import time
 import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp._io import _json_default, writing
 from interp.errors import UsageError
+
+if TYPE_CHECKING:  # annotations only: the adapters sit above this module
+    from interp.adapters import HookedModel
 
 VERSION = 1
 FOLDER = ".journal"
@@ -82,7 +85,7 @@ def run_arguments(args: Any, ignore: Iterable[str] = NOT_RESULTS) -> dict[str, A
     return json.loads(json.dumps({k: v for k, v in sorted(values.items()) if k not in skip}, default=str))
 
 
-def model_identity(model: Any, name: str) -> str:
+def model_identity(model: HookedModel, name: str) -> str:
     """A hash of the model's name, its parameters' names, shapes and dtypes, and each parameter's
     float64 sum: one read of the weights, where they live (milliseconds on a GPU, seconds for a
     7B model on a CPU), against runs of hours."""
@@ -288,7 +291,7 @@ class Journals:
         self,
         out: str | os.PathLike,
         arguments: Mapping[str, Any],
-        model: Any,
+        model: HookedModel,
         name: str,
         *,
         resume: bool = False,

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp.errors import UsageError
+
+if TYPE_CHECKING:  # annotations only: the adapters sit above this module
+    from interp.adapters import HookedModel
 
 MEMINFO = "/proc/meminfo"
 
@@ -79,7 +82,7 @@ class Shape:
     itemsize: int
 
     @classmethod
-    def of(cls, model: Any, info: Any) -> Shape:
+    def of(cls, model: HookedModel, info: Any) -> Shape:
         cfg = getattr(model, "cfg", None)
         d_mlp = getattr(cfg, "d_mlp", None) or 4 * info.d_model
         try:
@@ -162,7 +165,7 @@ def positions_read(metric: Any, info: Any, seq_len: int) -> int:
     return n
 
 
-def gradient_memory(model: Any, info: Any, probe: Any, metric: Any) -> Callable[[int], Estimate]:
+def gradient_memory(model: HookedModel, info: Any, probe: Any, metric: Any) -> Callable[[int], Estimate]:
     """:func:`gradient_estimate` for ``model`` on ``probe``, as a function of the minibatch."""
     n_read = positions_read(metric, info, probe.seq_len)
     shape = Shape.of(model, info)

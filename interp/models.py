@@ -296,7 +296,7 @@ def _boot(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, An
     return model
 
 
-def from_hf_model(hf_model: Any, tokenizer: Any = None, *, name: str = "external") -> HookedModel:
+def from_hf_model(hf_model: HookedModel, tokenizer: Any = None, *, name: str = "external") -> HookedModel:
     """Wrap an in-memory Hugging Face model (e.g. built from a config in a test) in a bridge.
 
     The model is switched to eager attention first: the fused SDPA kernels never form the pattern,

@@ -51,6 +51,7 @@ from interp.ablation import (
     pruning_curves,
     train_gates,
 )
+from interp.adapters import HookedModel
 from interp.cli.common import add_resume_flags, base_parser, float_in, format_table, positive_int, run_cli
 from interp.config import RunConfig
 from interp.models import describe
@@ -227,7 +228,7 @@ def check_flags(args: argparse.Namespace) -> None:
             setattr(args, dest, value)
 
 
-def make_probe(args: argparse.Namespace, model: Any) -> tuple[TokenProbe, str]:
+def make_probe(args: argparse.Namespace, model: HookedModel) -> tuple[TokenProbe, str]:
     """The probe and the metric name the flags ask for (defaults depend on the model)."""
     info = describe(model)
     metric = args.metric or ("pooled-cos" if info.is_encoder else "lm" if args.probe == "text" else "incontext")
@@ -239,7 +240,7 @@ def make_probe(args: argparse.Namespace, model: Any) -> tuple[TokenProbe, str]:
     return probe, metric
 
 
-def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     base = None
     if args.ablated is not None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from interp import distributed
 from interp._io import ensure_writable_dir, writes_skipped
+from interp.adapters import HookedModel
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
 from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
@@ -110,7 +111,7 @@ def add_threads_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def set_threads(args: argparse.Namespace, model: Any) -> str:
+def set_threads(args: argparse.Namespace, model: HookedModel) -> str:
     """Set torch's thread count from ``--threads`` or :func:`interp.threads.choose_threads`; the line to print."""
     import torch
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from interp.adapters import HookedModel
 from interp.cli.common import add_engine_flag, base_parser, positive_int, run_cli
 from interp.errors import UsageError
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
@@ -38,7 +39,7 @@ def build_parser(prog: str = "python -m interp.induction") -> argparse.ArgumentP
     return p
 
 
-def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if not 0 < args.ci < 1:
         raise UsageError(f"--ci must be between 0 and 1, got {args.ci}")
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)

@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from interp.adapters import HookedModel
 from interp.cli.common import base_parser, positive_int, run_cli
 from interp.errors import UsageError
 
@@ -42,7 +42,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return texts
 
 
-def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     from interp.report.patterns_view import view_patterns
 
     heads = [h for h in args.heads.split(",") if h.strip()] if args.heads else None

@@ -13,9 +13,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from interp.ablation import ABLATIONS
+from interp.adapters import HookedModel
 from interp.cli.common import add_resume_flags, base_parser, float_in, positive_int, run_cli
 from interp.models import describe
 from interp.report.atlas import STEM
@@ -72,7 +72,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     return p
 
 
-def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     t0 = time.perf_counter()
     atlas = head_atlas(

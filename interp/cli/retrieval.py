@@ -15,11 +15,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from interp._io import atomic_write
+from interp.adapters import HookedModel
 from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.models import describe
@@ -91,7 +91,7 @@ def _ints(text: str) -> list[int] | str:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers or 'none', got {text!r}") from None
 
 
-def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     depths = args.depths if args.needles is None else [(i + 0.5) / args.needles for i in range(args.needles)]
     haystack = None if args.haystack == "random" else "text"
@@ -163,7 +163,7 @@ def summary_table(frame: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
-def _distance_profile(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def _distance_profile(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     distances = args.distances
     probe = copy_distance_probe(model, distances, span=min(args.needle_len, 8), batch=2, seed=args.seed)
     table = copy_distance_scores(model, probe, minibatch=args.minibatch, engine=args.engine)

@@ -10,8 +10,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from interp.adapters import HookedModel
 from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.plots import save_figure
@@ -72,7 +72,7 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
     return p
 
 
-def main(args: argparse.Namespace, model: Any, out: Path) -> list[Path]:
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     kind = args.probe or ("text" if args.dataset else "random")
     if kind == "random" and args.dataset:
         raise UsageError("--dataset needs --probe text")

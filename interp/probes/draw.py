@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import ModelInfo, describe
 from interp.probes.probe import TokenProbe
@@ -49,7 +50,7 @@ def frame_tokens(info: ModelInfo) -> tuple[list[int], list[int], list[str]]:
 
 
 def repeated_tokens(
-    model: Any,
+    model: HookedModel,
     *,
     batch: int = 10,
     block_len: int = 50,
@@ -92,7 +93,7 @@ def repeated_tokens(
     )
 
 
-def random_tokens(model: Any, *, batch: int = 16, seq_len: int = 64, seed: int = 0) -> TokenProbe:
+def random_tokens(model: HookedModel, *, batch: int = 16, seq_len: int = 64, seed: int = 0) -> TokenProbe:
     """Gu et al. (2024)'s sink probe: ``seq_len`` random ordinary tokens per sequence, framed.
 
     Tokens are drawn uniformly from the ordinary vocabulary, without replacement within a sequence
@@ -129,13 +130,13 @@ def check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int],
         )
 
 
-def draws_distinct(model: Any, n: int) -> bool:
+def draws_distinct(model: HookedModel, n: int) -> bool:
     """Can ``n`` ordinary tokens be drawn without replacement? (A 16K-token block needs 16K of them;
     below that, tokens repeat inside a block and the target masks and pairs count those repeats too.)"""
     return len(ordinary_vocab(describe(model), getattr(model, "tokenizer", None))) >= n
 
 
-def draw_blocks(model: Any, info: ModelInfo, batch: int, n: int, seed: int) -> Int[Tensor, "batch n"]:
+def draw_blocks(model: HookedModel, info: ModelInfo, batch: int, n: int, seed: int) -> Int[Tensor, "batch n"]:
     """``batch`` seeded rows of ``n`` ordinary tokens, distinct within a row when the vocabulary allows."""
     vocab = ordinary_vocab(info, getattr(model, "tokenizer", None))
     if len(vocab) < 2:

@@ -58,6 +58,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
@@ -131,7 +132,7 @@ class NeedleProbe(TokenProbe):
 
 
 def needle_probe(
-    model: Any,
+    model: HookedModel,
     *,
     seq_len: int | None = None,
     depths: Sequence[float] = (0.1, 0.5, 0.9),
@@ -186,7 +187,7 @@ def needle_probe(
 
 
 def copy_distance_probe(
-    model: Any,
+    model: HookedModel,
     distances: Sequence[int] | None = None,
     *,
     span: int = 8,
@@ -241,7 +242,7 @@ def copy_distance_probe(
 # building blocks
 
 
-def _decoder_info(model: Any) -> ModelInfo:
+def _decoder_info(model: HookedModel) -> ModelInfo:
     info = describe(model)
     if not info.is_causal:
         raise UsageError(
@@ -271,7 +272,7 @@ def _check_depth(d: Any) -> float:
 
 
 def _assemble(
-    model: Any,
+    model: HookedModel,
     info: ModelInfo,
     layout: list[list[tuple[int, int]]],
     seq_len: int,
@@ -344,7 +345,7 @@ def _rarest(
 
 
 def _haystack_stream(
-    model: Any, info: ModelInfo, vocab: Tensor, haystack: Any, budget: int
+    model: HookedModel, info: ModelInfo, vocab: Tensor, haystack: Any, budget: int
 ) -> tuple[Tensor | None, str]:
     """``(ids, source)``: the haystack's 1-D token stream, or ``None`` for random draws."""
     if haystack is None:

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from interp.adapters import HookedModel
 from interp.errors import UsageError
 
 # the model-aware constructors, registered by the module that implements them (interp.probes.user)
@@ -157,7 +158,9 @@ class TokenProbe:
         return self.real_mask() & (r >= self.body_start) & (r < self.lengths()[:, None] - n_suffix)
 
     @classmethod
-    def from_tokens(cls, model: Any, tokens: Any, *, framed: bool = False, attention_mask: Any = None) -> TokenProbe:
+    def from_tokens(
+        cls, model: HookedModel, tokens: Any, *, framed: bool = False, attention_mask: Any = None
+    ) -> TokenProbe:
         """Your own token ids as a probe: ``[batch, pos]``, or one ``[pos]`` sequence.
 
         The ids are the body, and the model's framing is added around them as for every built-in
@@ -173,7 +176,7 @@ class TokenProbe:
 
     @classmethod
     def from_texts(
-        cls, model: Any, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
+        cls, model: HookedModel, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
     ) -> TokenProbe:
         """Your own prompts as a probe: each text tokenized (no special tokens), framed for the model.
 

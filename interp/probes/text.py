@@ -4,10 +4,10 @@ data set), framed for the model."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
+from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes.draw import check_fits, check_positive, framed_probe, ordinary_vocab
@@ -18,7 +18,7 @@ _MIN_TEXT_TOKENS = 50_000  # a Hub data set is tokenized up to max(this, 8 x bat
 
 
 def text_probe(
-    model: Any,
+    model: HookedModel,
     *,
     batch: int = 8,
     seq_len: int = 64,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from interp.adapters import is_toy
+from interp.adapters import HookedModel, is_toy
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes.draw import check_fits, check_positive, frame_tokens, framed_probe, ordinary_vocab
@@ -18,7 +18,7 @@ from interp.probes.probe import TokenProbe, builds
 
 @builds("from_tokens")
 def probe_from_tokens(
-    model: Any,
+    model: HookedModel,
     tokens: Any,
     *,
     framed: bool = False,
@@ -71,7 +71,7 @@ def probe_from_tokens(
 
 @builds("from_texts")
 def probe_from_texts(
-    model: Any, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
+    model: HookedModel, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
 ) -> TokenProbe:
     """:meth:`TokenProbe.from_texts`."""
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -105,7 +105,7 @@ def probe_from_texts(
 PADDINGS = ("right", "left")
 
 
-def pad_token_id(model: Any) -> int | None:
+def pad_token_id(model: HookedModel) -> int | None:
     """The id padded positions hold: the tokenizer's pad token, or the config's; the toy (no
     tokenizer, no pad token, and never reads a padded position) pads with id 0."""
     tokenizer = getattr(model, "tokenizer", None)
@@ -126,7 +126,7 @@ def _no_pad_message(info: Any) -> str:
 
 
 def padded_probe(
-    model: Any, rows: list[list[int]], padding: str, *, framed: bool = False, meta: dict[str, Any]
+    model: HookedModel, rows: list[list[int]], padding: str, *, framed: bool = False, meta: dict[str, Any]
 ) -> TokenProbe:
     """Frame each row of body ids (``framed=True``: check and keep its framing), pad the rows to one
     length on the side ``padding`` names, and carry the attention mask."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
@@ -42,7 +43,7 @@ ABLATION_PARTS = ("exact", "gradient", "pruning")
 
 
 def head_atlas(
-    model: Any,
+    model: HookedModel,
     *,
     config: RunConfig | None = None,
     batch: int = 10,
@@ -122,7 +123,7 @@ def head_atlas(
 
 def _ablations(
     atlas: Atlas,
-    model: Any,
+    model: HookedModel,
     probe: Any,
     ablation: str,
     skip: Any,
@@ -153,7 +154,9 @@ def _ablations(
         ).table
 
 
-def _pattern_view(model: Any, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int) -> dict:
+def _pattern_view(
+    model: HookedModel, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int
+) -> dict:
     from interp.sinks import token_texts
 
     probe = repeated_tokens(model, batch=1, block_len=view_len, n_repeats=2, seed=seed + 1)

@@ -8,20 +8,20 @@ blank (grey), so a masked zero never reads as "attends nowhere".
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import plotly.graph_objects as go
 from jaxtyping import Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
 from interp.report.patterns import attention_patterns
 
 
 def pattern_heatmap(
-    model: Any, tokens: Int[Tensor, " pos"], heads: Sequence[str], *, title: str | None = None
+    model: HookedModel, tokens: Int[Tensor, " pos"], heads: Sequence[str], *, title: str | None = None
 ) -> go.Figure:
     """The attention patterns of ``heads`` (labels such as ``"0.3"``) on the one sequence ``tokens``."""
     info = describe(model)

@@ -8,12 +8,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.adapters import run_with_reducers
+from interp.adapters import HookedModel, run_with_reducers
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 
 
-def attention_patterns(model: Any, tokens: Int[Tensor, " pos"]) -> Float[Tensor, "layer head q k"]:
+def attention_patterns(model: HookedModel, tokens: Int[Tensor, " pos"]) -> Float[Tensor, "layer head q k"]:
     """Every head's attention pattern on one sequence; only ``hook_pattern`` is captured and the
     pass stops after the last layer's pattern."""
     info = describe(model)

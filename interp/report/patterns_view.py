@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
 from interp.report.patterns import attention_patterns
@@ -94,7 +95,7 @@ def _head_list(info: Any, heads: Any) -> list[tuple[int, int]]:
 
 
 def view_patterns(
-    model: Any,
+    model: HookedModel,
     texts: str | Sequence[str],
     heads: Any = None,
     *,

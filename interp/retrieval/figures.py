@@ -7,10 +7,11 @@ from typing import Any
 
 import pandas as pd
 
+from interp.adapters import HookedModel
 from interp.scores import HeadScores
 
 
-def layer_windows(model: Any) -> list[int | None]:
+def layer_windows(model: HookedModel) -> list[int | None]:
     """Each layer's sliding window (keys ``q - window < k <= q``), or None for full attention.
 
     Read from the Hugging Face config behind a bridge (``sliding_window`` with ``layer_types`` when

@@ -52,7 +52,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp import distributed
-from interp.adapters import AttentionInputs, run_with_reducers
+from interp.adapters import AttentionInputs, HookedModel, run_with_reducers
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
@@ -93,7 +93,7 @@ def default_window(seq_len: int) -> int:
 
 
 def retrieval_counts(
-    model: Any,
+    model: HookedModel,
     probe: NeedleProbe,
     *,
     sink: int = DEFAULT_SINK,
@@ -147,7 +147,7 @@ def _chunk_pairs(pairs: Tensor, needles: Tensor, rows: slice) -> tuple[Tensor, T
 
 
 def _pattern_counts(
-    model: Any,
+    model: HookedModel,
     probe: NeedleProbe,
     info: Any,
     sink: int,
@@ -193,7 +193,7 @@ def _pattern_counts(
 
 
 def _stream_counts(
-    model: Any,
+    model: HookedModel,
     probe: NeedleProbe,
     info: Any,
     sink: int,
@@ -340,7 +340,7 @@ def window_share(
 
 
 def retrieval_scores(
-    model: Any,
+    model: HookedModel,
     probe: NeedleProbe | None = None,
     *,
     sink: int = DEFAULT_SINK,
@@ -414,7 +414,7 @@ def classify(retrieval: np.ndarray, streaming: np.ndarray) -> list[str]:
 
 
 def copy_distance_scores(
-    model: Any,
+    model: HookedModel,
     probe: NeedleProbe,
     *,
     minibatch: int | None = None,
@@ -456,7 +456,7 @@ def copy_distance_scores(
     return pd.concat(frames, ignore_index=True).sort_values(["layer", "head", "distance"], ignore_index=True)
 
 
-def needle_copy_loss(model: Any, probe: NeedleProbe, *, minibatch: int | None = None) -> float:
+def needle_copy_loss(model: HookedModel, probe: NeedleProbe, *, minibatch: int | None = None) -> float:
     """Mean cross-entropy (nats) of the copy steps: at each retrieval pair's query ``p``, predicting
     the copied token ``tokens[p + 1]``, teacher-forced. The metric of the window-ablation check."""
     pairs = probe.retrieval_pairs()
@@ -479,7 +479,7 @@ def needle_copy_loss(model: Any, probe: NeedleProbe, *, minibatch: int | None = 
 # checks
 
 
-def _check(model: Any, probe: Any, engine: str) -> Any:
+def _check(model: HookedModel, probe: Any, engine: str) -> Any:
     ENGINES.check(engine)
     if not isinstance(probe, NeedleProbe):
         raise UsageError(

@@ -13,6 +13,7 @@ import torch
 
 from interp import distributed
 from interp._io import atomic_write, atomic_write_json
+from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
@@ -160,7 +161,7 @@ LEARNED_SINK_FLOOR = 1e-4  # a head whose rows miss more than this on average ha
 
 
 def sink_scores(
-    model: Any,
+    model: HookedModel,
     probe: TokenProbe | None = None,
     *,
     epsilon: float = EPSILON,

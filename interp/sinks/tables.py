@@ -12,6 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.adapters import HookedModel
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe, ordinary_vocab
 from interp.scores import HeadScores, bootstrap_ratio
@@ -122,7 +123,7 @@ def learned_sink_row(stats: SinkStatistics, T: int, causal: bool, epsilon: float
 _PUNCT = lambda s: bool(s) and all(unicodedata.category(c).startswith(("P", "S")) for c in s)  # noqa: E731
 
 
-def token_texts(model: Any, probe: TokenProbe, ids: Sequence[int]) -> dict[int, str]:
+def token_texts(model: HookedModel, probe: TokenProbe, ids: Sequence[int]) -> dict[int, str]:
     """A readable string per token id: the tokenizer's, or the byte a byte-mapped text probe used."""
     tok = getattr(model, "tokenizer", None)
     if tok is not None:
@@ -160,7 +161,7 @@ def occurrences(
     alpha_seq: Tensor,
     probe: TokenProbe,
     info: ModelInfo,
-    model: Any,
+    model: HookedModel,
     eligible: Tensor,
     epsilon: float,
     sink_ratio: float,
@@ -247,7 +248,7 @@ def token_table(
 
 
 def massive_table(
-    stats: SinkStatistics, probe: TokenProbe, model: Any, info: ModelInfo, sink_pos: Tensor
+    stats: SinkStatistics, probe: TokenProbe, model: HookedModel, info: ModelInfo, sink_pos: Tensor
 ) -> pd.DataFrame:
     cols = ["layer", "sequence", "position", "token", "role", "dim", "value", "magnitude_ratio", "on_sink"]
     if not stats.massive:
