@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from interp._lazy import lazy
-
-__version__ = "0.1.0"
+from interp._version import __version__ as __version__
 
 # public name -> the module that defines it
 _API = {

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from interp import errors
+import interp.errors as errors
 from interp.errors import InterpError, RankFailedError
 
 T = TypeVar("T")

@@ -50,7 +50,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp import distributed
+import interp.distributed as distributed
 from interp.adapters import AttentionInputs, HookedModel, ModelInfo, describe, run_with_reducers
 from interp.config import RunConfig, run_header
 from interp.errors import InterpError, NonFiniteAttentionError, UsageError

@@ -56,7 +56,7 @@ def versions() -> dict[str, str | None]:
     """The versions of the packages a result depends on (``None`` for one not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from interp import __version__
+    from interp._version import __version__
 
     found: dict[str, str | None] = {"interp": __version__}
     for name in ("torch", "transformers", "transformer_lens"):

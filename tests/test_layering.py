@@ -64,6 +64,7 @@ LAYERS: dict[str, int] = {
     "distributed": 1,
     "browser": 1,
     "_lazy": 1,
+    "_version": 0,
     "lock": 1,
     "saving": 1,
     "progress": 1,

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp import distributed
+import interp.distributed as distributed
 from interp._io import atomic_write, atomic_write_json
 from interp.ablation.gradient import frozen, gated_forward
 from interp.ablation.metrics import Metric, as_metric

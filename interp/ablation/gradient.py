@@ -10,7 +10,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from interp import distributed, memory
+import interp.distributed as distributed
+import interp.memory as memory
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.replay import read_out

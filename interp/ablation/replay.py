@@ -21,7 +21,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from interp import distributed, memory
+import interp.distributed as distributed
+import interp.memory as memory
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage(), end="")
         return 0
     if args[0] == "--version":
-        from interp import __version__
+        from interp._version import __version__
 
         print(f"interp {__version__}")
         return 0

@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdo
 from pathlib import Path
 from typing import Any
 
-from interp import distributed
+import interp.distributed as distributed
 from interp._io import ensure_writable_dir, writes_skipped
 from interp.adapters import HookedModel
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError

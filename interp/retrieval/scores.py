@@ -51,7 +51,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp import distributed
+import interp.distributed as distributed
 from interp.adapters import AttentionInputs, HookedModel, run_with_reducers
 from interp.errors import NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook

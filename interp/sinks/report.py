@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from interp import distributed
+import interp.distributed as distributed
 from interp._io import atomic_write, atomic_write_json
 from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
