@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from torch import Tensor
 
 from interp.ablation.gradient import gradient_importance
 from interp.ablation.metrics import lm_loss
@@ -296,6 +297,24 @@ def test_stream_on_padded_gpt_oss_is_each_text_alone(padding):
         for score in num:
             torch.testing.assert_close(num[score][i], n1[score][0], atol=1e-5, rtol=0)
             torch.testing.assert_close(den[score][i], d1[score][0], atol=1e-5, rtol=0)
+
+
+def test_the_stream_guard_checks_a_real_stretch_of_a_padded_probe(models):
+    """The pre-flight check runs the first text's real tokens only (not its padding)."""
+    from interp.stream.guard import check_stream_conformance
+
+    model = models["llama"]
+    probe = TokenProbe.from_texts(model, TEXTS, padding="left")  # row 0, the shortest, padded most
+    seen: list[Tensor] = []
+    embed = model.original_model.get_input_embeddings()
+    handle = embed.register_forward_hook(lambda m, args, out: seen.append(args[0].detach().cpu()))
+    try:
+        check_stream_conformance(model, probe.tokens, attention_mask=probe.attention_mask, force=True)
+    finally:
+        handle.remove()
+    text = _alone(model, 0).tokens.cpu()
+    assert [tuple(t.shape) for t in seen] == [tuple(text.shape)] * 2  # the stream run, then the pattern run
+    assert all(torch.equal(t, text) for t in seen)
 
 
 def test_the_toy_fills_the_key_mask_on_padded_stream_runs():
