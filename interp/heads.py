@@ -56,7 +56,6 @@ from interp.config import RunConfig, run_header
 from interp.errors import InterpError, NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
-from interp.probes.probe import padded_engine, refuse_padded_stream
 from interp.progress import tqdm
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio
@@ -223,7 +222,6 @@ def attention_scores(
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     if engine == "stream":
-        refuse_padded_stream(probe)
         return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
     if engine != "pattern":
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
@@ -278,15 +276,17 @@ def stream_attention_scores(
     progress: bool = False,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Numerators and denominators of :func:`attention_scores`, pattern-free: each layer's row pass
-    gives the log-sum-exp, and the weights at each score's target pairs are gathered from it."""
-    refuse_padded_stream(probe)
+    gives the log-sum-exp, and the weights at each score's target pairs are gathered from it.
+
+    A padded probe runs with its mask (padded keys masked, positions as in each text alone); the
+    target pairs never touch padding, and ``queries="all"`` counts each row's real queries."""
     info = describe(model)
-    B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
+    B, L, H = probe.batch, info.n_layers, info.n_heads
     pairs = {name: SCORES.get(name).pairs(probe, queries) for name in scores}
     den: dict[str, Tensor] = {}
     for name, p in pairs.items():
-        if queries == "all":  # detect_head divides by the pattern's total mass: T rows of mass 1
-            den[name] = torch.full((B, L, H), float(T))
+        if queries == "all":  # detect_head divides by the pattern's total mass: a row of mass 1 per real query
+            den[name] = probe.lengths().cpu().float()[:, None, None].expand(B, L, H).clone()
             continue
         count = _queries_with_target(p, B)  # all zeros: no target on this probe, the score is NaN
         den[name] = count[:, None, None].expand(B, L, H).clone()
@@ -308,7 +308,15 @@ def stream_attention_scores(
 
         return reduce, []
 
-    run_streamed(model, probe.tokens, minibatch, progress, "scoring heads (stream)", on_chunk)
+    run_streamed(
+        model,
+        probe.tokens,
+        minibatch,
+        progress,
+        "scoring heads (stream)",
+        on_chunk,
+        attention_mask=probe.attention_mask,
+    )
     return num, den
 
 
@@ -424,7 +432,7 @@ def head_scores(
         probe = repeated_tokens(model, seed=cfg.seed)
     info = describe(model)
     n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
-    engine, why = padded_engine(cfg.engine, probe, *choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget))
+    engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
     num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
         lambda p: attention_scores(
             model,

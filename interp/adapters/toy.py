@@ -3,12 +3,14 @@
 Its attention runs on the flash path whenever nobody hooks the pattern; the capture switches the
 flash path on inside the block (a toy built with ``use_flash=False`` would form the pattern) and
 catches ``q`` and ``k`` at ``hook_q``/``hook_k``, calling back from ``hook_v`` (the toy has learned
-positions, no rotary: these are exactly what it attends with).
+positions, no rotary: these are exactly what it attends with). On a padded run the callback's
+:class:`~interp.adapters.AttentionInputs` carry the run's mask as ``key_mask``, as the bridge's do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,10 @@ from torch import Tensor
 
 from interp.adapters.base import Attend, AttentionInputs, HookedAdapter, HookList, OnAttention, padded_positions
 from interp.hooks import k_hook, layer_of, q_hook, v_hook
+
+# the padding mask of the padded run each toy is in (absent: none, or every position real); read by
+# the capture's callback, which fires inside that run
+_KEY_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def is_toy(model: Any) -> bool:
@@ -50,8 +56,11 @@ class ToyAdapter(HookedAdapter):
     ) -> tuple[dict[str, Any], HookList]:
         """The toy takes no mask: hooks give each token its position in its text alone (learned
         positions read at ``cumsum(mask) - 1``) and drop padded keys from every attention's logits
-        (which runs the reference path: the flash path has no key mask)."""
-        mask = attention_mask.to(tokens.device)
+        (which runs the reference path: the flash path has no key mask). The capture reports the
+        mask as each layer's ``key_mask`` until the run ends."""
+        mask = attention_mask.to(tokens.device).bool()
+        if not bool(mask.all()):
+            _KEY_MASKS[self.model] = mask
         positions = padded_positions(mask)
 
         def position(pos_embed: Tensor, hook: Any) -> Tensor:
@@ -65,6 +74,9 @@ class ToyAdapter(HookedAdapter):
         hooks += [(f"blocks.{layer}.attn.hook_attn_scores", keys) for layer in range(self.n_layers)]
         return {}, hooks
 
+    def after_run(self) -> None:
+        _KEY_MASKS.pop(self.model, None)
+
     def _capture_hooks(self, on_attention: OnAttention) -> HookList:
         caught: dict[str, Tensor] = {}
         to_sdpa = lambda t: rearrange(t.detach(), "b p h d -> b h p d")  # noqa: E731
@@ -76,7 +88,8 @@ class ToyAdapter(HookedAdapter):
             layer = layer_of(hook)
             attn = self.model.blocks[layer].attn
             q, k = to_sdpa(caught.pop("q")), to_sdpa(caught.pop("k"))
-            on_attention(AttentionInputs(layer, q, k, to_sdpa(v), float(attn.scale), attn.causal))
+            key_mask = _KEY_MASKS.get(self.model)
+            on_attention(AttentionInputs(layer, q, k, to_sdpa(v), float(attn.scale), attn.causal, key_mask=key_mask))
 
         hooks: HookList = []
         for layer in range(self.n_layers):

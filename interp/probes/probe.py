@@ -41,27 +41,6 @@ def _built_by(name: str) -> Callable[..., TokenProbe]:
     return _BUILDERS[name]
 
 
-STREAM_PADDED = (
-    "the stream engine does not take padded probes yet: use engine='pattern' (command line: --engine pattern)"
-)
-
-
-def refuse_padded_stream(probe: TokenProbe) -> None:
-    """The stream engine takes unpadded probes only (so far): refuse a padded one before any work."""
-    if probe.attention_mask is not None:
-        raise UsageError(STREAM_PADDED)
-
-
-def padded_engine(asked: str, probe: TokenProbe, engine: str, why: str) -> tuple[str, str]:
-    """``engine="auto"`` takes the pattern engine for a padded probe (the stream engine takes none yet);
-    an explicit ``"stream"`` is refused before any work."""
-    if probe.attention_mask is None or engine != "stream":
-        return engine, why
-    if asked == "auto":
-        return "pattern", "a padded probe: the stream engine does not take padded probes yet"
-    raise UsageError(STREAM_PADDED)
-
-
 @dataclass
 class TokenProbe:
     """A batch of token sequences plus where their body (non-framing tokens) lies."""

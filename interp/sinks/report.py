@@ -18,7 +18,6 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes import TokenProbe, random_tokens
-from interp.probes.probe import padded_engine
 from interp.scores import HeadScores
 from interp.sinks.stats import (
     ABS_THRESHOLD,
@@ -199,10 +198,8 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=seed)
     info = describe(model)
-    engine, why = padded_engine(
-        cfg.engine,
-        probe,
-        *choose_engine(cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget),
+    engine, why = choose_engine(
+        cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget
     )
     stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
         lambda p: sink_statistics(

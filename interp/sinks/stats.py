@@ -23,9 +23,8 @@ from interp.adapters.bridge import output_gate_means
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
-from interp.probes.probe import refuse_padded_stream
 from interp.progress import tqdm
-from interp.stream.driver import check_finite, column_pass, query_rows, row_pass, run_streamed
+from interp.stream.driver import check_finite, column_pass, row_pass, run_streamed
 
 EPSILON = 0.3
 ABS_THRESHOLD = 100.0
@@ -82,7 +81,6 @@ def sink_statistics(
     if engine not in ("pattern", "stream"):
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
     if engine == "stream":
-        refuse_padded_stream(probe)
         return stream_sink_statistics(
             model,
             probe,
@@ -210,32 +208,53 @@ def stream_sink_statistics(
     minibatch: int | None = None,
     progress: bool = False,
 ) -> SinkStatistics:
-    """:func:`sink_statistics`, pattern-free: the same fields, the same meaning."""
+    """:func:`sink_statistics`, pattern-free: the same fields, the same meaning.
+
+    A padded probe is run right-padded (:meth:`TokenProbe.right_padded`: the same texts, each row's
+    real tokens first) with its mask, so the statistics come out *aligned* exactly as the pattern
+    engine stores them: slot ``p`` of each row is its text's position ``p``, padded slots hold 0
+    (received mass) or NaN (value norms, residual magnitudes), padded queries are left out of every
+    reduction, and a row's first real key is key 0 (the confidence without it)."""
     info = describe(model)
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
-    scored = scored_queries(T, info.is_causal)
+    if probe.padded:
+        probe = probe.right_padded()
+    real = probe.real_mask().cpu()  # [B, T]: aligned, so each row's real tokens are its first slots
+    scored = real & (probe.real_index().cpu() >= (1 if info.is_causal else 0))  # queries seeing two keys
+    n_real = real.sum(-1).clamp_min(1).float()
     stats = empty_statistics(B, L, H, T)
     current: list[slice] = []  # the chunk being run (none during the guard's prefix)
 
     def on_chunk(rows: slice) -> tuple[Callable[[AttentionInputs], None], list]:
         current[:] = [rows]
+        chunk_real, chunk_scored = real[rows], scored[rows]
 
         def reduce(a: AttentionInputs) -> None:
             r = row_pass(a)
-            check_finite(r.lse, a.layer, info.name)
+            live = chunk_real.to(r.lse.device)[:, None, :]  # padded query rows are left out
+            check_finite(torch.where(live, r.lse, 0.0), a.layer, info.name)
             received, deviation = column_pass(a, r.lse)
             stats.max_row_deviation = max(stats.max_row_deviation, deviation)
             stats.received[rows, a.layer] = received.cpu()
-            stats.confidence[rows, a.layer] = torch.exp(r.max - r.lse)[:, :, scored].sum(-1).cpu()
-            stats.confidence_no_first[rows, a.layer] = torch.exp(r.max_rest - r.lse)[:, :, scored].sum(-1).cpu()
+            s = chunk_scored.to(r.lse.device)[:, None, :]
+            stats.confidence[rows, a.layer] = torch.where(s, torch.exp(r.max - r.lse), 0.0).sum(-1).cpu()
+            rest = torch.where(s, torch.exp(r.max_rest - r.lse), 0.0)
+            stats.confidence_no_first[rows, a.layer] = rest.sum(-1).cpu()
             if a.sink is not None:  # the share of each row the sink logit absorbs
-                share = torch.exp(a.sink.float().to(r.lse.device)[None, :, None] - r.lse)
-                stats.learned_sink[rows, a.layer] = torch.where(query_rows(a), share, 0.0).sum(-1).cpu()
+                share = torch.where(live, torch.exp(a.sink.float().to(r.lse.device)[None, :, None] - r.lse), 0.0)
+                share = share.sum(-1).cpu()
+                if probe.padded:  # stored as T x the row's mean over its real queries (as the pattern engine)
+                    share = share / n_real[rows, None] * T
+                stats.learned_sink[rows, a.layer] = share
                 stats.has_sinks = True
             norm = rearrange(a.v.float().norm(dim=-1), "b h p -> b p h")
+            if probe.padded:  # padded slots: NaN
+                norm = torch.where(live[:, 0, :, None], norm, float("nan"))
             record_value_norms(stats, norm, a.layer, rows)
 
         def residual(x: Tensor, hook: Any) -> None:
+            if probe.padded:  # padded slots: NaN (left out of every residual statistic)
+                x = torch.where(chunk_real.to(x.device)[..., None], x.detach().float(), float("nan"))
             reduce_residual(stats, x, layer_of(hook), rows, abs_threshold, rel_threshold, max_massive)
 
         return reduce, [(resid_post_hook(layer), residual) for layer in range(L)]
@@ -245,7 +264,15 @@ def stream_sink_statistics(
             _record_gate(stats, layer, mean, current[0])
 
     with output_gate_means(model, gate):
-        run_streamed(model, probe.tokens, minibatch, progress, "sink pass (stream)", on_chunk)
+        run_streamed(
+            model,
+            probe.tokens,
+            minibatch,
+            progress,
+            "sink pass (stream)",
+            on_chunk,
+            attention_mask=probe.attention_mask,
+        )
     return cap_massive(absent_nan(stats, info.absent_layers), max_massive)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxtyping import Bool
 from torch import Tensor
 
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
@@ -33,6 +34,8 @@ def run_streamed(
     progress: bool,
     desc: str,
     on_chunk: OnChunk,
+    *,
+    attention_mask: Bool[Tensor, "batch pos"] | None = None,
 ) -> None:
     """Run ``tokens`` chunk by chunk with fused attention; ``on_chunk(rows)`` gives the callback and hooks.
 
@@ -40,8 +43,14 @@ def run_streamed(
     reproduces the model's own attention (refusing before any work otherwise). The pass of each
     chunk stops after the last layer's residual output; a layer that never called back (an
     architecture whose attention bypasses the capture) is a :class:`UsageError`.
+
+    ``attention_mask`` (a padded probe's, False at padding) goes with each chunk into the model run:
+    padded keys are masked, each token gets its position in its text alone, and the callbacks'
+    :class:`~interp.adapters.AttentionInputs` carry the chunk's mask as ``key_mask`` (``None`` for a
+    chunk without padding). Padded query rows still get statistics (``lse`` 0 and ``max`` ``-inf``
+    where they see no key): the analyses leave them out (:func:`query_rows`).
     """
-    check_stream_conformance(model, tokens)  # before any work: refuses what it cannot reproduce
+    check_stream_conformance(model, tokens, attention_mask=attention_mask)  # before any work
     adapter = adapter_for(model)
     info = describe(model)
     L, B, expected = info.n_layers, tokens.shape[0], set(info.attention_layers)
@@ -58,7 +67,10 @@ def run_streamed(
             bar.update()
 
         with adapter.capture_attention(on_attention, attend=own_attention) as capture_hooks:
-            adapter.run_with_reducers(tokens[rows], [*capture_hooks, *hooks], stop_after=resid_post_hook(L - 1))
+            mask = None if attention_mask is None else attention_mask[rows]
+            adapter.run_with_reducers(
+                tokens[rows], [*capture_hooks, *hooks], stop_after=resid_post_hook(L - 1), attention_mask=mask
+            )
         if seen != expected:
             missing = sorted(expected - seen)
             raise UsageError(

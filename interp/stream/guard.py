@@ -4,7 +4,7 @@ statistics must reproduce the model's own attention pattern.
 An architecture the capture does not fully understand (an attention class that bypasses Hugging
 Face's attention interface, a bias or mask it does not pass on, a feature of next year) would
 otherwise give plausible wrong numbers. :func:`check_stream_conformance` runs the first
-:data:`PREFIX` tokens of the first sequence twice: through the stream engine (capture, row pass,
+:data:`PREFIX` tokens of the first sequence (its real tokens, on a padded probe) twice: through the stream engine (capture, row pass,
 gathered weights) and through the pattern engine (``hook_pattern``, the model's own eager
 attention), and compares each row's largest weight and the weights at a few ``(q, k)`` pairs per
 row (key 0, the previous key, the query itself, the middle of the row). A layer that never called
@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
@@ -60,17 +60,25 @@ def architecture(model: HookedModel, layer: int) -> str:
     return f"{kind} ({type(inner).__name__})"
 
 
-def check_stream_conformance(model: HookedModel, tokens: Tensor, *, force: bool = False) -> float:
+def check_stream_conformance(
+    model: HookedModel,
+    tokens: Tensor,
+    *,
+    force: bool = False,
+    attention_mask: Bool[Tensor, "batch pos"] | None = None,
+) -> float:
     """Refuse (:class:`UsageError`) unless the stream engine reproduces ``model``'s own attention on
     the first :data:`PREFIX` tokens of ``tokens[0]``; returns the largest error seen (0 if the model
-    passed before and ``force`` is False)."""
+    passed before and ``force`` is False). With ``attention_mask`` (a padded probe's) the prefix is
+    taken from the first sequence's real tokens only: an unpadded stretch of its text."""
     if model in _PASSED and not force:
         return 0.0
     adapter = adapter_for(model)
     info = describe(model)
     layers = attention_layers(model)
     stop = resid_post_hook(info.n_layers - 1)
-    prefix = tokens[:1, : min(PREFIX, tokens.shape[1])].to(info.device)
+    first = tokens[0] if attention_mask is None else tokens[0][attention_mask[0].to(tokens.device).bool()]
+    prefix = first[None, : min(PREFIX, first.shape[0])].to(info.device)
     n = prefix.shape[1]
     pairs = guard_pairs(n)
     got: dict[int, tuple[Tensor, Tensor]] = {}
