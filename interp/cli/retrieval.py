@@ -6,6 +6,15 @@ by retrieval score with their role, and writes ``retrieval.{csv,json,html}``,
 ``retrieval_distance.{csv,html}`` under ``--out``. The defaults fit the model: ``--seq-len``
 defaults to ``min(1024, the context)`` (255 on the bundled toy), ``--window`` to
 ``min(1024, seq_len // 4)``, the distances to the powers of 4 from 16 that fit.
+
+After the table it checks the roles by ablation: each role's heads (streaming, then retrieval) are
+restricted to the first ``--sink`` + last ``--window`` keys (:class:`interp.ablation.WindowAblation`)
+and the needle-copy loss is printed against the unrestricted model's (a streaming head should cost
+nothing, a retrieval head should break the copy). The restriction edits the attention pattern, so the
+check runs where the pattern engine fits its budget and is skipped with a note beyond. Under
+``torchrun`` the sequences are split between the ranks, per-needle counts are gathered in the
+probe's needle order (so the bootstrap over needles is the one-process one), and rank 0 prints and
+writes.
 """
 
 from __future__ import annotations
