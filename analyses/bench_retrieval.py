@@ -137,7 +137,7 @@ def table(rows: list[dict]) -> str:
         ratio, diff = "-", "-"
         if s and "peak_rss" in s:
             if tl and "peak_rss" in tl:
-                ratio = f"{tl['peak_rss'] / s['peak_rss']:.1f}x less, {tl['seconds'] / s['seconds']:.1f}x faster"
+                ratio = f"{tl['peak_rss'] / s['peak_rss']:.1f}x less RSS, {s['seconds'] / tl['seconds']:.2f}x the time"
                 gap = max(abs(a - b) for ra, rb in zip(s["grid"], tl["grid"]) for a, b in zip(ra, rb))
                 diff = f"{gap:.1e}"
             elif tl and tl.get("oom"):
