@@ -13,7 +13,10 @@ Methods, each (model, method, T) in a fresh subprocess:
 - ``stream``: ``retrieval_scores(engine="stream")``: row pass, row argmax at the copy queries only,
   sink + band tiles for the streaming share; no pattern anywhere;
 - ``tl-cache``: what a TransformerLens user would do: ``run_with_cache`` with ``names_filter`` on
-  ``hook_pattern`` under ``no_grad``, then the argmax and the target's weight at the copy queries.
+  ``hook_pattern`` under ``no_grad``, then the argmax at the copy queries (on ``llama`` the
+  TransformerLens bridge's ``run_with_cache``; on ``planted``, a toy model, its TransformerLens-style
+  ``run_with_cache``: the same hook names and cache). The last column is the largest difference
+  between the two methods' retrieval scores over every head, where both ran.
 
 After setup each worker caps its address space at its current size plus ``--mem-limit-gib``
 (default 8), so a method that needs more fails with an allocation error, reported as OOM. Reported:
@@ -96,6 +99,7 @@ def worker(model_name: str, method: str, T: int, threads: int, mem_limit: int) -
         "growth": peak - before,
         "top_head": f"{top // grid.shape[1]}.{top % grid.shape[1]}",
         "top_retrieval": float(flat[top]),
+        "grid": grid.tolist(),
     }
 
 
@@ -124,18 +128,22 @@ def _cell(r: dict | None) -> str:
 def table(rows: list[dict]) -> str:
     by = {(r["model"], r["method"], r["T"]): r for r in rows}
     keys = sorted({(r["model"], r["T"]) for r in rows}, key=lambda x: (MODELS.index(x[0]), x[1]))
-    head = f"{'model':>8} {'T':>7} | " + " | ".join(f"{m:>36}" for m in METHODS) + " | memory ratio"
+    head = f"{'model':>8} {'T':>7} | " + " | ".join(f"{m:>36}" for m in METHODS)
+    head += f" | {'stream vs tl-cache':>22} | max |retrieval diff|"
     lines = [head, "-" * len(head)]
     for model, T in keys:
         cells = [by.get((model, m, T)) for m in METHODS]
         s, tl = cells
-        ratio = "-"
+        ratio, diff = "-", "-"
         if s and "peak_rss" in s:
             if tl and "peak_rss" in tl:
-                ratio = f"{tl['peak_rss'] / s['peak_rss']:.1f}x less"
+                ratio = f"{tl['peak_rss'] / s['peak_rss']:.1f}x less RSS, {s['seconds'] / tl['seconds']:.2f}x the time"
+                gap = max(abs(a - b) for ra, rb in zip(s["grid"], tl["grid"]) for a, b in zip(ra, rb))
+                diff = f"{gap:.1e}"
             elif tl and tl.get("oom"):
                 ratio = "peer OOM"
-        lines.append(f"{model:>8} {T:>7} | " + " | ".join(f"{_cell(c):>36}" for c in cells) + f" | {ratio}")
+        row = f"{model:>8} {T:>7} | " + " | ".join(f"{_cell(c):>36}" for c in cells)
+        lines.append(row + f" | {ratio:>22} | {diff}")
     return "\n".join(lines)
 
 

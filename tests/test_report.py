@@ -127,6 +127,6 @@ def test_roles_and_parts_are_registries():
     assert ROLES.names() == ("induction", "previous-token", "current-token", "duplicate-token", "sink")
     assert role_columns() == {"induction": "induction", "prev_token": "previous-token", "current": "current-token",
                               "duplicate": "duplicate-token", "first_mass": "sink"}  # fmt: skip
-    assert PARTS.names() == ("sinks", "exact", "gradient", "pruning", "patterns")
+    assert PARTS.names() == ("sinks", "exact", "gradient", "pruning", "patterns", "retrieval")
     with pytest.raises(UsageError, match="unknown role 'nope'"):
         ROLES.check("nope")

@@ -3,6 +3,7 @@ the window ablation and the ``retrieval`` command. Sizes stay at or below 1K tok
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -198,5 +199,29 @@ def test_command(tmp_path, capsys):
     assert first[0] == "1.0" and first[1] == "1.000" and first[-1] == "retrieval"
     assert "engine: stream (asked for" in text
     assert {p.name for p in out.iterdir()} >= {"retrieval.csv", "retrieval.json", "retrieval_distance.csv"}
+    check = text.split("ablation check: ")[1].splitlines()
+    assert (
+        check[0]
+        == "needle-copy loss (nats, 42 copy steps) with a role's heads restricted to the first 4 + last 32 keys:"
+    )
+    assert check[1] == "  streaming heads (0.0, 0.1): 0.0000 unrestricted -> 0.0000 restricted (+0.0000)"
+    assert check[2].startswith("  retrieval heads (1.0): 0.0000 unrestricted -> ")
+    assert float(check[2].split("-> ")[1].split()[0]) > 2.0  # the copy breaks without the needle's keys
+    saved = json.loads((out / "retrieval.json").read_text())["meta"]["ablation_check"]
+    assert saved["retrieval"]["heads"] == ["1.0"] and saved["retrieval"]["loss"] > 2.0
     assert cli(["--model", "planted:bad", "--out", str(out)]) == 1
     assert "write 'planted' or 'planted:N'" in capsys.readouterr().err
+
+
+def test_command_skips_the_ablation_check_past_the_pattern_budget(tmp_path, capsys, monkeypatch):
+    from interp.cli import retrieval
+
+    monkeypatch.setattr(retrieval, "PATTERN_BUDGET", 1000)
+    argv = ["--model", "planted:600", "--seq-len", "512", "--batch", "2", "--distances", "none", "--no-progress"]
+    assert retrieval.cli([*argv, "--engine", "stream", "--window", "32", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "\nablation check skipped: restricting heads to the first 4 + last 32 keys edits the attention pattern, "
+        "which needs the pattern engine, and one layer's pattern for 2 x 513 tokens takes 8.03 MiB, over the "
+        "0.000954 MiB budget; lower --seq-len or --batch to run it\n"
+    ) in text

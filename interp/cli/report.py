@@ -69,6 +69,12 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         "--view-heads", type=_heads, default=None, help="heads shown first in the pattern viewer, e.g. 1.2,0.1"
     )
     p.add_argument("--view-len", type=positive_int, default=12, help="tokens per block of the viewer's sequence")
+    p.add_argument(
+        "--retrieval-len",
+        type=positive_int,
+        default=None,
+        help="needle-probe tokens of the retrieval part (default: 1024 when the context holds them, else left out)",
+    )
     return p
 
 
@@ -89,6 +95,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         seed=args.seed,
         progress=args.progress,
         journals=getattr(args, "journals", None),
+        retrieval_len=args.retrieval_len,
     )
     atlas.meta["model_spec"] = args.model
     elapsed = time.perf_counter() - t0
@@ -112,6 +119,16 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         print("\n".join(f"{line}  {role}" for line, role in zip(lines, ["role", *named["role"].head(args.top)])))
     else:
         print(f"\nno head's CI clears the uniform baseline with a score of at least {args.threshold:g}: no role named")
+    if atlas.retrieval is not None:
+        by = atlas.roles.set_index("label")["retrieval_role"]
+        print(
+            "\n"
+            + "; ".join(
+                f"{r} heads: {', '.join(by.index[by == r][: args.top]) or 'none'}" for r in ("retrieval", "streaming")
+            )
+        )
+    for note in atlas.meta.get("notes", []):
+        print(f"\n{note}")
     written = atlas.save(out, STEM)
     exact = getattr(atlas, "exact", None)
     partial = exact is not None and bool(exact.meta.get("partial"))

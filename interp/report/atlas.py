@@ -50,6 +50,7 @@ class Atlas:
     gradient: HeadScores | None = None
     pruning: pd.DataFrame | None = None
     pattern: dict[str, Any] = field(default_factory=dict)
+    retrieval: dict[str, Any] | None = None  # the retrieval part: scores, copy distance, windows, meta
     render: Callable[[Atlas], str] | None = field(default=None, repr=False, compare=False)
 
     # ---- views ------------------------------------------------------------------------------

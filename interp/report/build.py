@@ -22,7 +22,7 @@ from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
-from interp.models import describe
+from interp.models import ModelInfo, describe
 from interp.probes import random_tokens, repeated_tokens
 from interp.registry import Registry
 from interp.report.atlas import Atlas
@@ -38,6 +38,15 @@ PARTS.add("exact", "the exact single-head ablation sweep")
 PARTS.add("gradient", "Michel et al.'s gradient importance")
 PARTS.add("pruning", "pruning curves (gradient, exact and random orders)")
 PARTS.add("patterns", "the attention-pattern viewer")
+PARTS.add(
+    "retrieval",
+    "retrieval and streaming heads on a needle probe, and copy-distance curves (run when the model's "
+    "context holds a 1024-token probe, or at the length asked for)",
+)
+
+# the needle probe the atlas runs unasked: only when the context holds it (shorter probes say little
+# about long-range copying: the streaming window and the copy distances scale with the probe)
+RETRIEVAL_LEN = 1024
 
 ABLATION_PARTS = ("exact", "gradient", "pruning")
 
@@ -59,6 +68,7 @@ def head_atlas(
     seed: int | None = None,
     progress: bool | None = None,
     journals: Any = None,
+    retrieval_len: int | None = None,
 ) -> Atlas:
     """Run every per-head analysis of ``model`` and gather them into an :class:`Atlas`.
 
@@ -67,6 +77,12 @@ def head_atlas(
     ablation parts take its seed and progress. ``journals`` (a :class:`~interp.journal.Journals`,
     as ``--resume`` opens them): the exact sweep and the pruning curves record their finished units
     in the journals ``atlas-exact`` and ``atlas-pruning``, and a resumed run takes them from there.
+
+    The ``retrieval`` part (:func:`interp.retrieval.retrieval_scores` and
+    :func:`~interp.retrieval.copy_distance_scores`) runs on a needle probe of ``retrieval_len`` body
+    tokens when given; left at None it runs at :data:`RETRIEVAL_LEN` (1024) tokens when the
+    model's context holds that many, and is otherwise left out with a note (``meta["notes"]``): on
+    the bundled toy (context 256) the default atlas stays a matter of seconds.
     """
     cfg = RunConfig.of(config, **{k: v for k, v in {"seed": seed, "progress": progress}.items() if v is not None})
     skip = [skip] if isinstance(skip, str) else list(skip)  # skip="exact" is one part, not five letters
@@ -116,6 +132,8 @@ def head_atlas(
     if set(ABLATION_PARTS) - set(skip):
         _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra, journals)
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
+    if "retrieval" not in skip:
+        _retrieval(atlas, model, info, retrieval_len, run)
     if "patterns" not in skip:
         atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed)
     return atlas
@@ -152,6 +170,48 @@ def _ablations(
         atlas.pruning = pruning_curves(
             model, probe, metric, orders=orders, random_seeds=(seed,), journal=journal, **common
         ).table
+
+
+def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int | None, run: dict) -> None:
+    """The retrieval part: scores on a needle probe, copy distance up to the probe's length; their
+    columns join the role table (``retrieval_role``: retrieval / streaming / neither)."""
+    from interp.probes.draw import frame_tokens
+    from interp.probes.needle import copy_distance_probe, needle_probe
+    from interp.retrieval import copy_distance_scores, retrieval_scores
+    from interp.retrieval.figures import layer_windows
+
+    notes = atlas.meta.setdefault("notes", [])
+    if not info.is_causal:
+        notes.append("retrieval: left out: needle probes read a copy teacher-forced, which needs a causal model")
+        return
+    room = info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
+    if seq_len is None and room < RETRIEVAL_LEN:
+        notes.append(
+            f"retrieval: left out: the model's context holds {room} tokens, fewer than the {RETRIEVAL_LEN}-token "
+            "needle probe the atlas runs unasked; ask for a shorter one with retrieval_len= "
+            "(command line: --retrieval-len)"
+        )
+        return
+    seq_len = RETRIEVAL_LEN if seq_len is None else seq_len
+    common = {k: run[k] for k in ("minibatch", "progress", "engine")}
+    probe = needle_probe(model, seq_len=seq_len, batch=2, seed=run["seed"])
+    scores = retrieval_scores(
+        model, probe, n_boot=run["n_boot"], level=run["level"], seed=run["seed"], budget=run["budget"], **common
+    )
+    span = 8
+    distances = [4**i for i in range(2, 9) if 4**i + 2 * span <= seq_len] or [max(span, seq_len - 2 * span)]
+    dist_probe = copy_distance_probe(model, distances, span=span, batch=2, seed=run["seed"])
+    distance = copy_distance_scores(model, dist_probe, **common)
+    table = scores.table.rename(columns={"role": "retrieval_role"})
+    keep = [c for c in table.columns if c != "label"]
+    atlas.roles = atlas.roles.merge(table[keep], on=["layer", "head"], how="left")
+    atlas.retrieval = {
+        "scores": scores.table,
+        "distance": distance,
+        "windows": layer_windows(model),
+        "meta": {k: scores.meta[k] for k in ("seq_len", "n_needles", "sink", "window", "engine", "ci_level")},
+    }
+    atlas.meta["retrieval_probe"] = {**probe.meta, "distances": distances}
 
 
 def _pattern_view(

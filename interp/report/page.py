@@ -59,6 +59,8 @@ def render_atlas(atlas: Atlas) -> str:
         sections.append(("sinks", "Attention sinks", _sinks_section(atlas)))
     if atlas.exact is not None or atlas.gradient is not None or atlas.pruning is not None:
         sections.append(("ablation", "Which heads matter: ablation", _ablation_section(atlas)))
+    if atlas.retrieval is not None or _retrieval_note(atlas):
+        sections.append(("retrieval", "Retrieval and streaming heads", _retrieval_section(atlas)))
     if atlas.pattern:
         sections.append(("patterns", "Attention patterns", _patterns_section(atlas)))
     nav = " ".join(f'<a href="#{key}">{html.escape(title)}</a>' for key, title, _ in sections)
@@ -118,9 +120,13 @@ def _roles_section(atlas: Atlas) -> str:
 
 def _role_html(atlas: Atlas) -> str:
     t = atlas.roles
-    cols = [c for c in (*role_columns(), "copying", "exact_importance", "gradient_importance") if c in t]
+    cols = [
+        c for c in (*role_columns(), "copying", "exact_importance", "gradient_importance", *RETRIEVAL_COLS) if c in t
+    ]
     names = {
         **{c: PRETTY.get(c, c) for c in cols},
+        "retrieval_mass": "retrieval mass",
+        "streaming": "streaming (sink + window)",
         "first_mass": "sink (first-token mass)",
         "exact_importance": "exact importance",
         "gradient_importance": "gradient importance",
@@ -229,6 +235,60 @@ def _ablation_section(atlas: Atlas) -> str:
         + "; importance anchored at 0 (a diverging scale when some ablations help)."
     )
     return f"<p class='note'>{html.escape(note)}</p>" + "".join(parts)
+
+
+RETRIEVAL_COLS = ("retrieval", "retrieval_mass", "streaming")
+CURVES = 12  # heads drawn in the atlas's copy-distance figure (the strongest copiers)
+
+
+def _retrieval_note(atlas: Atlas) -> str:
+    return " ".join(n for n in atlas.meta.get("notes", []) if n.startswith("retrieval:"))
+
+
+def _retrieval_section(atlas: Atlas) -> str:
+    from interp.retrieval.figures import copy_distance_figure, retrieval_figure
+
+    r = atlas.retrieval
+    if r is None:
+        return f"<p class='note'>{html.escape(_retrieval_note(atlas))}</p>"
+    m = r["meta"]
+    table = r["scores"]
+    cards = []
+    for role in ("retrieval", "streaming"):
+        named = table[table["role"] == role].sort_values(role, ascending=False, kind="mergesort")["label"].tolist()
+        shown = ", ".join(named[:8]) + (f" (+{len(named) - 8})" if len(named) > 8 else "") if named else "none"
+        cards.append(f"<div><b>{role} heads</b><span>{html.escape(shown)}</span></div>")
+    p = atlas.meta.get("retrieval_probe", {})
+    note = (
+        f"Needle probe: {p.get('batch', '?')} sequences of {m['seq_len']} tokens, {m['n_needles']} needles of "
+        f"{p.get('needle_len', '?')} tokens copied teacher-forced at the end ({m['engine']} engine). Retrieval "
+        f"(Wu et al. 2024): the share of copy steps at which the head's most-attended key is the needle token "
+        f"being copied, {m['ci_level']:.0%} bootstrap CI over needles; a retrieval head scores at least 0.1. "
+        f"Streaming: the share of attention on the first {m['sink']} keys plus the last {m['window']}; a streaming "
+        "head (kept whole by a sink + window KV cache) has at least 0.9 and is not a retrieval head. "
+        "The role table above has both columns (retrieval_role in atlas_roles.csv)."
+    )
+    dist = r["distance"]
+    strength = dist.groupby(["layer", "head"])[["induction", "retrieval"]].mean().max(axis=1)
+    heads = strength.sort_values(ascending=False, kind="mergesort").index[:CURVES].tolist()
+    windows = [w for w in r["windows"] if w]
+    curve_note = (
+        f"Copy distance: induction mass and retrieval score against the distance to the earlier copy, one curve "
+        f"per head ({'every head' if len(heads) == len(strength) else f'the {len(heads)} strongest copiers'}); "
+        "the dashed line is a uniform head's induction mass"
+        + (
+            "; dotted lines mark the sliding windows, past which a windowed head cannot see the copy."
+            if windows
+            else "."
+        )
+    )
+    fig = copy_distance_figure(dist, windows=r["windows"], heads=heads, title="copy distance")
+    return (
+        f'<div class="glance">{"".join(cards)}</div><p class="note">{html.escape(note)}</p>'
+        + _figure(retrieval_figure(HeadScores(table), title="retrieval and streaming"), "atlas-retrieval")
+        + f"<p class='note'>{html.escape(curve_note)}</p>"
+        + _figure(fig, "atlas-copy-distance")
+    )
 
 
 def _patterns_section(atlas: Atlas) -> str:

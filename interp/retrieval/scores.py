@@ -84,6 +84,7 @@ class RetrievalCounts:
 
 
 COUNT_FIELDS = tuple(f.name for f in fields(RetrievalCounts))
+PER_NEEDLE = ("hits", "mass", "steps", "induction", "induction_steps")
 
 
 def default_window(seq_len: int) -> int:
@@ -121,6 +122,12 @@ def retrieval_counts(
         return {f: getattr(c, f) for f in COUNT_FIELDS if getattr(c, f) is not None}
 
     parts = distributed.map_sequences(one_block, probe, what="scoring retrieval heads")
+    if distributed.active():  # the blocks' needles come row by row: put them back in the probe's order
+        order = torch.cat([(probe.needle_row == r).nonzero().flatten() for r in range(probe.batch)])
+        for f in PER_NEEDLE:
+            merged = parts[f]
+            parts[f] = torch.empty_like(merged)
+            parts[f][order] = merged
     return RetrievalCounts(**{f: parts.get(f) for f in COUNT_FIELDS})
 
 
@@ -458,21 +465,29 @@ def copy_distance_scores(
 
 def needle_copy_loss(model: HookedModel, probe: NeedleProbe, *, minibatch: int | None = None) -> float:
     """Mean cross-entropy (nats) of the copy steps: at each retrieval pair's query ``p``, predicting
-    the copied token ``tokens[p + 1]``, teacher-forced. The metric of the window-ablation check."""
-    pairs = probe.retrieval_pairs()
-    total, B = 0.0, probe.batch
-    step = minibatch or B
-    with torch.no_grad():
-        for start in range(0, B, step):
-            mine = pairs[(pairs[:, 0] >= start) & (pairs[:, 0] < start + step)]
-            if not len(mine):
-                continue
-            logits = model(probe.tokens[start : start + step])
-            b, q = mine[:, 0] - start, mine[:, 1]
-            logp = logits[b.to(logits.device), q.to(logits.device)].float().log_softmax(-1)
-            target = probe.tokens[mine[:, 0], q + 1].to(logp.device)
-            total += float(-logp.gather(-1, target[:, None]).sum())
-    return total / len(pairs)
+    the copied token ``tokens[p + 1]``, teacher-forced. The metric of the window-ablation check.
+    Under ``torchrun`` each rank runs its block of sequences; every rank gets the mean."""
+    n_pairs = len(probe.retrieval_pairs())
+
+    def per_row(p: NeedleProbe) -> Tensor:
+        pairs = p.retrieval_pairs()
+        total = torch.zeros(p.batch, dtype=torch.float64)
+        step = minibatch or p.batch
+        with torch.no_grad():
+            for start in range(0, p.batch, step):
+                mine = pairs[(pairs[:, 0] >= start) & (pairs[:, 0] < start + step)]
+                if not len(mine):
+                    continue
+                logits = model(p.tokens[start : start + step])
+                b, q = mine[:, 0] - start, mine[:, 1]
+                logp = logits[b.to(logits.device), q.to(logits.device)].float().log_softmax(-1)
+                target = p.tokens[mine[:, 0], q + 1].to(logp.device)
+                nll = -logp.gather(-1, target[:, None])[:, 0].double().cpu()
+                total.index_add_(0, mine[:, 0], nll)
+        return total
+
+    rows = distributed.map_sequences(per_row, probe, what="measuring the needle-copy loss")
+    return float(rows.sum()) / n_pairs
 
 
 # ---------------------------------------------------------------------------------------------
