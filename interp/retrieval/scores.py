@@ -58,9 +58,10 @@ from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 from interp.probes.needle import NeedleProbe, needle_probe
 from interp.scores import HeadScores, bootstrap_ratio
-from interp.stream.blockwise import logits_tile, row_argmax
+from interp.stream.blockwise import logits_tile
 from interp.stream.budget import ENGINES, PATTERN_BUDGET, choose_engine
 from interp.stream.driver import check_finite, row_pass, run_streamed
+from interp.stream.passes import argmax_pass, gather_pass
 
 RETRIEVAL_THRESHOLD = 0.1  # Wu et al. 2024
 STREAMING_THRESHOLD = 0.9  # share of attention on sink + window
@@ -240,15 +241,15 @@ def copy_step_stats(
     ret: Int[Tensor, "n 3"],
     ind: Int[Tensor, "m 3"],
 ) -> tuple[Float[Tensor, "n head"], Float[Tensor, "n head"], Float[Tensor, "m head"]]:
-    """``(hits, target mass)`` at the retrieval pairs and the mass at the copy-induction pairs, from
-    logits of the copy queries only: each sequence's queries in runs of consecutive positions, each
-    run's rows against every key by :func:`~interp.stream.blockwise.row_argmax` (ties to the lowest
-    key), the targets' logits read off the same tiles, ``A = exp(s - lse)``. ``O(queries x T)``."""
+    """``(hits, target mass)`` at the retrieval pairs and the mass at the copy-induction pairs. The
+    hits from the retrieval queries only: each sequence's queries in runs of consecutive positions,
+    each run's rows against every key by :func:`~interp.stream.passes.argmax_pass` (the Triton kernel
+    on CUDA, else :func:`~interp.stream.blockwise.row_argmax`; ties to the lowest key). The masses
+    from one :func:`~interp.stream.blockwise.logits_tile`-consistent dot product per target
+    (:func:`~interp.stream.passes.gather_pass`), ``A = exp(s - lse)``. ``O(queries x T)``."""
     H = a.q.shape[1]
     hits = torch.zeros(len(ret), H)
-    target = {"ret": torch.full((len(ret), H), -math.inf), "ind": torch.full((len(ind), H), -math.inf)}
-    pairs = {"ret": ret, "ind": ind}
-    for b in torch.cat([ret[:, 0], ind[:, 0]]).unique().tolist():
+    for b in ret[:, 0].unique().tolist():
         one = replace(
             a,
             q=a.q[b : b + 1],
@@ -256,26 +257,13 @@ def copy_step_stats(
             v=a.v[b : b + 1],
             key_mask=None if a.key_mask is None else a.key_mask[b : b + 1],
         )
-        queries = torch.cat([ret[ret[:, 0] == b, 1], ind[ind[:, 0] == b, 1]]).unique()
-        for q0, q1 in _runs(queries):
-            mine = {n: ((p[:, 0] == b) & (p[:, 1] >= q0) & (p[:, 1] < q1)).nonzero()[:, 0] for n, p in pairs.items()}
-
-            def grab(k0: int, s: Tensor, mine: dict = mine, q0: int = q0) -> None:
-                for name, idx in mine.items():
-                    _, q, k = pairs[name][idx].unbind(-1)
-                    inside = (k >= k0) & (k < k0 + s.shape[-1])
-                    if inside.any():
-                        sel = idx[inside]
-                        got = s[0][:, (q[inside] - q0).to(s.device), (k[inside] - k0).to(s.device)]  # [head, n]
-                        target[name][sel] = got.T.float().cpu()
-
-            _, arg = row_argmax(one, q0, q1, on_tile=grab)
-            idx = mine["ret"]
+        for q0, q1 in _runs(ret[ret[:, 0] == b, 1].unique()):
+            idx = ((ret[:, 0] == b) & (ret[:, 1] >= q0) & (ret[:, 1] < q1)).nonzero()[:, 0]
+            _, arg = argmax_pass(one, q0, q1)
             _, q, k = ret[idx].unbind(-1)
             hits[idx] = (arg[0][:, (q - q0).to(arg.device)].T.cpu() == k[:, None]).float()
-    lse_at = lambda p: lse.transpose(1, 2)[p[:, 0].to(lse.device), p[:, 1].to(lse.device)].float().cpu()  # noqa: E731
-    mass = torch.exp(target["ret"] - lse_at(ret)) if len(ret) else torch.zeros(0, H)
-    ind_mass = torch.exp(target["ind"] - lse_at(ind)) if len(ind) else torch.zeros(0, H)
+    mass = gather_pass(a, lse, ret).float().cpu() if len(ret) else torch.zeros(0, H)
+    ind_mass = gather_pass(a, lse, ind).float().cpu() if len(ind) else torch.zeros(0, H)
     return hits, mass, ind_mass
 
 

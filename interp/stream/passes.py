@@ -1,12 +1,12 @@
 """The stream engine's passes over one layer's :class:`~interp.adapters.AttentionInputs`, on Triton
-kernels or in torch: :func:`row_pass`, :func:`column_pass`, :func:`gather_pass` (and the checks on
-what they return). :mod:`interp.stream.driver` runs the model; :mod:`interp.stream.guard` checks it.
+kernels or in torch: :func:`row_pass`, :func:`column_pass`, :func:`gather_pass`, :func:`argmax_pass`
+(and the checks on what they return). :mod:`interp.stream.driver` runs the model; :mod:`interp.stream.guard` checks it.
 """
 
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.adapters import AttentionInputs
@@ -18,6 +18,7 @@ from interp.stream.blockwise import (
     attention_gathered,
     attention_row_stats,
     reused_row_stats,
+    row_argmax,
 )
 
 
@@ -69,6 +70,19 @@ def gather_pass(a: AttentionInputs, lse: Float[Tensor, "batch head q"], pairs: T
     return attention_gathered(a, lse, pairs)
 
 
+def argmax_pass(
+    a: AttentionInputs, q0: int, q1: int
+) -> tuple[Float[Tensor, "batch head bq"], Int[Tensor, "batch head bq"]]:
+    """``(largest logit, its key)`` of queries ``q0:q1`` of every head, ties to the lowest key: the
+    Triton kernel where :func:`interp.kernels.use_triton` says, else
+    :func:`~interp.stream.blockwise.row_argmax`. Both skip key tiles outside the causal/window band."""
+    if use_triton(a.q):
+        from interp.stream.triton import triton_row_argmax
+
+        return triton_row_argmax(a, q0, q1)
+    return row_argmax(a, q0, q1)
+
+
 def query_rows(a: AttentionInputs) -> Tensor:
     """``[batch, 1, q]`` True at the query rows that carry statistics (not padding)."""
     B, _, T = a.q.shape[:3]
@@ -77,4 +91,4 @@ def query_rows(a: AttentionInputs) -> Tensor:
     return a.key_mask.to(a.q.device)[:, None, :].bool()
 
 
-__all__ = ["check_finite", "column_pass", "gather_pass", "query_rows", "row_pass"]
+__all__ = ["argmax_pass", "check_finite", "column_pass", "gather_pass", "query_rows", "row_pass"]

@@ -8,7 +8,9 @@ never loaded), logit softcapping, ALiBi slopes, learned sink logits (in the log-
 mask, each a compile-time flag, so plain attention runs the same code as before. :func:`triton_column_sums`
 is the second pass: one program per (key block, batch, query head) walks the query blocks that see
 its keys and sums ``exp(s - lse)`` down each column, so every key's received mass comes out without
-atomics. Both compute in base 2 (``exp2``), like the flash kernel, and run under Triton's
+atomics. :func:`triton_row_argmax` is the row pass of a retrieval score at chosen query rows: the
+largest logit and its key, ties to the lowest key. The first two compute in base 2 (``exp2``), like
+the flash kernel (the argmax in natural units, like the torch tiles); all run under Triton's
 interpreter on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was imported (tests);
 fp32 or fp16 inputs, d_head 16..128, grouped K/V by head index. The Triton guard, the interpreter
 and the launch checks are :mod:`interp.kernels`'.
@@ -17,7 +19,7 @@ and the launch checks are :mod:`interp.kernels`'.
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.adapters.base import AttentionInputs
@@ -37,12 +39,24 @@ if HAS_TRITON:
         HAS_WINDOW: tl.constexpr, HAS_KEY_MASK: tl.constexpr, scale, DOT_PRECISION: tl.constexpr,
     ):  # fmt: skip
         """The tile of ``interp.stream.blockwise.logits_tile``, in base-2 units, -inf where hidden."""
+        s = _logits(
+            q, k, rows, keys, batch, n, slope, softcap, window, KeyMask,
+            CAUSAL, HAS_SOFTCAP, HAS_BIAS, HAS_WINDOW, HAS_KEY_MASK, scale, DOT_PRECISION,
+        )  # fmt: skip
+        return s * 1.4426950408889634
+
+    @triton.jit
+    def _logits(
+        q, k, rows, keys, batch, n, slope, softcap, window, KeyMask,
+        CAUSAL: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, HAS_KEY_MASK: tl.constexpr, scale, DOT_PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        """The tile of ``interp.stream.blockwise.logits_tile`` (natural units), -inf where hidden."""
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         if HAS_SOFTCAP:
             s = _tanh(s / softcap) * softcap
         if HAS_BIAS:
             s = s + slope * (keys[None, :] - rows[:, None]).to(tl.float32)
-        s = s * 1.4426950408889634
         visible = keys[None, :] < n
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None])
@@ -113,6 +127,60 @@ if HAS_TRITON:
         tl.store(Lse + row, lse2 * 0.6931471805599453, mask=ok)
         tl.store(Max + row, m_i * 0.6931471805599453, mask=ok)
         tl.store(MaxRest + row, m_rest * 0.6931471805599453, mask=ok)
+
+    @triton.jit
+    def _row_argmax_kernel(
+        Q, K, Best, Arg, Slopes, KeyMask,
+        stride_qb, stride_qh, stride_qn, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        n_heads, n, d_head, q0, q1, scale, softcap, window,
+        GROUP: tl.constexpr, CAUSAL: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+        HAS_KEY_MASK: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        first = q0 + tl.program_id(0) * BLOCK_M  # this program's rows: first .. first + BLOCK_M (< q1)
+        batch = tl.program_id(1) // n_heads
+        head = tl.program_id(1) % n_heads
+        offs_m = first + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d[None, :] < d_head
+        q = tl.load(
+            Q + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+            mask=(offs_m[:, None] < q1) & d_ok,
+            other=0.0,
+        )
+        slope = 0.0
+        if HAS_BIAS:
+            slope = tl.load(Slopes + head)
+        k_base = K + batch * stride_kb + (head // GROUP) * stride_kh + offs_d[None, :] * stride_kd
+        best = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        arg = tl.zeros([BLOCK_M], dtype=tl.int32)
+        lo = 0
+        if HAS_WINDOW:  # tiles left of the band are never read
+            lo = (tl.maximum(first - window + 1, 0) // BLOCK_N) * BLOCK_N
+        hi = n
+        if CAUSAL:
+            hi = tl.minimum(tl.minimum(first + BLOCK_M, q1), n)
+        for start_n in range(lo, hi, BLOCK_N):
+            keys = start_n + offs_n
+            k = tl.load(k_base + keys[:, None] * stride_kn, mask=(keys[:, None] < n) & d_ok, other=0.0)
+            s = _logits(
+                q, k, offs_m, keys, batch, n, slope, softcap, window, KeyMask,
+                CAUSAL, HAS_SOFTCAP, HAS_BIAS, HAS_WINDOW, HAS_KEY_MASK, scale, DOT_PRECISION,
+            )  # fmt: skip
+            top = tl.max(s, 1)
+            # the first maximal key of the tile: ties go to the lowest index
+            at = tl.min(tl.where(s == top[:, None], keys[None, :], 2147483647), 1)
+            better = top > best  # strictly: an equal maximum in a later tile keeps the earlier key
+            best = tl.where(better, top, best)
+            arg = tl.where(better, at, arg)
+        out = (batch * n_heads + head) * (q1 - q0) + offs_m - q0
+        ok = offs_m < q1
+        tl.store(Best + out, best, mask=ok)
+        tl.store(Arg + out, arg.to(tl.int64), mask=ok)
 
     @triton.jit
     def _column_sums_kernel(
@@ -223,3 +291,27 @@ def triton_column_sums(a: AttentionInputs, lse: Float[Tensor, "batch head pos"])
         **meta,
     )  # fmt: skip
     return received
+
+
+def triton_row_argmax(
+    a: AttentionInputs, q0: int, q1: int
+) -> tuple[Float[Tensor, "batch head bq"], Int[Tensor, "batch head bq"]]:
+    """:func:`interp.stream.blockwise.row_argmax` (without ``on_tile``) as one Triton launch: per
+    query ``q0:q1`` of every head, ``(largest logit, its key)``, ties to the lowest key; key tiles
+    outside the causal/window band are never read. A row that sees no key gets ``(-inf, 0)``."""
+    meta, (slopes, _, key_mask, scalars) = _launch_args(a)
+    q, k = a.q, a.k.to(a.q.dtype)
+    B, H, T, d = q.shape
+    if not 0 <= q0 <= q1 <= T:
+        raise ValueError(f"query rows {q0}:{q1} are outside 0:{T}")
+    best = torch.full((B, H, q1 - q0), float("-inf"), device=q.device, dtype=torch.float32)
+    arg = torch.zeros(B, H, q1 - q0, device=q.device, dtype=torch.long)
+    if q1 == q0:
+        return best, arg
+    scale, softcap, window = scalars
+    grid = (triton.cdiv(q1 - q0, meta["BLOCK_M"]), B * H)
+    _row_argmax_kernel[grid](
+        q, k, best, arg, slopes, key_mask, *q.stride(), *k.stride(), H, T, d, q0, q1, scale, softcap, window,
+        **meta,
+    )  # fmt: skip
+    return best, arg
