@@ -243,11 +243,7 @@ def attention_scores(
             pattern = pattern.detach().float()
             if chunk_mask is not None:
                 pattern = torch.where(real[sl].to(pattern.device)[:, None, :, None], pattern, 0.0)
-            if not torch.isfinite(pattern).all():
-                raise NonFiniteAttentionError(
-                    f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-                    f"in {info.name}'s dtype on this input: load it in float32 (command line: --dtype float32)"
-                )
+            check_finite(pattern, layer, info.name)
             for name, mask in chunk_targets.items():
                 mask = mask.to(pattern.device)  # blocks may live on different devices
                 num[name][sl, layer] = einops.einsum(pattern, mask, "b h q k, b q k -> b h").cpu()

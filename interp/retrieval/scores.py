@@ -53,7 +53,7 @@ from torch import Tensor
 
 import interp.distributed as distributed
 from interp.adapters import AttentionInputs, HookedModel, run_with_reducers
-from interp.errors import NonFiniteAttentionError, UsageError
+from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 from interp.probes.needle import NeedleProbe, needle_probe
@@ -178,11 +178,7 @@ def _pattern_counts(
         def reduce(pattern: Float[Tensor, "batch head q k"], hook: Any) -> None:
             layer = layer_of(hook)
             pattern = pattern.detach()
-            if not torch.isfinite(pattern).all():
-                raise NonFiniteAttentionError(
-                    f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-                    f"in {info.name}'s dtype on this input: load it in float32 (command line: --dtype float32)"
-                )
+            check_finite(pattern, layer, info.name)
             hits, mass = argmax_hits(pattern, local_ret.to(pattern.device))
             counts.hits[:, layer].index_add_(0, needles_ret, hits.double().cpu())
             counts.mass[:, layer].index_add_(0, needles_ret, mass.double().cpu())
