@@ -186,6 +186,12 @@ def needle_probe(
     return probe
 
 
+def default_distances(room: int, span: int) -> list[int]:
+    """The copy distances a probe of ``room`` body tokens holds with ``span``-token needles: the powers
+    of 4 from 16 to 65536 that fit with room for the needle and its copy, else the one that fits."""
+    return [4**i for i in range(2, 9) if 4**i + 2 * span <= room] or [max(span, room - 2 * span)]
+
+
 def copy_distance_probe(
     model: HookedModel,
     distances: Sequence[int] | None = None,
@@ -209,7 +215,7 @@ def copy_distance_probe(
     prefix, suffix, _ = frame_tokens(info)
     room = info.n_ctx - len(prefix) - len(suffix)
     if distances is None:
-        distances = [4**i for i in range(2, 9) if 4**i + 2 * span <= room] or [max(span, room - 2 * span)]
+        distances = default_distances(room, span)
     distances = [int(d) for d in distances]
     if not distances:
         raise UsageError("give at least one distance")
@@ -369,4 +375,4 @@ def _haystack_stream(
     return ids, "ids"
 
 
-__all__ = ["NeedleProbe", "copy_distance_probe", "needle_probe"]
+__all__ = ["NeedleProbe", "copy_distance_probe", "default_distances", "needle_probe"]

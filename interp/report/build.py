@@ -176,7 +176,7 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
     """The retrieval part: scores on a needle probe, copy distance up to the probe's length; their
     columns join the role table (``retrieval_role``: retrieval / streaming / neither)."""
     from interp.probes.draw import frame_tokens
-    from interp.probes.needle import copy_distance_probe, needle_probe
+    from interp.probes.needle import copy_distance_probe, default_distances, needle_probe
     from interp.retrieval import copy_distance_scores, retrieval_scores
     from interp.retrieval.figures import layer_windows
 
@@ -199,7 +199,7 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
         model, probe, n_boot=run["n_boot"], level=run["level"], seed=run["seed"], budget=run["budget"], **common
     )
     span = 8
-    distances = [4**i for i in range(2, 9) if 4**i + 2 * span <= seq_len] or [max(span, seq_len - 2 * span)]
+    distances = default_distances(seq_len, span)
     dist_probe = copy_distance_probe(model, distances, span=span, batch=2, seed=run["seed"])
     distance = copy_distance_scores(model, dist_probe, **common)
     table = scores.table.rename(columns={"role": "retrieval_role"})
