@@ -12,7 +12,9 @@ resets the mark to the resident set now, so a call's own peak can be told from e
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -77,3 +79,15 @@ def random_gpt2(n_layer: int | None = None, tokenizer=None):
 
     hf = gpt2_small() if n_layer is None else gpt2_small(n_layer)
     return from_hf_model(hf, tokenizer, name="gpt2-small-random")
+
+
+def run_worker(cmd: list[str], env: dict[str, str], **fields: object) -> dict:
+    """Run one measurement in a fresh process (``cmd`` prints its result as JSON on its last line).
+    A failure is ``{**fields, "oom": ..., "error": ...}``: out of memory when it hit its cap (a
+    memory/allocation error, or killed), else the last line it printed."""
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode == 0:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+    oom = any("memory" in line.lower() or "alloc" in line.lower() for line in tail) or done.returncode in (-9, 137)
+    return {**fields, "oom": oom, "error": None if oom else tail}

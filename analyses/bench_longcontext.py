@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import child_env, llama_model, save_tiny_llama, status_bytes
+from _common import child_env, llama_model, run_worker, save_tiny_llama, status_bytes
 
 METHODS = ("pattern", "stream", "tl-cache")
 SHAPE = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, n_positions=65536, vocab=32000)
@@ -98,13 +97,7 @@ def sweep(lengths: list[int], methods: list[str], threads: int, mem_limit: int) 
         for method in methods:
             cmd = [sys.executable, __file__, "--worker", method, str(T), "--threads", str(threads)]
             cmd += ["--mem-limit-gib", str(mem_limit / 2**30)]
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if done.returncode != 0:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-                oom = any("memory" in line.lower() for line in tail) or done.returncode in (-9, 137)
-                row = {"method": method, "T": T, "oom": oom, "error": None if oom else tail}
-            else:
-                row = json.loads(done.stdout.strip().splitlines()[-1])
+            row = run_worker(cmd, env, method=method, T=T)
             rows.append(row)
             print(_line(row), flush=True)
     return rows

@@ -32,12 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import child_env, llama_model, status_bytes
+from _common import child_env, llama_model, run_worker, status_bytes
 
 METHODS = ("stream", "tl-cache")
 MODELS = ("planted", "llama")
@@ -107,12 +106,7 @@ def run_one(model: str, method: str, T: int, threads: int, mem_limit: int) -> di
     env = child_env(OMP_NUM_THREADS=str(threads))
     cmd = [sys.executable, __file__, "--worker", model, method, str(T), "--threads", str(threads)]
     cmd += ["--mem-limit-gib", str(mem_limit / 2**30)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        oom = any("memory" in line.lower() or "alloc" in line.lower() for line in tail) or done.returncode in (-9, 137)
-        return {"model": model, "method": method, "T": T, "oom": oom, "error": None if oom else tail}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(cmd, env, model=model, method=method, T=T)
 
 
 def _cell(r: dict | None) -> str:
