@@ -58,7 +58,7 @@ from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe, repeated_tokens
 from interp.progress import tqdm
 from interp.registry import Registry
-from interp.scores import HeadScores, bootstrap_ratio
+from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 from interp.stream.budget import choose_engine
 from interp.stream.driver import check_finite, gather_pass, row_pass, run_streamed
 
@@ -444,12 +444,15 @@ def head_scores(
     )
     grids: dict[str, Tensor] = {}
     notes: list[str] = []
+    ci_sequences: dict[str, int] = {}
     for name in scores:
-        point, lo, hi = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+        ci = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
         if float(den[name].sum()) == 0:  # e.g. duplicate/induction on a prompt with no repeated token
-            point, lo, hi = (torch.full_like(point, float("nan")) for _ in range(3))
             notes.append(no_target_note(name))
-        grids.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
+        else:
+            notes.extend(interval_notes(name, ci, unit=_unit(probe)))
+        ci_sequences[name] = ci.units
+        grids.update({name: ci.point, f"{name}_lo": ci.lo, f"{name}_hi": ci.hi})
     if copying and info.latent_attention:  # no per-head W_V: the column says so, the rest stands
         warnings.warn(f"{_no_copying(info)}; its copying column is NaN", stacklevel=2)
         grids["copying"] = torch.full((info.n_layers, info.n_heads), float("nan"))
@@ -465,6 +468,7 @@ def head_scores(
         engine=engine,
         engine_reason=why,
     )
+    meta["ci_sequences"] = ci_sequences
     try:  # what a uniform head scores: the figure's baselines and marks, recorded in every saved JSON
         meta["baselines"] = {k: v for k, v in uniform_baselines(probe).items() if k in scores}
     except (InterpError, ZeroDivisionError, ValueError):
@@ -481,6 +485,11 @@ def _check_order(model: HookedModel, probe: Any) -> None:
         raise UsageError(
             f"head_scores takes the model first and the probe second: head_scores(model, probe), got ({got})"
         )
+
+
+def _unit(probe: TokenProbe) -> str:
+    """What a probe's sequences are called in a note: the user's texts, or sequences."""
+    return "text" if (probe.meta or {}).get("kind") == "texts" else "sequence"
 
 
 def no_target_note(name: str) -> str:

@@ -50,6 +50,29 @@ def few_sequences_note(n: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class RatioInterval:
+    """A pooled ratio, its bootstrap interval, and what the interval rests on.
+
+    Unpacks as ``point, lo, hi``. ``units``: how many resampling units (probe sequences, needles)
+    hold a target, i.e. a positive denominator, for some column; ``empty``: the indices of the units
+    that hold none (they add nothing to any resample's numerator or denominator); ``dropped``: how
+    many of the ``n_boot`` resamples held no target at all and were left out of the quantiles (the
+    largest count over the columns).
+    """
+
+    point: Tensor
+    lo: Tensor
+    hi: Tensor
+    units: int
+    empty: tuple[int, ...]
+    dropped: int
+    n_boot: int
+
+    def __iter__(self):
+        return iter((self.point, self.lo, self.hi))
+
+
 def bootstrap_ratio(
     num: Float[Tensor, " batch *rest"],
     den: Float[Tensor, " batch *rest"],
@@ -57,24 +80,64 @@ def bootstrap_ratio(
     n_boot: int = 1000,
     level: float = 0.95,
     seed: int = 0,
-) -> tuple[Float[Tensor, "*rest"], Float[Tensor, "*rest"], Float[Tensor, "*rest"]]:
-    """Pooled ratio ``sum(num) / sum(den)`` over sequences, and its percentile bootstrap CI.
+) -> RatioInterval:
+    """Pooled ratio ``sum(num) / sum(den)`` over units, and its bootstrap CI.
 
-    Each probe sequence contributes a numerator (attention mass on the targets, summed over its
-    scored queries) and a denominator (how many queries it scored). Sequences are resampled with
-    replacement ``n_boot`` times; the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
-    quantiles of the resampled ratios. A single sequence gives a degenerate interval.
+    Each unit (a probe sequence, or a needle) contributes a numerator (e.g. attention mass on the
+    targets, summed over its scored queries) and a denominator (how many targets it scored). The
+    units that hold a target (a positive denominator in some column) are resampled with replacement
+    ``n_boot`` times, and each resample pools its units' targets (a ratio estimator). A unit with no
+    target takes no part: it never counts as a zero, and mixing such units in leaves the interval
+    as it was. A resample that holds no target for a column (possible where units hold targets for
+    some columns only) has no ratio there; it is dropped, and the count is reported
+    (:attr:`RatioInterval.dropped`).
+
+    The interval is the expanded percentile interval (Hesterberg 2015): the quantiles of the
+    resampled ratios at ``Phi(sqrt(n / (n - 1)) * t[n - 1]((1 - level) / 2))`` and its mirror, ``n``
+    the units with a target. It corrects the plain percentile interval's known narrowness with few
+    units (on 50 sequences the plain one covered a known score 93% of the time at 95%; this one 95%,
+    tests/test_bootstrap.py). Columns with no target in any unit are NaN; a single unit with targets
+    gives a degenerate interval. Returns a :class:`RatioInterval` (unpacks as ``point, lo, hi``).
     """
     num, den = num.double().cpu(), den.double().cpu()
-    point = num.sum(0) / den.sum(0).clamp_min(1e-12)
+    total = den.sum(0)
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    point = torch.where(total > 0, num.sum(0) / total.clamp_min(1e-300), nan)
     b = num.shape[0]
+    has = (den.reshape(b, -1) > 0).any(1) if b else torch.zeros(0, dtype=torch.bool)
+    pool = torch.nonzero(has).flatten()
+    empty = tuple(int(i) for i in torch.nonzero(~has).flatten())
+    n = len(pool)
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(b, (n_boot, b), generator=gen)
-    ratios = num[idx].sum(1) / den[idx].sum(1).clamp_min(1e-12)
-    alpha = (1.0 - level) / 2
-    lo = torch.quantile(ratios, alpha, dim=0)
-    hi = torch.quantile(ratios, 1 - alpha, dim=0)
-    return point.float(), lo.float(), hi.float()
+    idx = pool[torch.randint(max(n, 1), (n_boot, n), generator=gen)] if n else torch.zeros(n_boot, 0, dtype=torch.long)
+    pooled = den[idx].sum(1)
+    ratios = torch.where(pooled > 0, num[idx].sum(1) / pooled.clamp_min(1e-300), nan)
+    degenerate = (pooled <= 0) & (total > 0)  # a resample drew only units without this column's targets
+    alpha = expanded_alpha(level, n)
+    lo = torch.nanquantile(ratios, alpha, dim=0)
+    hi = torch.nanquantile(ratios, 1 - alpha, dim=0)
+    dropped = int(degenerate.sum(0).max()) if degenerate.numel() else 0
+    return RatioInterval(point.float(), lo.float(), hi.float(), n, empty, dropped, n_boot)
+
+
+def expanded_alpha(level: float, n: int) -> float:
+    """The lower quantile at which :func:`bootstrap_ratio` reads its interval on ``n`` units:
+    ``Phi(sqrt(n / (n - 1)) * t[n - 1]((1 - level) / 2))`` (Hesterberg's expanded percentile
+    interval), the plain ``(1 - level) / 2`` for fewer than 2 units. Student's t quantile comes from
+    its Cornish-Fisher expansion in the normal one (Abramowitz & Stegun 26.7.5): within 0.01 of the
+    exact quantile at 4 degrees of freedom, 3e-4 from 9 up."""
+    plain = (1.0 - level) / 2
+    if n < 2:
+        return plain
+    normal = torch.distributions.Normal(0.0, 1.0)
+    z, nu = float(normal.icdf(torch.tensor(plain, dtype=torch.float64))), n - 1
+    t = (
+        z
+        + (z**3 + z) / (4 * nu)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * nu**3)
+    )
+    return float(normal.cdf(torch.tensor((n / (n - 1)) ** 0.5 * t, dtype=torch.float64)))
 
 
 def bootstrap_mean(
@@ -91,6 +154,26 @@ def bootstrap_mean(
     for t in (point, lo, hi):
         t[nan] = float("nan")
     return point, lo, hi
+
+
+def interval_notes(name: str, ci: RatioInterval, unit: str = "sequence") -> list[str]:
+    """What a reader of ``name``'s interval must know: which units held no target and were left out
+    of it, and how many resamples held no target and were dropped."""
+    notes = []
+    if ci.empty and ci.units:
+        which = ", ".join(str(i) for i in ci.empty[:20]) + (", ..." if len(ci.empty) > 20 else "")
+        many = len(ci.empty) != 1
+        notes.append(
+            f"{name}: {unit}{'s' if many else ''} {which} (of {ci.units + len(ci.empty)}) "
+            f"{'have' if many else 'has'} no target for this score and add{'' if many else 's'} nothing "
+            f"to it or its interval, which rests on {ci.units} {unit}{'s' if ci.units != 1 else ''}"
+        )
+    if ci.dropped:
+        notes.append(
+            f"{name}: {ci.dropped} of {ci.n_boot} bootstrap resamples held no target and were dropped "
+            "from its interval"
+        )
+    return notes
 
 
 @dataclass
@@ -140,9 +223,19 @@ class HeadScores:
 
     @property
     def n_sequences(self) -> int | None:
-        """How many probe sequences the CIs rest on (the probe's batch, when the meta records it)."""
+        """How many probe sequences the CIs rest on: the fewest that hold a target for a score with an
+        interval (``meta["ci_sequences"]``, which the analyses record), else the probe's batch (its
+        ``batch``, or how many texts a padded probe holds), when the meta records it."""
+        per_score = self.meta.get("ci_sequences") or {}
+        counts = [int(n) for c, n in per_score.items() if c in self.table and self.has_ci(c)]
+        if counts:
+            return min(counts)
         probe = self.meta.get("probe") or {}
-        n = probe.get("batch") if isinstance(probe, dict) else None
+        if not isinstance(probe, dict):
+            return None
+        n = probe.get("batch")
+        if n is None and probe.get("lengths") is not None:
+            n = len(probe["lengths"])
         return int(n) if n is not None else None
 
     @property
@@ -210,6 +303,7 @@ class HeadScores:
             **provenance(),
             "probe": self.meta.get("probe"),
             "baselines": self.meta.get("baselines"),
+            "ci_warning": few_sequences_note(self.n_sequences) if self.few_sequences else None,
             "meta": self.meta,
             "rows": json.loads(files.to_json(orient="records")),
         }

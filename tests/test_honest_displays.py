@@ -75,7 +75,15 @@ def test_importance_ci_is_the_bootstrap_of_per_sequence_deltas():
 
     x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 0.0], [6.0, 0.0]])
     point, lo, hi = bootstrap_mean(x, n_boot=2000, seed=0)
-    assert point.tolist() == [3.0, 0.0] and lo[0] >= 1.5 and hi[0] <= 5.25 and lo[1] == hi[1] == 0
+    # 4 sequences: the expanded interval (Student's t with 3 degrees of freedom) spans the data's range
+    assert point.tolist() == [3.0, 0.0] and lo[0] == 1.0 and hi[0] == 6.0 and lo[1] == hi[1] == 0
+    # 50 sequences: about the mean -+ t[49] standard errors
+    gen = torch.Generator().manual_seed(0)
+    y = 2.0 + torch.randn(50, 1, generator=gen, dtype=torch.float64)
+    point, lo, hi = bootstrap_mean(y, n_boot=4000, seed=0)
+    se = float(y.std() / 50**0.5)
+    assert float(point) - float(lo) == pytest.approx(2.01 * se, rel=0.12)
+    assert float(hi) - float(point) == pytest.approx(2.01 * se, rel=0.12)
 
 
 def test_noise_floor_greys_only_small_or_uncertain_cells():

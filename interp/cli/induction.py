@@ -70,7 +70,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     )
     ranked = scores.rank("induction", top=args.top)
     print(f"top {len(ranked)} heads by induction score ({args.ci:.0%} bootstrap CI over sequences):")
-    print(format_table(ranked, [*ATTENTION_SCORES, "copying"], ci=ATTENTION_SCORES, n_sequences=probe.batch))
+    print(format_table(ranked, [*ATTENTION_SCORES, "copying"], ci=ATTENTION_SCORES, n_sequences=scores.n_sequences))
     for name in ATTENTION_SCORES:
         print(top_line(scores, name, baselines[name]))
 

@@ -57,7 +57,7 @@ from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 from interp.probes.needle import NeedleProbe, needle_probe
-from interp.scores import HeadScores, bootstrap_ratio
+from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 from interp.stream.blockwise import logits_tile
 from interp.stream.budget import ENGINES, PATTERN_BUDGET, choose_engine
 from interp.stream.driver import check_finite, row_pass, run_streamed
@@ -364,12 +364,13 @@ def retrieval_scores(
         model, probe, sink=sink, window=window, minibatch=minibatch, engine=engine, progress=progress
     )
     steps = counts.steps[:, None, None].expand_as(counts.hits)
-    point, lo, hi = bootstrap_ratio(counts.hits, steps, n_boot=n_boot, level=level, seed=seed)
-    grids = {"retrieval": point, "retrieval_lo": lo, "retrieval_hi": hi}
+    by_needle = bootstrap_ratio(counts.hits, steps, n_boot=n_boot, level=level, seed=seed)
+    grids = {"retrieval": by_needle.point, "retrieval_lo": by_needle.lo, "retrieval_hi": by_needle.hi}
     grids["retrieval_mass"] = (counts.mass.sum(0) / counts.steps.sum()).float()
     queries = counts.stream_queries[:, None, None].expand_as(counts.stream)
-    point, lo, hi = bootstrap_ratio(counts.stream, queries, n_boot=n_boot, level=level, seed=seed)
-    grids.update({"streaming": point, "streaming_lo": lo, "streaming_hi": hi})
+    by_seq = bootstrap_ratio(counts.stream, queries, n_boot=n_boot, level=level, seed=seed)
+    grids.update({"streaming": by_seq.point, "streaming_lo": by_seq.lo, "streaming_hi": by_seq.hi})
+    notes = [*interval_notes("retrieval", by_needle, unit="needle"), *interval_notes("streaming", by_seq)]
     scores = HeadScores.from_grids(
         grids,
         {
@@ -390,6 +391,8 @@ def retrieval_scores(
             "seed": seed,
             "engine": engine,
             "engine_reason": why,
+            "ci_sequences": {"retrieval": by_needle.units, "streaming": by_seq.units},
+            **({"notes": notes} if notes else {}),
         },
     )
     scores.table["role"] = classify(scores.table["retrieval"].to_numpy(), scores.table["streaming"].to_numpy())

@@ -54,7 +54,7 @@ def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: 
     )
     lines += [
         f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
-        format_table(ranked, score_cols, ci=["first_mass"], n_sequences=probe.batch),
+        format_table(ranked, score_cols, ci=["first_mass"], n_sequences=report.heads.n_sequences),
         "",
     ]
 

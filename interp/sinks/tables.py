@@ -15,7 +15,7 @@ from torch import Tensor
 from interp.adapters import HookedModel
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe, ordinary_vocab
-from interp.scores import HeadScores, bootstrap_ratio
+from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 from interp.sinks.stats import SinkStatistics, queries_per_key_rows, scored_queries, uniform_mass, uniform_mass_rows
 
 
@@ -49,7 +49,12 @@ def head_table(
     num = stats.received[..., 0]
     n_first = queries_per_key_rows(probe)[:, 0]  # each text's queries on its first token
     den = n_first[:, None, None].expand_as(num).clone()
-    point, lo, hi = bootstrap_ratio(num, den, n_boot=n_boot, level=level, seed=seed)
+    ci = bootstrap_ratio(num, den, n_boot=n_boot, level=level, seed=seed)
+    point, lo, hi = ci
+    unit = "text" if probe.meta.get("kind") == "texts" else "sequence"
+    meta: dict = {"ci_sequences": {"first_mass": ci.units}}
+    if notes := interval_notes("first_mass", ci, unit=unit):
+        meta["notes"] = notes
     if eligible.ndim == 2:  # padded: a position counts where any text has it eligible
         eligible = eligible.any(0)
     grids: dict[str, Tensor] = {"first_mass": point, "first_mass_lo": lo, "first_mass_hi": hi}
@@ -93,7 +98,7 @@ def head_table(
         grids["learned_sink_mass"] = stats.learned_sink.mean(0) / T
     if stats.gate is not None and bool(torch.isfinite(stats.gate).any()):  # gated attention (Qwen3-Next)
         grids["output_gate"] = stats.gate.nanmean(0)  # mean sigmoid gate on each head's output
-    return HeadScores.from_grids(grids)
+    return HeadScores.from_grids(grids, meta)
 
 
 LEARNED_SINK = "<learned sink>"

@@ -1,0 +1,96 @@
+"""Bootstrap intervals of pooled ratios: units without targets take no part, degenerate resamples
+are dropped and counted, the interval covers a known score, and few units are flagged everywhere."""
+
+import json
+
+import pytest
+import torch
+
+import interp
+from interp.scores import bootstrap_ratio, expanded_alpha, format_table
+
+TRUE = 0.3
+
+
+def synthetic(reps: int, n_seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reps`` independent probes (columns) of ``n_seq`` sequences whose pooled score is ``TRUE``:
+    each sequence holds 1-20 targets, its own mean mass drawn around TRUE (sequences differ), each
+    target's mass drawn around that mean."""
+    torch.manual_seed(seed)
+    seq_mean = torch.distributions.Beta(3.0, 7.0).sample((n_seq, reps))  # mean 0.3
+    n_targets = torch.randint(1, 21, (n_seq, reps)).double()
+    mass = torch.distributions.Beta(seq_mean * 10, (1 - seq_mean) * 10).sample((20,)).double()
+    taken = torch.arange(20)[:, None, None] < n_targets[None]
+    return (mass * taken).sum(0), n_targets
+
+
+def test_intervals_cover_a_known_score_at_their_level():
+    num, den = synthetic(reps=2000, n_seq=50, seed=0)
+    ci = bootstrap_ratio(num, den, n_boot=1000, seed=1)
+    covered = float(((ci.lo <= TRUE) & (ci.hi >= TRUE)).double().mean())
+    assert 0.93 <= covered <= 0.97, covered
+    assert ci.units == 50 and ci.empty == () and ci.dropped == 0
+
+
+def test_sequences_without_targets_leave_the_interval_as_it_was():
+    num, den = synthetic(reps=500, n_seq=50, seed=2)
+    alone = bootstrap_ratio(num, den, n_boot=1000, seed=3)
+    # 20 target-less sequences (no target: nothing on either side of the ratio) mixed in among them
+    where = torch.randperm(70, generator=torch.Generator().manual_seed(4))[:20].sort().values
+    keep = torch.ones(70, dtype=torch.bool)
+    keep[where] = False
+    mixed_num, mixed_den = torch.zeros(70, 500, dtype=torch.float64), torch.zeros(70, 500, dtype=torch.float64)
+    mixed_num[keep], mixed_den[keep] = num, den
+    mixed = bootstrap_ratio(mixed_num, mixed_den, n_boot=1000, seed=3)
+    for a, b in zip(alone, mixed):
+        assert torch.equal(a, b)
+    assert mixed.empty == tuple(where.tolist()) and mixed.units == 50 and mixed.dropped == 0
+    covered = float(((mixed.lo <= TRUE) & (mixed.hi >= TRUE)).double().mean())
+    assert 0.93 <= covered <= 0.97, covered
+
+
+def test_a_resample_without_a_target_is_dropped_and_counted():
+    # unit 0 has targets for column 0 only, unit 1 for column 1 only: a quarter of the resamples of
+    # column 0 draw unit 1 twice and hold no target there
+    num = torch.tensor([[0.8, 0.0], [0.0, 0.4]])
+    den = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    ci = bootstrap_ratio(num, den, n_boot=1000, seed=0)
+    assert 180 < ci.dropped < 320, ci.dropped
+    assert ci.point.tolist() == pytest.approx([0.4, 0.4]) and ci.lo.tolist() == pytest.approx([0.4, 0.4])
+    assert ci.hi.tolist() == pytest.approx([0.4, 0.4])  # not 0: the empty resamples count for nothing
+
+
+def test_columns_without_targets_are_nan_and_the_expansion_shrinks_to_the_plain_quantile():
+    ci = bootstrap_ratio(torch.zeros(3, 2), torch.tensor([[1.0, 0.0], [2.0, 0.0], [1.0, 0.0]]))
+    assert ci.point[0] == 0 and torch.isnan(ci.point[1]) and torch.isnan(ci.lo[1]) and torch.isnan(ci.hi[1])
+    assert expanded_alpha(0.95, 1) == pytest.approx(0.025)
+    assert expanded_alpha(0.95, 10) < expanded_alpha(0.95, 50) < expanded_alpha(0.95, 5000) < 0.025
+    assert expanded_alpha(0.95, 5000) == pytest.approx(0.025, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def two_texts():
+    model = interp.load_model("toy")
+    texts = ["The cat sat on the mat. The cat sat on the mat.", "Dogs bark."]
+    probe = interp.TokenProbe.from_texts(model, texts, padding="left")
+    return interp.head_scores(model, probe)
+
+
+def test_a_text_without_targets_does_not_drag_the_interval_to_zero(two_texts):
+    row = two_texts.table.set_index("label").loc["1.2"]
+    assert row["induction"] > 0.9 and row["induction_lo"] > 0.9, row  # was [0.0, 0.933]
+    assert (two_texts.table["induction_lo"] > 0).all()
+    assert (
+        "induction: text 1 (of 2) has no target for this score and adds nothing to it or its interval, "
+        "which rests on 1 text"
+    ) in two_texts.meta["notes"]
+
+
+def test_few_sequences_are_flagged_on_padded_probes_in_table_json_and_figure(two_texts, tmp_path):
+    assert two_texts.n_sequences == 1 and two_texts.few_sequences  # 1 text holds induction targets
+    text = format_table(two_texts.table, ["induction"], ci=["induction"], n_sequences=two_texts.n_sequences)
+    assert text.splitlines()[-1].startswith("! CIs from 1 sequence: fewer than 5")
+    _, js = two_texts.save(tmp_path)
+    assert json.loads(js.read_text())["ci_warning"].startswith("! CIs from 1 sequence")
+    titles = " ".join(a.text for a in two_texts.figure(["induction"]).layout.annotations)
+    assert "CIs from 1 sequence (&lt; 5)" in titles
