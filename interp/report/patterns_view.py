@@ -187,8 +187,8 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
 h1 { font-size: 22px; margin: 0 0 4px; } .meta { color: #52606d; margin: 0 0 10px; font-size: 14px; max-width: 1100px; }
 .controls { display: flex; gap: 14px; align-items: center; margin: 8px 0; flex-wrap: wrap; font-size: 14px; }
 #layout { display: flex; gap: 20px; align-items: flex-start; }
-#grid-wrap { flex: 1 1 0; min-width: 0; }
-#thumbs { display: grid; gap: 3px; align-items: center; }
+#grid-wrap { flex: 0 1 auto; min-width: 0; }
+#thumbs { display: grid; gap: 3px; align-items: center; justify-content: start; }
 .row-label, .col-label { font-size: 11px; color: #52606d; text-align: center; }
 .row-label { padding-right: 4px; text-align: right; }
 .thumb { border: 2px solid #d9e2ec; border-radius: 3px; padding: 1px; cursor: pointer; background: white; min-width: 0; }
@@ -196,7 +196,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } .meta { color: #52606d; margin: 0 0 10p
 .thumb canvas { display: block; width: 100%; height: auto; image-rendering: pixelated; }
 #big { flex: 0 0 auto; width: min-content; position: sticky; top: 8px; max-height: calc(100vh - 16px);
        overflow-y: auto; overflow-x: hidden; }
-#big-plot { display: grid; grid-template-columns: auto auto; }
+#big-plot { display: grid; grid-template-columns: auto auto; margin-top: 8px; }
 #big canvas { display: block; image-rendering: pixelated; border: 1px solid #d9e2ec; cursor: crosshair; }
 .labels { font-family: ui-monospace, monospace; font-size: 10px; color: #3e4c59; white-space: pre; }
 #ylabels div { text-align: right; padding-right: 4px; overflow: visible; }
