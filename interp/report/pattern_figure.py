@@ -17,6 +17,7 @@ from torch import Tensor
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
+from interp.plots import MAX_WIDTH
 from interp.report.patterns import attention_patterns, token_labels
 
 
@@ -67,7 +68,7 @@ def pattern_heatmap(
         template="plotly_white",
         coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"title": "attention"}},
         plot_bgcolor="#dddddd",
-        width=min(1380, 140 + len(heads) * (side + 60)),
+        width=min(MAX_WIDTH, 140 + len(heads) * (side + 60)),
         height=side + 220,
     )
     return fig
