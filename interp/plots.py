@@ -370,7 +370,7 @@ def _panel_title(
     ``<br>`` per line after the first, so the line count can be read back)."""
     name = name or PRETTY.get(col, col)
     if col in baselines:
-        note = f"uniform {baselines[col]:.3f}; dot: CI above it and score >= {MARK_THRESHOLD:g}"
+        note = f"uniform {baselines[col]:.3f}; dot: CI above it, score >= {MARK_THRESHOLD:g}"
     elif floor is not None:
         note = f"noise floor {floor:.3g}: grey cells lie inside it" + (" or their CI reaches 0" if ci else "")
     else:
