@@ -207,9 +207,10 @@ def heatmap(
     (``{score: floor}``; default: ``meta["noise_floor"]`` for ``importance``) greys every cell whose
     CI reaches 0 or whose size is at most the floor, and keeps the colour scale (which then must
     hold no grey: :func:`grey_free`) for the rest. ``names`` (``{score: panel title}``) overrides
-    the panel titles; titles and notes wrap to their panel's width. ``title`` defaults to the model and the kind of scores. ``scales`` overrides the family of a
-    column; ``zmin``/``zmax``/``colorscale`` put every panel on one given scale, whose colour bar is
-    titled ``value_name``.
+    the panel titles; titles and notes wrap to their panel's width, and rows are spaced so that the
+    axis titles clear the next row's panel titles. ``title`` defaults to the model and the kind of
+    scores. ``scales`` overrides the family of a column; ``zmin``/``zmax``/``colorscale`` put every
+    panel on one given scale, whose colour bar is titled ``value_name``.
     """
     if isinstance(columns, str):
         columns = [columns]
