@@ -3,7 +3,8 @@
 Heatmaps never let a panel pick its own colours: every score belongs to a *family* with one fixed
 scale shared by all its panels and drawn as a colour bar (attention masses 0..1; the copying score
 -1..1, diverging around 0; ablation importance anchored at 0). Panels are sized by the model's
-number of layers and heads and wrap into rows that fit a 1400-pixel window.
+number of layers and heads and wrap into rows that fit a 1280-pixel window. On a panel with a noise
+floor, grey means "inside the floor" and nothing else: its colour scale holds no grey (:func:`grey_free`).
 
 Every figure is saved as interactive, self-contained HTML (plotly.js inlined, atomically), and as PNG too when a Chrome or Chromium is
 available (:mod:`interp.browser`); when none is, :func:`save_figure` says so once, in one line.
@@ -41,9 +42,20 @@ PRETTY = {
     "importance": "importance",
     "metric_ablated": "metric when ablated",
 }
-MAX_WIDTH = 1380  # figures fit a 1400-pixel window
+MAX_WIDTH = 1200  # figures fit a 1280-pixel window with its scrollbar and a page's margins
 MARK_THRESHOLD = 0.3  # the role rule's effect size: a mark needs the CI above the baseline and this much score
 NEUTRAL = "#d5d9de"  # cells inside an importance's noise floor
+GREY_CHROMA = 48  # a colour whose channels differ by less than this (of 255) reads as grey beside NEUTRAL
+# RdBu_r without its white middle: a diverging scale on which no colour is grey, for panels where grey
+# means "inside the noise floor" (the floor's cells are drawn in NEUTRAL, the rest never look like them)
+DIVERGING = (
+    (0.0, "#053061"),
+    (0.25, "#2166ac"),
+    (0.5, "#92c5de"),
+    (0.5, "#f4a582"),
+    (0.75, "#d6604d"),
+    (1.0, "#67001f"),
+)
 # one template for every figure the toolkit draws: heatmaps, bars, curves, the sinks and gate plots
 TEMPLATE = go.layout.Template(
     layout=dict(
@@ -83,16 +95,17 @@ class Scale:
     """A colour scale shared by every panel of one score family.
 
     ``zmin``/``zmax`` of ``None`` follow the data; ``anchor`` pins one end at that value (or, when
-    the data cross it, centres a diverging scale on it)."""
+    the data cross it, centres the ``diverging`` scale on it)."""
 
     title: str
-    colorscale: str = "Viridis"
+    colorscale: str | tuple = "Viridis"
     zmin: float | None = None
     zmax: float | None = None
     zmid: float | None = None
     anchor: float | None = None
+    diverging: str | tuple = "RdBu_r"
 
-    def limits(self, values: np.ndarray) -> tuple[float, float, float | None, str]:
+    def limits(self, values: np.ndarray) -> tuple[float, float, float | None, str | tuple]:
         """``(zmin, zmax, zmid, colorscale)`` for these values."""
         finite = values[np.isfinite(values)]
         lo = float(finite.min()) if finite.size else 0.0
@@ -101,7 +114,7 @@ class Scale:
             a = self.anchor
             if lo < a < hi:  # both signs: diverging around the anchor
                 r = max(hi - a, a - lo)
-                return a - r, a + r, a, "RdBu_r"
+                return a - r, a + r, a, self.diverging
             lo, hi = (a, max(hi, a + 1e-12)) if lo >= a else (min(lo, a - 1e-12), a)
         zmin = lo if self.zmin is None else self.zmin
         zmax = hi if self.zmax is None else self.zmax
@@ -112,7 +125,7 @@ class Scale:
 
 MASS = Scale("attention mass", zmin=0.0, zmax=1.0)
 SIGNED = Scale("copying score", colorscale="RdBu_r", zmin=-1.0, zmax=1.0, zmid=0.0)
-IMPORTANCE = Scale("importance", colorscale="Viridis", anchor=0.0)
+IMPORTANCE = Scale("importance", colorscale="Viridis", anchor=0.0, diverging=DIVERGING)
 FAMILIES: dict[str, Scale] = {
     "prev_token": MASS,
     "current": MASS,
@@ -123,6 +136,35 @@ FAMILIES: dict[str, Scale] = {
     "copying": SIGNED,
     "importance": IMPORTANCE,
 }
+
+
+def _rgb(colour: str) -> tuple[float, float, float]:
+    from plotly.colors import hex_to_rgb, unlabel_rgb
+
+    return tuple(float(v) for v in (hex_to_rgb(colour) if colour.startswith("#") else unlabel_rgb(colour))[:3])
+
+
+def colour_at(colorscale: str | Sequence, t: float) -> tuple[float, float, float]:
+    """The RGB colour (0..255) that ``colorscale`` (a plotly name or ``[(position, colour), ...]``)
+    gives at ``t`` in 0..1, interpolated linearly as plotly.js does; at a repeated position the
+    upper colour wins."""
+    from plotly.colors import get_colorscale
+
+    stops = [
+        (float(p), _rgb(c)) for p, c in (get_colorscale(colorscale) if isinstance(colorscale, str) else colorscale)
+    ]
+    t = min(1.0, max(0.0, float(t)))
+    for (p0, c0), (p1, c1) in zip(stops, stops[1:]):
+        if p0 <= t < p1 or (t == p1 == stops[-1][0]):
+            w = (t - p0) / (p1 - p0)
+            return tuple(a + w * (b - a) for a, b in zip(c0, c1))
+    return stops[-1][1] if t >= stops[-1][0] else stops[0][1]
+
+
+def grey_free(colorscale: str | Sequence, samples: int = 401) -> bool:
+    """Whether no colour of ``colorscale`` reads as grey: its channels differ by at least
+    :data:`GREY_CHROMA` everywhere (Viridis, Plasma and :data:`DIVERGING` do; Cividis, RdBu_r do not)."""
+    return all(max(c) - min(c) >= GREY_CHROMA for c in (colour_at(colorscale, t) for t in np.linspace(0, 1, samples)))
 
 
 def short_name(name: str) -> str:
@@ -153,6 +195,7 @@ def heatmap(
     max_width: int = MAX_WIDTH,
     threshold: float = MARK_THRESHOLD,
     noise_floor: Mapping[str, float] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> go.Figure:
     """One layer x head panel per score, one fixed colour scale (and colour bar) per score family.
 
@@ -162,10 +205,12 @@ def heatmap(
     the role rule: its CI lies wholly above its score's baseline *and* the score is at least
     ``threshold``. CIs over fewer than 5 sequences are flagged in the panel title. ``noise_floor``
     (``{score: floor}``; default: ``meta["noise_floor"]`` for ``importance``) greys every cell whose
-    CI reaches 0 or whose size is below the floor, and keeps the colour scale for the rest.
-    ``title`` defaults to the model and the kind of scores. ``scales`` overrides the family of a
-    column; ``zmin``/``zmax``/``colorscale`` put every panel on one given scale, whose colour bar is
-    titled ``value_name``.
+    CI reaches 0 or whose size is at most the floor, and keeps the colour scale (which then must
+    hold no grey: :func:`grey_free`) for the rest. ``names`` (``{score: panel title}``) overrides
+    the panel titles; titles and notes wrap to their panel's width, and rows are spaced so that the
+    axis titles clear the next row's panel titles. ``title`` defaults to the model and the kind of
+    scores. ``scales`` overrides the family of a column; ``zmin``/``zmax``/``colorscale`` put every
+    panel on one given scale, whose colour bar is titled ``value_name``.
     """
     if isinstance(columns, str):
         columns = [columns]
@@ -191,13 +236,35 @@ def heatmap(
     for c in columns:
         groups.setdefault(family[c], []).append(c)
 
+    for scale, cols in groups.items():
+        for cs in (scale.colorscale, scale.diverging if scale.anchor is not None else scale.colorscale):
+            if any(c in noise_floor for c in cols) and not grey_free(cs):
+                raise ValueError(
+                    f"the colour scale {cs if isinstance(cs, str) else 'given'} of {', '.join(cols)} holds greys, and "
+                    "grey marks the cells inside the noise floor: choose one without (Viridis, Plasma, plots.DIVERGING)"
+                )
+
     L, H = scores.n_layers, scores.n_heads
     pw, ph, cell = panel_size(L, H)
-    gap_x, gap_y, left, top, bottom, bar = 64, 96, 70, 110 if title else 60, 56, 110
+    gap_x, left, bottom, bar = 64, 70, 56, 110
     n_cols = max(1, min(len(columns), (max_width - left - bar * len(groups) + gap_x) // (pw + gap_x)))
     n_rows = math.ceil(len(columns) / n_cols)
+    titles = [
+        _panel_title(
+            c,
+            baselines,
+            few if scores.has_ci(c) else None,
+            noise_floor.get(c),
+            (names or {}).get(c),
+            pw + gap_x - 16,
+            scores.has_ci(c),
+        )
+        for c in columns
+    ]
+    block = max(_title_height(t) for t in titles)
+    top = block + (70 if title else 24)
+    gap_y = AXIS_BELOW + block + 14  # the x ticks and axis title, then the next row's panel title
     plot_w, plot_h = n_cols * pw + (n_cols - 1) * gap_x, n_rows * ph + (n_rows - 1) * gap_y
-    titles = [_panel_title(c, baselines, few if scores.has_ci(c) else None, noise_floor.get(c)) for c in columns]
     fig = make_subplots(
         rows=n_rows,
         cols=n_cols,
@@ -243,10 +310,13 @@ def heatmap(
                 thickness=14,
             ),
         )
+    height = top + plot_h + bottom
     fig.update_layout(
-        title=dict(text=title, x=0.0, xanchor="left", xref="paper") if title else None,
+        title=dict(text=title, x=0.0, xanchor="left", xref="paper", y=1 - 16 / height, yanchor="top")
+        if title
+        else None,
         width=max(560 if title else 0, title_width(title, left), left + plot_w + bar * len(groups)),
-        height=top + plot_h + bottom,
+        height=height,
         margin=dict(l=left, r=bar * len(groups), t=top, b=bottom),
         showlegend=False,
         plot_bgcolor="white",
@@ -255,9 +325,9 @@ def heatmap(
 
 
 def inside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndarray:
-    """``[layer, head]``: cells indistinguishable from 0: the CI reaches 0, or ``|value| < floor``."""
+    """``[layer, head]``: cells indistinguishable from 0: the CI reaches 0, or ``|value| <= floor``."""
     z = scores.grid(col)
-    inside = np.zeros(z.shape, dtype=bool) if floor is None else np.abs(z) < floor
+    inside = np.zeros(z.shape, dtype=bool) if floor is None else np.abs(z) <= floor
     if floor is not None and scores.has_ci(col):
         lo, hi = scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi")
         inside |= (lo <= 0) & (hi >= 0)
@@ -272,18 +342,47 @@ def _outside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndar
 NOTES = {"copying": "+1 copies the attended token, -1 suppresses it"}
 
 
-def _panel_title(col: str, baselines: Mapping[str, float], few: int | None = None, floor: float | None = None) -> str:
-    name = PRETTY.get(col, col)
+TITLE_LINE = 21  # pixels per line of a panel title
+AXIS_BELOW = 62  # pixels under a panel that its x tick labels and axis title take
+
+
+def _title_height(text: str) -> int:
+    """The height in pixels of a panel title from :func:`_panel_title` (plotly spaces every line of
+    an annotation by its 16 px font, small type or not)."""
+    return TITLE_LINE * (text.count("<br>") + 1)
+
+
+def _wrap(text: str, width_px: int, px_per_char: float) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, max(12, int(width_px / px_per_char)), break_on_hyphens=False) or [text]
+
+
+def _panel_title(
+    col: str,
+    baselines: Mapping[str, float],
+    few: int | None = None,
+    floor: float | None = None,
+    name: str | None = None,
+    width: int = 10_000,
+    ci: bool = False,
+) -> str:
+    """The panel's title, then its note in small type, both wrapped to ``width`` pixels (one
+    ``<br>`` per line after the first, so the line count can be read back)."""
+    name = name or PRETTY.get(col, col)
     if col in baselines:
-        note = f"uniform {baselines[col]:.3f}; dot: CI above it and score >= {MARK_THRESHOLD:g}"
+        note = f"uniform {baselines[col]:.3f}; dot: CI above it, score >= {MARK_THRESHOLD:g}"
     elif floor is not None:
-        note = f"noise floor {floor:.3g}: grey cells lie inside it"
+        note = f"noise floor {floor:.3g}: grey cells lie inside it" + (" or their CI reaches 0" if ci else "")
     else:
         note = NOTES.get(col)
+    lines = _wrap(name, width, 9.0)
+    small = [f"<span style='font-size:11px'>{line}</span>" for line in (_wrap(note, width, 6.0) if note else [])]
     if few is not None:
-        flag = f"<span style='color:#c0392b'>! CIs from {few} sequence{'s' if few != 1 else ''} (&lt; 5)</span>"
-        note = f"{note}; {flag}" if note else flag
-    return f"{name}<br><span style='font-size:11px'>{note}</span>" if note else name
+        small.append(
+            f"<span style='font-size:11px;color:#c0392b'>! CIs from {few} sequence{'s' if few != 1 else ''} (&lt; 5)</span>"
+        )
+    return "<br>".join(lines + small)
 
 
 def _add_panel(

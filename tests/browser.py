@@ -202,3 +202,73 @@ def ink(png: bytes) -> tuple[float, int]:
     total = img.width * img.height
     background = max(colours)[0]
     return 1.0 - background / total, len(colours)
+
+
+# The page's layout as the browser laid it out: the viewport, how wide the document is, every element
+# that scrolls sideways, and the box of every piece of visible text (HTML text and SVG text alike).
+LAYOUT = r"""(() => {
+  const box = r => [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY];
+  const shown = el => { for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+      const s = getComputedStyle(e);
+      if (s.display === 'none' || s.visibility === 'hidden' || +s.opacity === 0) return false; }
+    return true; };
+  const texts = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const p = n.parentElement;
+    if (!n.data.trim() || !p || p.closest('script, style, svg, option') || !shown(p)) continue;
+    const range = document.createRange(); range.selectNodeContents(n);
+    for (const r of range.getClientRects()) {
+      if (r.width > 0 && r.height > 0) texts.push({text: n.data.trim().slice(0, 40), box: box(r), svg: false}); }
+  }
+  for (const t of document.querySelectorAll('svg text')) {
+    const r = t.getBoundingClientRect();
+    if (t.textContent.trim() && r.width > 0 && r.height > 0 && shown(t))
+      texts.push({text: t.textContent.trim().slice(0, 40), box: box(r), svg: true});
+  }
+  const scrollers = [];
+  for (const e of document.querySelectorAll('body *')) {
+    const s = getComputedStyle(e);
+    if (['auto', 'scroll'].includes(s.overflowX) && e.scrollWidth > e.clientWidth + 1) {
+      const r = e.getBoundingClientRect();
+      scrollers.push({tag: e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + (e.className && typeof e.className === 'string' ? '.' + e.className.split(' ')[0] : ''),
+                      top: r.top + scrollY, scroll: e.scrollWidth, client: e.clientWidth});
+    }
+  }
+  return {width: innerWidth, height: innerHeight, scroll: document.documentElement.scrollWidth, scrollers, texts};
+})()"""
+
+
+def overlaps(texts: list[dict], tolerance: float = 2.0, clearance: float = 4.0) -> list[tuple[str, str]]:
+    """Pairs of text boxes that overlap by more than ``tolerance`` pixels both ways. Two pieces of a
+    figure's text (SVG) must not overlap at all, and one above the other must stay ``clearance``
+    pixels apart: an axis title that touches the next panel's title counts. A sweep along x."""
+    items = sorted(texts, key=lambda t: t["box"][0])
+    found = []
+    for i, a in enumerate(items):
+        ax0, ay0, ax1, ay1 = a["box"]
+        for b in items[i + 1 :]:
+            bx0, by0, bx1, by1 = b["box"]
+            svg = a["svg"] and b["svg"]
+            across = tolerance if not svg else 0.5
+            if bx0 >= ax1 - across:
+                break
+            down = tolerance if not svg else -clearance
+            if min(ax1, bx1) - max(ax0, bx0) > across and min(ay1, by1) - max(ay0, by0) > down:
+                found.append((a["text"], b["text"]))
+    return found
+
+
+def layout_problems(layout: dict) -> list[str]:
+    """What a reader would see wrong in :data:`LAYOUT`'s answer: a page or a box on its first screen
+    that scrolls sideways, and text boxes that overlap."""
+    problems = []
+    if layout["scroll"] > layout["width"]:
+        problems.append(f"the page scrolls sideways: {layout['scroll']} px wide in a {layout['width']} px window")
+    for s in layout["scrollers"]:
+        if s["top"] < layout["height"]:
+            problems.append(f"{s['tag']} on the first screen scrolls sideways: {s['scroll']} px in {s['client']} px")
+    pairs = overlaps(layout["texts"])
+    if pairs:
+        problems.append(f"{len(pairs)} overlapping text boxes, e.g. {pairs[:4]}")
+    return problems

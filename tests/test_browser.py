@@ -1,5 +1,8 @@
 """Every HTML page the CLIs and the atlas write, opened in a real headless Chromium: no console error,
-every plotly figure drawn, a screenshot that is not blank; PNG export through the browser.
+every plotly figure drawn, a screenshot that is not blank; PNG export through the browser. At 1280 and
+1920 pixels no page scrolls sideways and no two text boxes overlap (read from the page's layout);
+the pattern viewer on GPT-2 small's shape (12 x 12 heads) lays its thumbnails out layer by head and
+keeps the enlarged pattern and its tokens in view beside them.
 
 Skips, saying why, only where no Chrome/Chromium can be had (``.ci/run`` installs Debian's chromium).
 """
@@ -13,7 +16,7 @@ import sys
 import pytest
 
 from interp.browser import find_browser, screenshot_png
-from tests.helpers import one_thread
+from tests.helpers import gpt2_model, one_thread
 
 BROWSER = find_browser()
 pytestmark = pytest.mark.skipif(
@@ -134,3 +137,117 @@ def test_without_a_browser_save_figure_says_why_in_one_line(tmp_path):
         "PNG export skipped: no Chrome or Chromium found: install one (Debian: apt-get install chromium) "
         "or set BROWSER_PATH"
     ]
+
+
+TEXT = "She said \u201cthe cat sat on the mat\u201d \U0001f600 and the cat sat on the mat again, twice over."
+WIDTHS = (1280, 1920)
+
+
+@pytest.fixture(scope="module")
+def pattern_pages(tmp_path_factory):
+    """``interp patterns`` on the toy and on a random-weight GPT-2 of GPT-2 small's shape (12 layers x
+    12 heads, width 48) whose byte-level BPE splits the curly quotes and the emoji into single bytes."""
+    from interp.cli import main
+    from tests.test_text_probe import byte_bpe
+
+    root = tmp_path_factory.mktemp("patterns")
+    gpt2_model(n_layer=12, n_head=12, n_embd=48, vocab=300).save_pretrained(root / "gpt2-12x12")
+    byte_bpe(300).save_pretrained(root / "gpt2-12x12")
+    with one_thread():
+        for name, model in (("toy", "toy"), ("gpt2", str(root / "gpt2-12x12"))):
+            code = main(["patterns", "--model", model, "--text", TEXT, "--out", str(root / name), "--no-progress"])
+            assert code == 0, name
+    return {name: root / name / "patterns.html" for name in ("toy", "gpt2")}
+
+
+def _layout(chromium, page, width: int, steps=()):
+    from tests.browser import LAYOUT
+
+    visit = chromium.visit(page.as_uri(), width=width, height=900, steps=[*steps, ("eval", "layout", LAYOUT)])
+    assert not visit.errors and visit.drawn, (page.name, visit.errors)
+    return visit
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_page_scrolls_sideways_or_overlaps_its_text(chromium, outputs, pattern_pages, width):
+    from tests.browser import layout_problems
+
+    pages = [*sorted(outputs.glob("*/*.html")), *pattern_pages.values()]
+    assert {p.name for p in pages} >= {"induction.html", "atlas.html", "patterns.html"}
+    found = {}
+    for page in pages:
+        problems = layout_problems(_layout(chromium, page, width).values["layout"])
+        if problems:
+            found[f"{page.parent.name}/{page.name}"] = problems
+    assert not found, f"at {width} px: {found}"
+
+
+def test_the_layout_checks_catch_sideways_scroll_and_overlaps(chromium, tmp_path):
+    from tests.browser import layout_problems
+
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<html><body data-ready='1'><div style='overflow:auto;width:300px'><table><tr>"
+        + "<td style='white-space:nowrap'>gradient importance 0.104 [0.1, 0.11]</td>" * 3
+        + "</tr></table></div><div style='width:1500px'>wide</div>"
+        "<p style='margin:0'>one line</p><p style='margin:-10px 0 0'>the next on top of it</p>"
+        "<svg width='300' height='80'><text x='10' y='30'>head</text><text x='10' y='46'>induction</text></svg>"
+        "</body></html>"
+    )
+    problems = layout_problems(_layout(chromium, page, 1280).values["layout"])
+    assert problems[0] == "the page scrolls sideways: 1508 px wide in a 1280 px window"
+    assert problems[1].startswith("div on the first screen scrolls sideways:")
+    assert problems[2].startswith("2 overlapping text boxes") and "'one line', 'the next on top of it'" in problems[2]
+    assert "('head', 'induction')" in problems[2]  # an axis title touching the next panel's title
+
+
+GRID = """(() => { const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const thumbs = {}; document.querySelectorAll('.thumb').forEach(t => { thumbs[t.dataset.head] = box(t); });
+  return {thumbs, big: box(document.getElementById('big-canvas')), strip: box(document.getElementById('attends-to')),
+          height: innerHeight, text: document.body.innerText,
+          xlabels: Array.from(document.querySelectorAll('#xlabels .axis-label')).map(e => [+e.dataset.pos, e.textContent]),
+          ylabels: Array.from(document.querySelectorAll('#ylabels .axis-label')).map(e => [+e.dataset.pos, e.textContent]),
+          scale: document.getElementById('big-canvas').width / document.querySelectorAll('#ylabels div').length}; })()"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_viewer_on_gpt2_small_shape_is_a_layer_by_head_grid_beside_its_pattern(chromium, pattern_pages, width):
+    import json
+
+    data = json.loads(pattern_pages["gpt2"].read_text().split('id="pattern-data">')[1].split("</script>")[0])
+    tokens = data["texts"][0]["tokens"]
+    scroll = "(() => { document.querySelector('.thumb[data-head=\"11.11\"]').scrollIntoView(); return scrollY; })()"
+    visit = _layout(chromium, pattern_pages["gpt2"], width, [("eval", "top", GRID), ("eval", "y", scroll)])
+    visit.values["bottom"] = chromium.visit(
+        pattern_pages["gpt2"].as_uri(), width=width, height=900, steps=[("eval", "y", scroll), ("eval", "g", GRID)]
+    ).values["g"]
+    top = visit.values["top"]
+    thumbs = top["thumbs"]
+    assert len(thumbs) == 144
+    rows = [sorted({round(thumbs[f"{l}.{h}"][1]) for h in range(12)}) for l in range(12)]
+    cols = [sorted({round(thumbs[f"{l}.{h}"][0]) for l in range(12)}) for h in range(12)]
+    assert all(len(r) == 1 for r in rows) and all(len(c) == 1 for c in cols)  # a row per layer, a column per head
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows) and len({r[0] for r in rows}) == 12
+    assert [c[0] for c in cols] == sorted(c[0] for c in cols) and len({c[0] for c in cols}) == 12
+    big = top["big"]
+    assert big[0] >= max(t[2] for t in thumbs.values())  # beside the grid, not under it
+    assert big[1] - thumbs["0.0"][1] < 60 and big[3] <= top["height"]  # level with the first row, on the first screen
+    bottom = visit.values["bottom"]
+    assert (
+        bottom["thumbs"]["11.11"][3] <= bottom["height"]
+        and bottom["big"][1] >= 0
+        and bottom["big"][3] <= bottom["height"]
+    )
+    assert bottom["strip"][1] < bottom["height"]  # the last row, the pattern and the token strip in one view
+    # token labels on both axes, thinned so that each has 12 px or more
+    step = top["xlabels"][1][0] - top["xlabels"][0][0]
+    assert step * top["scale"] >= 12 and (step - 1) * top["scale"] < 12
+    assert (
+        top["xlabels"]
+        == top["ylabels"]
+        == [
+            [i, f"{i} {tokens[i] if len(tokens[i]) <= 12 else tokens[i][:11] + chr(0x2026)}"]
+            for i in range(0, len(tokens), step)
+        ]
+    )
+    assert "\ufffd" not in top["text"] and "\\xe2" in top["text"] and "\\xf0" in top["text"]

@@ -8,6 +8,7 @@ importance lies inside its noise floor.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -172,3 +173,84 @@ def test_sink_tokens_need_three_occurrences_and_bos_comes_first():
     )
     table = token_table(occ, lambda f: f["attention_ratio"] >= 3)
     assert table["token"].tolist() == ["<bos>", "x", "y"] and table["is_sink"].tolist() == [True, False, False]
+
+
+def _rgb_at(axis, value: float) -> tuple[float, ...]:
+    """The colour a plotly colour axis gives ``value``: a linear blend between the scale's stops, as
+    plotly.js draws it (read from the figure, independent of interp.plots)."""
+    stops = []
+    for pos, colour in axis.colorscale:
+        c = colour.strip()
+        rgb = (
+            tuple(int(c[i : i + 2], 16) for i in (1, 3, 5))
+            if c.startswith("#")
+            else tuple(float(v) for v in c[c.index("(") + 1 : -1].split(",")[:3])
+        )
+        stops.append((float(pos), rgb))
+    t = (value - axis.cmin) / (axis.cmax - axis.cmin)
+    for (p0, c0), (p1, c1) in zip(stops, stops[1:]):
+        if p0 <= t <= p1 and p1 > p0:
+            return tuple(a + (t - p0) / (p1 - p0) * (b - a) for a, b in zip(c0, c1))
+    raise AssertionError(f"{value} lies outside the colour axis [{axis.cmin}, {axis.cmax}]")
+
+
+def _chroma(rgb) -> float:
+    return max(rgb) - min(rgb)  # 0 for a pure grey; the neutral floor colour has 9
+
+
+@pytest.mark.parametrize(
+    "col, grid",
+    [  # the atlas's case: gradient importances 0.104 and 0.091 drawn grey under "grey cells lie inside it"
+        ("gradient_importance", [[0.0003, 0.104, 0.091, 0.2], [0.0, 0.0004, 0.05, 0.15]]),
+        ("exact_importance", [[-0.3, -0.0002, 0.2, 1.0], [0.001, -0.02, 0.0004, 0.5]]),  # diverging: some help
+    ],
+)
+def test_grey_means_only_inside_the_noise_floor(col, grid):
+    from interp.plots import NEUTRAL
+    from interp.report.page import IMPORTANCE_SCALES
+
+    floor = 0.000474
+    z = np.array(grid)
+    s = HeadScores.from_grids({col: z})
+    fig = heatmap(s, [col], scales=IMPORTANCE_SCALES, noise_floor={col: floor})
+    title = " ".join(re.sub(r"<[^>]+>", " ", fig.layout.annotations[0].text).split())  # as read, lines joined
+    assert title == f"{col} noise floor 0.000474: grey cells lie inside it"
+    noise = [t for t in fig.data if t.name == "noise"][0]
+    coloured = [t for t in fig.data if t.type == "heatmap" and t.name != "noise"][0]
+    inside = np.abs(z) <= floor
+    assert (~np.isnan(np.asarray(noise.z, dtype=float)) == inside).all() and noise.colorscale[0][1] == NEUTRAL
+    assert (np.isnan(np.asarray(coloured.z, dtype=float)) == inside).all()
+    axis = fig.layout[coloured.coloraxis]
+    for v in z[~inside]:
+        assert _chroma(_rgb_at(axis, v)) >= 40, f"{v} is drawn grey: {_rgb_at(axis, v)}"
+    # and so is every value the scale can show outside the floor, not only these
+    lo, hi = axis.cmin, axis.cmax
+    for v in [*np.linspace(floor, hi, 300), *(np.linspace(lo, -floor, 300) if lo < 0 else [])]:
+        assert _chroma(_rgb_at(axis, v)) >= 40, f"{v:.4g} would be drawn grey: {_rgb_at(axis, v)}"
+
+
+def test_a_scale_with_greys_is_refused_on_a_panel_with_a_noise_floor():
+    from interp.plots import DIVERGING, Scale, grey_free
+
+    assert not grey_free("Cividis") and not grey_free("RdBu_r") and grey_free("Viridis") and grey_free(DIVERGING)
+    s = HeadScores.from_grids({"importance": np.array([[0.5, 0.0001]])})
+    with pytest.raises(ValueError) as e:
+        heatmap(
+            s,
+            ["importance"],
+            scales={"importance": Scale("x", "Cividis", anchor=0.0)},
+            noise_floor={"importance": 0.01},
+        )
+    assert str(e.value) == (
+        "the colour scale Cividis of importance holds greys, and grey marks the cells inside the noise floor: "
+        "choose one without (Viridis, Plasma, plots.DIVERGING)"
+    )
+    heatmap(s, ["importance"], scales={"importance": Scale("x", "Cividis", anchor=0.0)})  # no floor: no grey to mean
+
+
+def test_importance_from_the_cli_diverges_without_a_white_middle():
+    s = HeadScores.from_grids({"importance": np.array([[-0.4, 0.003, 0.8]])}, {"noise_floor": 0.01})
+    fig = heatmap(s, ["importance"])
+    axis = fig.layout.coloraxis
+    assert axis.cmin == -0.8 and axis.cmax == 0.8
+    assert min(_chroma(_rgb_at(axis, v)) for v in (-0.011, 0.011, -0.4, 0.8)) >= 40

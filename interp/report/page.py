@@ -15,14 +15,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plots import PRETTY, Scale, curves, heatmap, short_name
+from interp.plots import DIVERGING, PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
 from interp.report.roles import THRESHOLD, role_columns
 from interp.report.viewer import VIEWER_JS
 from interp.scores import HeadScores
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; padding: 24px;
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; padding: 24px 16px;
        max-width: 1400px; color: #1f2933; }
 h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin-top: 36px; border-bottom: 1px solid #d9e2ec; }
 .meta { color: #52606d; margin: 0 0 12px; } nav a { margin-right: 14px; }
@@ -30,10 +30,12 @@ h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin-top: 36px; border-bottom: 1
 .glance div { border: 1px solid #d9e2ec; border-radius: 6px; padding: 10px 14px; min-width: 180px; }
 .glance b { display: block; font-size: 13px; color: #52606d; font-weight: 600; }
 .glance span { font-size: 20px; }
-.table-wrap { max-height: 560px; overflow: auto; border: 1px solid #d9e2ec; }
+.table-wrap { max-height: 560px; overflow: auto; border: 1px solid #d9e2ec; width: fit-content; max-width: 100%; }
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
-th, td { padding: 4px 10px; text-align: right; white-space: nowrap; border-bottom: 1px solid #eef2f6; }
-th { position: sticky; top: 0; background: #f5f7fa; } td.role, th.role { text-align: left; }
+th, td { padding: 3px 7px; text-align: right; white-space: nowrap; border-bottom: 1px solid #eef2f6; }
+th { position: sticky; top: 0; background: #f5f7fa; white-space: normal; min-width: 48px; vertical-align: bottom; }
+td.role, th.role { text-align: left; white-space: normal; min-width: 72px; }
+td .ci { display: block; font-size: 11px; color: #52606d; font-weight: 400; }
 tr.baseline td { color: #52606d; font-style: italic; background: #fbfcfd; }
 td.clear { font-weight: 700; } td.role { color: #0b6e4f; font-weight: 600; }
 .note { color: #52606d; font-size: 14px; max-width: 900px; }
@@ -147,9 +149,8 @@ def _role_html(atlas: Atlas) -> str:
                     and r[f"{c}_lo"] > atlas.baselines[c]
                     and v >= atlas.meta.get("threshold", THRESHOLD)
                 )
-                cells.append(
-                    f"<td{' class=clear' if clear else ''}>{v:.3f} [{r[f'{c}_lo']:.3f}, {r[f'{c}_hi']:.3f}]</td>"
-                )
+                ci = f"<span class='ci'>[{r[f'{c}_lo']:.3f}, {r[f'{c}_hi']:.3f}]</span>"
+                cells.append(f"<td{' class=clear' if clear else ''}>{v:.3f}{ci}</td>")
             else:
                 cells.append(f"<td>{v:.3g}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -189,10 +190,7 @@ def _ablation_section(atlas: Atlas) -> str:
     found = {"exact_importance": atlas.exact, "gradient_importance": atlas.gradient}
     cols = [c for c, r in found.items() if r is not None]
     if cols:
-        scales = {
-            "exact_importance": Scale("exact importance", anchor=0.0),
-            "gradient_importance": Scale("gradient importance", colorscale="Cividis", anchor=0.0),
-        }
+        scales = IMPORTANCE_SCALES
         frame = atlas.roles[["layer", "head", "label"]]
         floors = {}
         for c in cols:
@@ -203,12 +201,12 @@ def _ablation_section(atlas: Atlas) -> str:
             if result.meta.get("noise_floor") is not None:
                 floors[c] = float(result.meta["noise_floor"])
         scores = HeadScores(frame)
-        fig = heatmap(scores, cols, scales=scales, noise_floor=floors)
-        for ann, c in zip(fig.layout.annotations, cols):
-            metric = atlas.meta.get("metric", "the metric")
-            name = f"exact: how much worse {metric} gets" if c.startswith("exact") else "gradient importance"
-            floor = f"noise floor {floors[c]:.3g}: grey cells lie inside it" if c in floors else ""
-            ann.text = f"{name}<br><span style='font-size:11px'>{floor}</span>" if floor else name
+        metric = atlas.meta.get("metric", "the metric")
+        names = {
+            "exact_importance": f"exact: how much worse {metric} gets",
+            "gradient_importance": "gradient importance",
+        }
+        fig = heatmap(scores, cols, scales=scales, noise_floor=floors, names=names)
         parts.append(_figure(fig, "atlas-importance"))
     if atlas.pruning is not None:
         clean = atlas.meta.get("clean_metric", atlas.pruning.attrs.get("clean_metric"))
@@ -238,6 +236,11 @@ def _ablation_section(atlas: Atlas) -> str:
 
 
 RETRIEVAL_COLS = ("retrieval", "retrieval_mass", "streaming")
+# the importance panels' scales: each its own colour bar, neither holding a grey (grey marks the noise floor)
+IMPORTANCE_SCALES = {
+    "exact_importance": Scale("exact importance", anchor=0.0, diverging=DIVERGING),
+    "gradient_importance": Scale("gradient importance", colorscale="Plasma", anchor=0.0, diverging=DIVERGING),
+}
 CURVES = 12  # heads drawn in the atlas's copy-distance figure (the strongest copiers)
 
 

@@ -17,7 +17,8 @@ from torch import Tensor
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
-from interp.report.patterns import attention_patterns
+from interp.plots import MAX_WIDTH
+from interp.report.patterns import attention_patterns, token_labels
 
 
 def pattern_heatmap(
@@ -33,10 +34,8 @@ def pattern_heatmap(
             f"no head {', '.join(bad) or '(none given)'} in this model: heads are LAYER.HEAD, 0.0 to {info.head_labels()[-1]}"
         )
     patterns = attention_patterns(model, tokens.cpu()).numpy()
-    tokenizer = getattr(model, "tokenizer", None)
     ids = tokens.tolist()
-    words = [tokenizer.decode([t]) if tokenizer is not None else str(t) for t in ids]
-    labels = [f"{i}:{w}" for i, w in enumerate(words)]  # positions keep repeated tokens apart
+    labels = [f"{i}:{w}" for i, w in enumerate(token_labels(model, ids))]  # positions keep repeated tokens apart
     n = len(ids)
     fig = make_subplots(rows=1, cols=len(heads), subplot_titles=[f"head {h}" for h in heads], horizontal_spacing=0.08)
     for i, head in enumerate(heads):
@@ -69,7 +68,7 @@ def pattern_heatmap(
         template="plotly_white",
         coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": 1, "colorbar": {"title": "attention"}},
         plot_bgcolor="#dddddd",
-        width=min(1380, 140 + len(heads) * (side + 60)),
+        width=min(MAX_WIDTH, 140 + len(heads) * (side + 60)),
         height=side + 220,
     )
     return fig

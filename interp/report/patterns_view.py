@@ -1,7 +1,8 @@
 """:func:`view_patterns`: every head's attention on your own texts, as one self-contained HTML page.
 
-The page holds a thumbnail of every chosen head; a click on one enlarges it. Hovering a token (in
-the token strip or on the enlarged pattern) lights up what it attends to and what attends to it;
+The page holds a thumbnail of every chosen head, laid out as a layer x head grid; a click on one
+enlarges it, beside the grid and kept in view as the grid scrolls, with token labels on both axes
+(thinned when there are many). Hovering a token (in the token strip or on the enlarged pattern) lights up what it attends to and what attends to it;
 cells a query may not see (the causal mask) are grey. A text longer than ``window`` tokens is shown
 one window of positions at a time (windows overlap by half), with the attention a query puts on
 keys before the window given in the hover. The page needs no network and no plotly: weights are
@@ -23,7 +24,7 @@ import numpy as np
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
-from interp.report.patterns import attention_patterns
+from interp.report.patterns import attention_patterns, token_labels
 
 STEM = "patterns"
 WINDOW = 64  # positions shown at once; longer texts are windowed
@@ -111,7 +112,6 @@ def view_patterns(
     ``patterns.html`` into (see :meth:`PatternPage.save`); the page is returned either way.
     """
     from interp.probes import probe_from_texts
-    from interp.sinks import token_texts
 
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
@@ -127,8 +127,7 @@ def view_patterns(
         probe = probe_from_texts(model, text)
         ids = probe.tokens[0]
         pattern = attention_patterns(model, ids).numpy()[index_l, index_h]  # [head, q, k]
-        names = token_texts(model, probe, sorted(set(ids.tolist())))
-        drawn.append({"tokens": [names[int(t)] for t in ids.tolist()], "patterns": pattern})
+        drawn.append({"tokens": token_labels(model, ids.tolist(), probe), "patterns": pattern})
     page = PatternPage(
         heads=[f"{l}.{h}" for l, h in chosen],
         texts=drawn,
@@ -173,25 +172,42 @@ def _payload(page: PatternPage) -> dict[str, Any]:
             before = w[:, s:e, :s].sum(-1) if s else np.zeros(block.shape[:2], np.float32)
             windows.append({"start": s, "data": _encode(block, causal), "before": np.round(before, 3).tolist()})
         texts.append({"name": f"text {i + 1}", "tokens": t["tokens"], "windows": windows})
-    return {"heads": page.heads, "texts": texts, "causal": causal, "model": page.meta.get("model", "")}
+    return {
+        "heads": page.heads,
+        "n_heads": page.meta.get("n_heads"),
+        "texts": texts,
+        "causal": causal,
+        "model": page.meta.get("model", ""),
+    }
 
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; padding: 20px;
-       max-width: 1400px; color: #1f2933; }
-h1 { font-size: 22px; margin: 0 0 4px; } .meta { color: #52606d; margin: 0 0 10px; font-size: 14px; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto; padding: 16px 20px;
+       max-width: 1800px; color: #1f2933; }
+h1 { font-size: 22px; margin: 0 0 4px; } .meta { color: #52606d; margin: 0 0 10px; font-size: 14px; max-width: 1100px; }
 .controls { display: flex; gap: 14px; align-items: center; margin: 8px 0; flex-wrap: wrap; font-size: 14px; }
-#thumbs { display: flex; flex-wrap: wrap; gap: 6px; margin: 10px 0; }
-.thumb { border: 2px solid #d9e2ec; border-radius: 4px; padding: 2px; cursor: pointer; text-align: center;
-         font-size: 11px; background: white; }
-.thumb.active { border-color: #0b6e4f; } .thumb canvas { display: block; image-rendering: pixelated; }
-#big { display: flex; gap: 20px; align-items: flex-start; flex-wrap: wrap; }
-#big canvas { image-rendering: pixelated; border: 1px solid #d9e2ec; cursor: crosshair; }
-.strip { display: flex; flex-wrap: wrap; gap: 2px; margin: 4px 0 10px; max-width: 760px; }
-.tok { font-family: ui-monospace, monospace; font-size: 13px; padding: 1px 3px; border-radius: 3px;
+#layout { display: flex; gap: 20px; align-items: flex-start; }
+#grid-wrap { flex: 0 1 auto; min-width: 0; }
+#thumbs { display: grid; gap: 3px; align-items: center; justify-content: start; }
+.row-label, .col-label { font-size: 11px; color: #52606d; text-align: center; }
+.row-label { padding-right: 4px; text-align: right; }
+.thumb { border: 2px solid #d9e2ec; border-radius: 3px; padding: 1px; cursor: pointer; background: white; min-width: 0; }
+.thumb.active { border-color: #0b6e4f; }
+.thumb canvas { display: block; width: 100%; height: auto; image-rendering: pixelated; }
+#big { flex: 0 0 auto; width: min-content; position: sticky; top: 8px; max-height: calc(100vh - 16px);
+       overflow-y: auto; overflow-x: hidden; }
+#big-plot { display: grid; grid-template-columns: auto auto; margin-top: 8px; }
+#big canvas { display: block; image-rendering: pixelated; border: 1px solid #d9e2ec; cursor: crosshair; }
+.labels { font-family: ui-monospace, monospace; font-size: 10px; color: #3e4c59; white-space: pre; }
+#ylabels div { text-align: right; padding-right: 4px; overflow: visible; }
+#xlabels { display: flex; align-items: flex-start; padding-top: 3px; }
+#xlabels div { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; overflow: visible; }
+.axis-name { font-size: 11px; color: #52606d; }
+.strip { display: flex; flex-wrap: wrap; gap: 2px; margin: 4px 0 8px; }
+.tok { font-family: ui-monospace, monospace; font-size: 12px; padding: 0 3px; border-radius: 3px;
        border: 1px solid #e4e7eb; white-space: pre; cursor: default; }
 .tok.hovered { outline: 2px solid #d64545; }
-.legend { font-size: 13px; color: #52606d; } #hover-info { font-size: 13px; min-height: 1.4em; }
+.legend { font-size: 13px; color: #52606d; } #hover-info { font-size: 13px; min-height: 1.4em; margin-top: 6px; }
 """
 
 VIEWER = r"""
@@ -200,6 +216,7 @@ VIEWER = r"""
   var data = JSON.parse(document.getElementById("pattern-data").textContent);
   var state = { text: 0, win: 0, head: 0, token: null };
   var GREY = [205, 210, 216];
+  var LABEL = 12;  // pixels an axis label needs: labels are thinned to one every LABEL pixels or more
   function bytes(b64) { var s = atob(b64), a = new Uint8Array(s.length);
     for (var i = 0; i < s.length; i++) { a[i] = s.charCodeAt(i); } return a; }
   data.texts.forEach(function (t) { t.windows.forEach(function (w) { w.bytes = bytes(w.data); }); });
@@ -220,18 +237,48 @@ VIEWER = r"""
     if (mark !== null && mark !== undefined) { ctx.strokeStyle = "#d64545"; ctx.lineWidth = Math.max(1, scale / 4);
       ctx.strokeRect(0, mark * scale, n * scale, scale); ctx.strokeStyle = "#f0a202"; ctx.strokeRect(mark * scale, 0, scale, n * scale); }
   }
-  var thumbs = document.getElementById("thumbs"), big = document.getElementById("big-canvas");
-  function drawThumbs() {
-    thumbs.textContent = "";
-    var scale = Math.max(1, Math.floor(96 / size()));
+  // the thumbnails as a layer x head grid: a row per layer shown, a column per head of the model
+  var where = data.heads.map(function (label) { var p = label.split("."); return [+p[0], +p[1]]; });
+  var nHeads = data.n_heads || Math.max.apply(null, where.map(function (w) { return w[1] + 1; }));
+  var layers = where.map(function (w) { return w[0]; }).filter(function (l, i, all) { return all.indexOf(l) === i; })
+    .sort(function (a, b) { return a - b; });
+  var thumbs = document.getElementById("thumbs"), big = document.getElementById("big-canvas"), boxes = [];
+  function cell(cls, text, row, col) { var d = document.createElement("div"); d.className = cls; d.textContent = text;
+    d.style.gridRow = row; d.style.gridColumn = col; thumbs.appendChild(d); return d; }
+  function buildGrid() {
+    thumbs.style.gridTemplateColumns = "auto repeat(" + nHeads + ", minmax(0, 96px))";
+    for (var h = 0; h < nHeads; h++) { cell("col-label", "H" + h, 1, h + 2); }
+    layers.forEach(function (l, r) { cell("row-label", "L" + l, r + 2, 1); });
     data.heads.forEach(function (label, h) {
-      var box = document.createElement("div"); box.className = "thumb" + (h === state.head ? " active" : "");
+      var box = cell("thumb", "", layers.indexOf(where[h][0]) + 2, where[h][1] + 2);
       box.dataset.head = label; box.title = "head " + label + ": click to enlarge";
-      var c = document.createElement("canvas"); paint(c, h, scale, state.token);
-      box.appendChild(c); box.appendChild(document.createTextNode(label));
+      box.appendChild(document.createElement("canvas"));
       box.addEventListener("click", function () { state.head = h; drawThumbs(); drawBig(); });
-      thumbs.appendChild(box);
+      boxes.push(box);
     });
+  }
+  function drawThumbs() {
+    var scale = Math.max(1, Math.floor(96 / size()));
+    boxes.forEach(function (box, h) {
+      box.className = "thumb" + (h === state.head ? " active" : "");
+      paint(box.firstChild, h, scale, state.token);
+    });
+  }
+  function shown(tok) { return tok.replace(/\n/g, "\u23ce").replace(/\t/g, "\u21e5").replace(/\r/g, "\u240d"); }
+  function label(i) { var t = data.texts[state.text].tokens[win().start + i], s = shown(t);
+    return (win().start + i) + " " + (s.length > 12 ? s.slice(0, 11) + "\u2026" : s); }
+  function axisLabels(scale) {
+    // token labels on both axes of the enlarged pattern, one every `step` positions when there are many
+    var n = size(), step = Math.max(1, Math.ceil(LABEL / scale));
+    var ys = document.getElementById("ylabels"), xs = document.getElementById("xlabels");
+    ys.textContent = ""; xs.textContent = "";
+    for (var i = 0; i < n; i++) {
+      var text = i % step === 0 ? label(i) : "";
+      var y = document.createElement("div"); y.style.height = scale + "px"; y.style.lineHeight = scale + "px";
+      y.textContent = text; if (text) { y.className = "axis-label"; y.dataset.pos = i; } ys.appendChild(y);
+      var x = document.createElement("div"); x.style.width = scale + "px"; x.style.lineHeight = scale + "px";
+      x.textContent = text; if (text) { x.className = "axis-label"; x.dataset.pos = i; } xs.appendChild(x);
+    }
   }
   function chip(text, i, v, rgb) {
     var s = document.createElement("span"); s.className = "tok"; s.textContent = text; s.dataset.pos = i;
@@ -246,7 +293,7 @@ VIEWER = r"""
     var to = document.getElementById("attends-to"), by = document.getElementById("attended-by");
     to.textContent = ""; by.textContent = "";
     for (var i = 0; i < n; i++) {
-      var tok = t.tokens[w.start + i];
+      var tok = shown(t.tokens[w.start + i]);
       to.appendChild(chip(tok, i, q === null ? 0 : weight(state.head, q, i), "214,69,69"));
       by.appendChild(chip(tok, i, q === null ? 0 : weight(state.head, i, q), "240,162,2"));
     }
@@ -257,9 +304,14 @@ VIEWER = r"""
       data.heads[state.head] + before;
     document.getElementById("hovered-token").textContent = JSON.stringify(t.tokens[w.start + q]);
   }
+  var drawnScale = null;
   function drawBig() {
-    var scale = Math.max(2, Math.floor(520 / size()));
+    // the enlarged pattern fits beside the grid and, with its labels and token strips, in the window
+    var side = Math.max(200, Math.min(520, innerWidth * 0.34 - 60, innerHeight - 400));
+    var scale = Math.max(2, Math.floor(side / size()));
     paint(big, state.head, scale, state.token);
+    if (scale !== drawnScale || big.dataset.text !== state.text + "/" + state.win) {
+      axisLabels(scale); drawnScale = scale; big.dataset.text = state.text + "/" + state.win; }
     document.getElementById("big-title").textContent = "head " + data.heads[state.head];
     strips();
   }
@@ -268,6 +320,7 @@ VIEWER = r"""
     var r = big.getBoundingClientRect(), q = Math.floor((e.clientY - r.top) / r.height * size());
     if (q >= 0 && q < size() && q !== state.token) { hover(q); }
   });
+  addEventListener("resize", function () { drawBig(); });
   var textSel = document.getElementById("text-choice"), winSel = document.getElementById("window-choice");
   data.texts.forEach(function (t, i) { var o = document.createElement("option"); o.value = i;
     o.textContent = t.name + " (" + t.tokens.length + " tokens)"; textSel.appendChild(o); });
@@ -277,7 +330,7 @@ VIEWER = r"""
     winSel.disabled = data.texts[state.text].windows.length < 2; }
   textSel.addEventListener("change", function () { state.text = +textSel.value; state.win = 0; state.token = null; windows(); drawThumbs(); drawBig(); });
   winSel.addEventListener("change", function () { state.win = +winSel.value; state.token = null; drawThumbs(); drawBig(); });
-  windows(); drawThumbs(); drawBig();
+  buildGrid(); windows(); drawThumbs(); drawBig();
   document.body.dataset.ready = "1";
 })();
 """
@@ -293,15 +346,21 @@ def render_patterns(page: PatternPage) -> str:
 <style>{STYLE}</style></head><body>
 <h1>Attention patterns: {name}</h1>
 <p class="meta">{html.escape(page.summary())}. Rows are queries, columns keys; darker is more attention;
-grey cells are masked (a query cannot see later tokens).</p>
+grey cells are masked (a query cannot see later tokens). A token that holds part of one character shows its
+bytes (such as \\xe2\\x80).</p>
 <div class="controls"><label>text <select id="text-choice"></select></label>
 <label>window <select id="window-choice"></select></label></div>
-<div id="thumbs"></div>
-<div id="big"><div><b id="big-title"></b><br><canvas id="big-canvas"></canvas></div>
-<div><div id="hover-info"></div>
+<div id="layout">
+<div id="grid-wrap"><div class="legend">Every head: rows are layers (L), columns heads (H); click one to enlarge it.</div>
+<div id="thumbs"></div></div>
+<div id="big"><b id="big-title"></b> <span class="axis-name">rows: query, columns: key</span>
+<div id="big-plot"><div id="ylabels" class="labels"></div><canvas id="big-canvas"></canvas>
+<div></div><div id="xlabels" class="labels"></div></div>
+<div id="hover-info"></div>
 <div class="legend">what <span id="hovered-token">the hovered token</span> attends to (red):</div>
 <div class="strip" id="attends-to"></div>
-<div class="legend">what attends to it (orange):</div><div class="strip" id="attended-by"></div></div></div>
+<div class="legend">what attends to it (orange):</div><div class="strip" id="attended-by"></div></div>
+</div>
 <script type="application/json" id="pattern-data">{blob}</script>
 <script>{VIEWER}</script>
 </body></html>

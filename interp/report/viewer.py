@@ -15,6 +15,10 @@ VIEWER_JS = r"""
   var positions = data.tokens.map(function (_, i) { return i; });
   var ticks = data.tokens.map(function (t, i) { return i + " " + t; });
   var size = Math.max(300, Math.min(560, 120 + 16 * data.tokens.length));
+  // one tick label every `step` positions when they would crowd (9 px text needs about 11 px)
+  var step = Math.max(1, Math.ceil(11 * data.tokens.length / (size - 120)));
+  var shown = positions.filter(function (i) { return i % step === 0; });
+  var shownText = shown.map(function (i) { return ticks[i]; });
 
   function draw() {
     view.textContent = "";
@@ -31,9 +35,11 @@ VIEWER_JS = r"""
         hovertemplate: "query %{y} \u2192 key %{x}<br>weight %{z:.3f}<extra>" + label + "</extra>"
       }], {
         title: { text: "head " + label + role, font: { size: 14 } },
-        width: size, height: size, margin: { l: 90, r: 10, t: 40, b: 90 },
-        xaxis: { title: { text: "key" }, tickvals: positions, ticktext: ticks, tickfont: { size: 9 }, tickangle: -90 },
-        yaxis: { title: { text: "query" }, tickvals: positions, ticktext: ticks, tickfont: { size: 9 }, autorange: "reversed" }
+        width: size, height: size, margin: { l: 40, r: 10, t: 40, b: 40 },
+        xaxis: { title: { text: "key", standoff: 8 }, tickvals: shown, ticktext: shownText, tickfont: { size: 9 },
+                 tickangle: -90, automargin: true },
+        yaxis: { title: { text: "query", standoff: 8 }, tickvals: shown, ticktext: shownText, tickfont: { size: 9 },
+                 autorange: "reversed", automargin: true }
       }, { displayModeBar: false, responsive: false });
     });
     if (!view.firstChild) { view.textContent = "Choose heads above to see their patterns."; }
