@@ -217,12 +217,11 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
 def _pattern_view(
     model: HookedModel, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int
 ) -> dict:
-    from interp.sinks import token_texts
+    from interp.report.patterns import token_labels
 
     probe = repeated_tokens(model, batch=1, block_len=view_len, n_repeats=2, seed=seed + 1)
     ids = probe.tokens[0]
     patterns = attention_patterns(model, ids).numpy()
-    names = token_texts(model, probe, sorted(set(ids.tolist())))
     labels = set(roles["label"])
     if view_heads:
         bad = [h for h in view_heads if h not in labels]
@@ -239,7 +238,7 @@ def _pattern_view(
                 selected.append(best["label"].iloc[0])
         selected = list(dict.fromkeys(selected))
     return {
-        "tokens": [names[int(t)] for t in ids.tolist()],
+        "tokens": token_labels(model, ids.tolist(), probe),  # partial characters as their bytes
         "patterns": np.round(patterns, 3),
         "selected": selected,
         "probe": probe.meta,
