@@ -193,8 +193,9 @@ def test_a_page_holds_at_most_max_texts_windows_and_heads_and_says_what_it_left_
     np.testing.assert_allclose(page.texts[0]["patterns"], want.reshape(8, 60, 60)[:5, :24, :24], atol=1e-6)
     assert page.summary() == (
         "toy: attention patterns of 5 heads on 3 texts of 24, 24 and 24 tokens; 6 window(s) of up to 16 "
-        "positions; left out: 20,000 more text(s) (max_texts=, --max-texts); the tail of 3 long text(s) "
-        "(max_windows=, --max-windows); 3 more head(s) (max_heads=, --max-heads, or choose them with --heads)"
+        "positions; left out: 20,000 more text(s): raise max_texts= (command line: --max-texts); the tail of 3 "
+        "long text(s): raise max_windows= (command line: --max-windows); 3 more head(s): raise max_heads= or "
+        "choose them with heads= (command line: --max-heads, --heads)"
     )
     assert page.summary() in page.html
 
@@ -225,7 +226,7 @@ def test_the_cli_caps_a_file_of_many_paragraphs_in_one_short_line(tmp_path, caps
     line = capsys.readouterr().out.splitlines()[1]
     assert line == (
         "toy: attention patterns of 8 heads on 10 texts of 13-31 tokens; 10 window(s) of up to 64 positions; "
-        "left out: 1,990 more text(s) (max_texts=, --max-texts)"
+        "left out: 1,990 more text(s): raise max_texts= (command line: --max-texts)"
     )
     with one_thread():
         code = main(

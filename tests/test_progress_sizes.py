@@ -67,11 +67,13 @@ def test_atlas_on_gpt2_small_names_the_exact_sweep_and_pruning_up_front():
     assert long_work_note(plan) == (
         "note: the exact sweep (144 heads x 10 sequences of 101 tokens) is about 143x the work of the head "
         "scores (144 heads x 10 sequences of 101 tokens), and the pruning curves (3 orders x 11 steps x 10 "
-        "sequences of 101 tokens) about 48x: they will take much longer; --skip exact,pruning leaves them out "
-        "(skip=['exact', 'pruning'] in Python)"
+        "sequences of 101 tokens) about 48x: they will take much longer; skip=['exact', 'pruning'] leaves them out "
+        "(command line: --skip exact,pruning)"
     )
     assert long_work_note(atlas_work(_gpt2_info(), skip=["exact", "pruning"])) is None
-    assert "--skip exact leaves it out" in long_work_note(atlas_work(_gpt2_info(), skip=["pruning"]))
+    assert "skip=['exact'] leaves it out (command line: --skip exact)" in long_work_note(
+        atlas_work(_gpt2_info(), skip=["pruning"])
+    )
 
 
 def test_the_toys_atlas_says_nothing_is_long():

@@ -57,6 +57,7 @@ RETRIEVAL_LEN = 1024
 RETRIEVAL_MIN = 512
 
 ABLATION_PARTS = ("exact", "gradient", "pruning")
+SKIP_HINT = "skip={parts!r} leaves {them} out (command line: --skip {flag})"  # after the note on long parts
 
 
 def head_atlas(
@@ -329,7 +330,7 @@ def long_work_note(plan: Plan) -> str | None:
     its head scores (:func:`interp.progress.plan_note`), naming the ``--skip`` that leaves them out."""
 
     def hint(parts: list[str]) -> str:
-        return f"--skip {','.join(parts)} leaves {'it' if len(parts) == 1 else 'them'} out (skip={parts!r} in Python)"
+        return SKIP_HINT.format(parts=parts, them="it" if len(parts) == 1 else "them", flag=",".join(parts))
 
     return plan_note(plan, hint)
 

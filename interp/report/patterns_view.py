@@ -72,11 +72,15 @@ class PatternPage:
         left = self.meta.get("left_out", {})
         parts = []
         if left.get("texts"):
-            parts.append(f"{left['texts']:,} more text(s) (max_texts=, --max-texts)")
+            parts.append(f"{left['texts']:,} more text(s): raise max_texts= (command line: --max-texts)")
         if left.get("windows"):
-            parts.append(f"the tail of {left['windows']:,} long text(s) (max_windows=, --max-windows)")
+            parts.append(
+                f"the tail of {left['windows']:,} long text(s): raise max_windows= (command line: --max-windows)"
+            )
         if left.get("heads"):
-            parts.append(f"{left['heads']:,} more head(s) (max_heads=, --max-heads, or choose them with --heads)")
+            parts.append(
+                f"{left['heads']:,} more head(s): raise max_heads= or choose them with heads= (command line: --max-heads, --heads)"
+            )
         return "left out: " + "; ".join(parts) if parts else ""
 
     def save(self, out: str | Path, stem: str = STEM, *, overwrite: bool = False) -> Path:
