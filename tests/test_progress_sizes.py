@@ -197,3 +197,28 @@ def test_the_atlas_runs_retrieval_on_a_1024_position_gpt2():
     assert not atlas.meta.get("notes")
     assert atlas.retrieval["meta"]["seq_len"] == 1 + 1023  # BOS + the 1023 tokens left
     assert sorted(atlas.retrieval["distance"]["distance"].unique()) == [16, 64, 256]
+
+
+def test_gates_show_progress_step_by_step_and_say_their_sizes(capsys):
+    from interp.ablation import train_gates
+
+    toy = load_model("toy", device="cpu")
+    probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
+    with one_thread(), lines():
+        train_gates(
+            toy, probe, builtin_metric("incontext", probe), lambdas=[0.0, 0.1], steps=5, ablation="mean", progress=True
+        )
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "gates: 2 lambda(s) x 5 steps, each a forward and backward of up to 2 x 17 tokens"
+    assert err[-1].startswith("gates: 10/10 (100%)")
+    assert "gates: 5/10 (50%)" in "\n".join(err)  # a line within a lambda, not only between them
+
+
+def test_scoring_in_chunks_says_its_sizes(capsys):
+    from interp.heads import head_scores
+
+    toy = load_model("toy", device="cpu")
+    probe = repeated_tokens(toy, batch=4, block_len=8, seed=0)
+    with one_thread(), lines():
+        head_scores(toy, probe, minibatch=2, progress=True, n_boot=10)
+    assert capsys.readouterr().err.splitlines()[0] == "scoring heads: 8 heads x 4 sequences of 17 tokens, 2 chunks"
