@@ -86,6 +86,7 @@ class Lines:
         self.file, self.every = file, every
         self.n, self.start = 0, time.monotonic()
         self._last_time, self._last_tenth, self._closed = self.start, 0, False
+        self._shown: float | None = None  # the count the last line showed
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.iterable or ():
@@ -113,10 +114,11 @@ class Lines:
         if self._closed:
             return
         self._closed = True
-        if not self.disable and self.n:
+        if not self.disable and self.n and self.n != self._shown:  # the last line may have said it already
             self._print(time.monotonic(), done=True)
 
     def _print(self, now: float, done: bool = False) -> None:
+        self._shown = self.n
         elapsed = now - self.start
         text = f"{self.desc}: {self.n:g}"
         if self.total:

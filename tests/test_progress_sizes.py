@@ -222,3 +222,16 @@ def test_scoring_in_chunks_says_its_sizes(capsys):
     with one_thread(), lines():
         head_scores(toy, probe, minibatch=2, progress=True, n_boot=10)
     assert capsys.readouterr().err.splitlines()[0] == "scoring heads: 8 heads x 4 sequences of 17 tokens, 2 chunks"
+
+
+def test_a_bar_whose_last_update_printed_its_end_does_not_print_it_again():
+    import io
+
+    from interp.progress import Lines
+
+    out = io.StringIO()
+    bar = Lines(total=2, desc="work", every=0.0, file=out)  # every update prints, the last one too
+    bar.update()
+    bar.update()
+    bar.close()
+    assert [line.split(",")[0] for line in out.getvalue().splitlines()] == ["work: 1/2 (50%)", "work: 2/2 (100%)"]

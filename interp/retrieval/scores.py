@@ -171,7 +171,13 @@ def _pattern_counts(
     ind, ind_needle = probe.copy_induction_pairs(), probe.copy_induction_needles()
     counts = _empty_counts(info, probe, sink, window)
     step = minibatch or B
-    bar = tqdm(total=L * len(range(0, B, step)), desc="scoring retrieval heads (pattern)", disable=not progress)
+    n_chunks = len(range(0, B, step))
+    bar = tqdm(
+        total=L * n_chunks,
+        desc="scoring retrieval heads (pattern)",
+        disable=not progress,
+        sizes=f"{B} sequences of {probe.seq_len} tokens, {n_chunks} chunk(s) x {L} layers, each layer's pattern formed",
+    )
     for start in range(0, B, step):
         rows = slice(start, min(start + step, B))
         local_ret, needles_ret = _chunk_pairs(ret, ret_needle, rows)
