@@ -233,7 +233,8 @@ def attention_scores(
     den = {k: torch.zeros(B, L, H) for k in targets}
     step = minibatch or B
     chunks = range(0, B, step)
-    for start in tqdm(chunks, desc="scoring heads", disable=not progress or len(chunks) == 1):
+    sizes = f"{L * H} heads x {B} sequences of {probe.seq_len} tokens, {len(chunks)} chunks"
+    for start in tqdm(chunks, desc="scoring heads", disable=not progress or len(chunks) == 1, sizes=sizes):
         sl = slice(start, start + step)
         chunk_targets = {k: v[sl] for k, v in targets.items()}
         chunk_mask = probe.attention_mask[sl] if probe.padded else None

@@ -9,14 +9,17 @@ batch job) a bar would be a stream of carriage returns, so it prints a line inst
     gates: 1/3 (33%), 41s elapsed, about 82s left
 
 :func:`lines` forces the line form (the CLIs' ``--no-progress``: no bars, but never silent for
-minutes).
+minutes). A bar given ``sizes=`` says them in one line before it starts, so that a long part is
+never a surprise::
+
+    exact sweep: 144 heads x 10 sequences of 101 tokens, 144 batches
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -83,6 +86,7 @@ class Lines:
         self.file, self.every = file, every
         self.n, self.start = 0, time.monotonic()
         self._last_time, self._last_tenth, self._closed = self.start, 0, False
+        self._shown: float | None = None  # the count the last line showed
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.iterable or ():
@@ -110,10 +114,11 @@ class Lines:
         if self._closed:
             return
         self._closed = True
-        if not self.disable and self.n:
+        if not self.disable and self.n and self.n != self._shown:  # the last line may have said it already
             self._print(time.monotonic(), done=True)
 
     def _print(self, now: float, done: bool = False) -> None:
+        self._shown = self.n
         elapsed = now - self.start
         text = f"{self.desc}: {self.n:g}"
         if self.total:
@@ -126,8 +131,13 @@ class Lines:
         print(text, file=self.file or sys.stderr, flush=True)
 
 
-def tqdm(iterable: Iterable | None = None, **kwargs: Any) -> Any:
-    """A progress bar where one reads well (a terminal, a notebook), else :class:`Lines`."""
+def tqdm(iterable: Iterable | None = None, *, sizes: str | None = None, **kwargs: Any) -> Any:
+    """A progress bar where one reads well (a terminal, a notebook), else :class:`Lines`.
+
+    ``sizes``: the work's sizes, said as ``desc: sizes`` on a line of their own before the bar
+    (unless it is disabled)."""
+    if sizes and not kwargs.get("disable"):
+        print(f"{kwargs.get('desc') or 'progress'}: {sizes}", file=kwargs.get("file") or sys.stderr, flush=True)
     if use_lines(kwargs.get("file")):
         return Lines(iterable, **kwargs)
     if _in_notebook():
@@ -141,4 +151,78 @@ def tqdm(iterable: Iterable | None = None, **kwargs: Any) -> Any:
     return _text_bar(iterable, **kwargs)
 
 
-__all__ = ["EVERY", "Lines", "lines", "tqdm", "use_lines"]
+# ---------------------------------------------------------------------------------------------
+# work sizes: a command says up front when a part will clearly take much longer than its main part
+
+LONG_RATIO = 10.0  # a part with this many times the main part's work is clearly much longer...
+LONG_WORK = 1e12  # ...when it is also at least this much work (multiply-adds; about a minute on one CPU thread)
+
+
+def forward_work(tokens: float, n_layers: float, d_model: int, d_vocab: int = 0, context: int = 0) -> float:
+    """Multiply-adds of a forward pass over ``tokens`` tokens through ``n_layers`` blocks: about
+    ``12 d_model^2`` per token and block (attention and MLP weights), plus ``context x d_model`` per
+    token and block for the attention itself when the sequences are ``context`` tokens long (causal:
+    half the keys, for scores and for values), plus the unembedding (``d_model x d_vocab`` per token)
+    when ``d_vocab`` is given. An estimate to compare parts of a run by, not a timing."""
+    return float(tokens) * (n_layers * (12.0 * d_model**2 + context * d_model) + d_model * d_vocab)
+
+
+def long_parts(main_work: float, work: Mapping[str, float]) -> dict[str, float]:
+    """The parts of ``work`` (name -> work) that will clearly take much longer than a main part of
+    ``main_work``: at least :data:`LONG_RATIO` times its work and at least :data:`LONG_WORK`; each
+    with how many times the main part's work it is."""
+    return {k: w / max(main_work, 1.0) for k, w in work.items() if w >= LONG_RATIO * main_work and w >= LONG_WORK}
+
+
+def long_parts_note(main: str, ratios: Mapping[str, float], hint: str = "") -> str | None:
+    """The up-front line of :func:`long_parts`'s ``ratios`` (what -> times), or None when there is none.
+
+    >>> long_parts_note("the head scores", {"the exact sweep (144 heads)": 145.2}, "--skip exact leaves it out")
+    'note: the exact sweep (144 heads) is about 145x the work of the head scores: it will take much longer; --skip exact leaves it out'
+    """
+    if not ratios:
+        return None
+    (what, times), *rest = ratios.items()
+    named = f"{what} is about {times:.0f}x the work of {main}" + "".join(f", and {w} about {r:.0f}x" for w, r in rest)
+    return f"note: {named}: {'it' if not rest else 'they'} will take much longer" + (f"; {hint}" if hint else "")
+
+
+# part -> (what it is, with its sizes; its work): the main part first
+Plan = Mapping[str, tuple[str, float]]
+
+
+def plan_note(plan: Plan, hint: Callable[[list[str]], str] = lambda parts: "") -> str | None:
+    """:func:`long_parts_note` for the parts of ``plan`` that will clearly take much longer than its
+    first (main) part; ``hint(names of those parts)`` says how to leave them out."""
+    (main, (what, work)), *rest = plan.items()
+    ratios = long_parts(work, {k: w for k, (_, w) in rest})
+    return long_parts_note(what, {plan[k][0]: r for k, r in ratios.items()}, hint(list(ratios)) if ratios else "")
+
+
+def announcer(command: str, plan: Plan, on: bool) -> Callable[[str], None]:
+    """``say(part)``: ``command k/n: what (sizes)`` on stderr as part ``k`` of the ``n`` in ``plan``
+    starts (silent unless ``on``, and for a part the plan does not hold)."""
+    order = list(plan)
+
+    def say(part: str) -> None:
+        if on and part in plan:
+            print(f"{command} {order.index(part) + 1}/{len(order)}: {plan[part][0]}", file=sys.stderr, flush=True)
+
+    return say
+
+
+__all__ = [
+    "EVERY",
+    "LONG_RATIO",
+    "LONG_WORK",
+    "Lines",
+    "Plan",
+    "announcer",
+    "plan_note",
+    "forward_work",
+    "lines",
+    "long_parts",
+    "long_parts_note",
+    "tqdm",
+    "use_lines",
+]

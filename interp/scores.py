@@ -170,8 +170,7 @@ def interval_notes(name: str, ci: RatioInterval, unit: str = "sequence") -> list
         )
     if ci.dropped:
         notes.append(
-            f"{name}: {ci.dropped} of {ci.n_boot} bootstrap resamples held no target and were dropped "
-            "from its interval"
+            f"{name}: {ci.dropped} of {ci.n_boot} bootstrap resamples held no target and were dropped from its interval"
         )
     return notes
 

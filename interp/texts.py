@@ -1,9 +1,15 @@
 """Natural text for probes: read rows from the bundled text, a local file or a Hub data set, and
 turn them into token ids (the model's tokenizer, or UTF-8 bytes mapped onto a tokenizer-less model's
-ordinary vocabulary)."""
+ordinary vocabulary).
+
+Every local text file is read through :func:`decode_file`: in ``encoding`` (UTF-8 unless asked
+otherwise; command line: ``--encoding``), and a file that is not valid in it is one clear error
+naming the file, the byte and the flag to pass, not a decoder's traceback.
+"""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
@@ -15,9 +21,42 @@ from jaxtyping import Int
 from torch import Tensor
 
 from interp._io import bundled
-from interp.errors import DatasetLoadError
+from interp.errors import DatasetLoadError, UsageError
 
 TEXT_FILE = "sentences.txt"
+ENCODING = "utf-8"  # how text files are read unless the caller says otherwise
+
+
+def check_encoding(encoding: str) -> str:
+    """``encoding``'s canonical name (``"latin1"`` -> ``"iso8859-1"``), or :class:`UsageError` for
+    a name Python does not know."""
+    try:
+        return codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        raise UsageError(
+            f"unknown text encoding {encoding!r}: give one Python knows, e.g. utf-8, latin-1, cp1252, utf-16"
+        ) from None
+
+
+def decode_file(path: str | os.PathLike, encoding: str = ENCODING, *, data: bytes | None = None) -> str:
+    """The text of the file at ``path`` (its bytes ``data``, when already read), decoded with ``encoding``.
+
+    A file that is not valid ``encoding`` text raises :class:`DatasetLoadError` in one line naming
+    the file, where decoding failed and what to pass instead (``encoding=``; command line:
+    ``--encoding``); an unknown encoding is a :class:`UsageError`.
+    """
+    codec = check_encoding(encoding)
+    raw = Path(path).read_bytes() if data is None else data
+    try:
+        return raw.decode(codec)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        bad = raw[e.start : min(e.end, e.start + 4)].hex(" ")
+        raise DatasetLoadError(
+            f"{path} is not {encoding} text: byte(s) {bad} at offset {e.start} (line {line}) cannot be decoded; "
+            "pass the file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, "
+            "or save the file as UTF-8"
+        ) from None
 
 
 def text_dir() -> Path:
@@ -26,10 +65,15 @@ def text_dir() -> Path:
     return bundled("text")
 
 
-def text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) -> tuple[Iterator[str], str]:
-    """The non-empty text rows of the bundled probe, a local file or folder, or a Hub data set."""
+def text_rows(
+    dataset: str | os.PathLike | None, split: str, text_column: str, encoding: str = ENCODING
+) -> tuple[Iterator[str], str]:
+    """The non-empty text rows of the bundled probe, a local file or folder, or a Hub data set.
+
+    A local file is read in ``encoding`` (a file not valid in it: :func:`decode_file`'s error)."""
     import datasets
 
+    codec = check_encoding(encoding)
     datasets.disable_progress_bars()  # ours are the progress bars that matter
     if dataset is None:
         path = text_dir() / TEXT_FILE
@@ -43,13 +87,20 @@ def text_rows(dataset: str | os.PathLike | None, split: str, text_column: str) -
     path = Path(spec).expanduser()
     if path.exists():
         kind = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
-        if path.is_file() and not path.read_bytes().strip():
-            raise DatasetLoadError(f"{path} is empty: put some text in it (one or more lines), or pass another file")
+        if path.is_file():
+            data = path.read_bytes()
+            if not data.strip():
+                raise DatasetLoadError(
+                    f"{path} is empty: put some text in it (one or more lines), or pass another file"
+                )
+            if path.suffix.lower() in kind:
+                decode_file(path, encoding, data=data)  # one clear line, before the loader's traceback
+        extra = {} if codec == "utf-8" else {"encoding": codec}
         try:
             if path.is_dir():
-                ds = datasets.load_dataset(str(path), split=split)
+                ds = datasets.load_dataset(str(path), split=split, **extra)
             elif path.suffix.lower() in kind:
-                ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train")
+                ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train", **extra)
             else:
                 raise DatasetLoadError(
                     f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use .txt, .json, .jsonl or .csv"

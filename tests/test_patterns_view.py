@@ -37,7 +37,7 @@ def test_the_page_holds_every_head_on_a_60_token_text(toy):
     want = attention_patterns(toy, ids).numpy().reshape(8, 60, 60)
     np.testing.assert_allclose(page.texts[0]["patterns"], want, atol=1e-6)
     assert page.summary() == (
-        "toy: attention patterns of 8 heads on 1 text(s) of 60 tokens; 1 window(s) of up to 64 positions"
+        "toy: attention patterns of 8 heads on 1 text of 60 tokens; 1 window(s) of up to 64 positions"
     )
     assert "<script src" not in page.html and "http" not in page.html.split("<script>")[1]  # nothing fetched
 
@@ -90,7 +90,7 @@ def test_the_cli_prints_a_summary_and_the_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("threads: 1 (")  # every command says first how many threads it uses
-    assert out.splitlines()[1].startswith("toy: attention patterns of 2 heads on 1 text(s) of 60 tokens; 1 window(s)")
+    assert out.splitlines()[1].startswith("toy: attention patterns of 2 heads on 1 text of 60 tokens; 1 window(s)")
     assert f"wrote:\n  {tmp_path / 'patterns.html'}\n" in out
     with one_thread():
         code = main(["patterns", "--text", TEXT, "--heads", "0.1", "--out", str(tmp_path)])
@@ -176,3 +176,97 @@ def test_a_moved_figure_renders_alone(chromium, tmp_path):
     shutil.move(html, moved)
     assert sorted(p.name for p in (tmp_path / "made").iterdir()) == []  # nothing left beside it to load
     assert not _blank_or_broken(chromium.visit(moved.as_uri()))
+
+
+# ---- what one page holds: caps, what was left out, long lists summarised ----------------------------
+
+
+def test_a_page_holds_at_most_max_texts_windows_and_heads_and_says_what_it_left_out(toy):
+    texts = [TEXT] * 2 + ["ab " * 50] + [f"text {i}" for i in range(20_000)]
+    with one_thread():
+        page = view_patterns(toy, texts, max_texts=3, max_windows=2, max_heads=5, window=16)
+    assert len(page.texts) == 3 and page.heads == ["0.0", "0.1", "0.2", "0.3", "1.0"]
+    # windows of 16 at a half-overlap: 2 windows cover 24 positions, and a longer text is cut there
+    assert [len(t["tokens"]) for t in page.texts] == [24, 24, 24]
+    assert page.texts[0]["patterns"].shape == (5, 24, 24)
+    want = attention_patterns(toy, interp.TokenProbe.from_texts(toy, TEXT).tokens[0]).numpy()
+    np.testing.assert_allclose(page.texts[0]["patterns"], want.reshape(8, 60, 60)[:5, :24, :24], atol=1e-6)
+    assert page.summary() == (
+        "toy: attention patterns of 5 heads on 3 texts of 24, 24 and 24 tokens; 6 window(s) of up to 16 "
+        "positions; left out: 20,000 more text(s): raise max_texts= (command line: --max-texts); the tail of 3 "
+        "long text(s): raise max_windows= (command line: --max-windows); 3 more head(s): raise max_heads= or "
+        "choose them with heads= (command line: --max-heads, --heads)"
+    )
+    assert page.summary() in page.html
+
+
+def test_long_lists_of_lengths_are_summarised():
+    from interp.report.patterns_view import count_lengths
+
+    assert count_lengths([12, 55] + [30] * 19_998, "text") == "20,000 texts of 12-55 tokens"
+    assert count_lengths([3, 4, 5], "text") == "3 texts of 3, 4 and 5 tokens"
+    assert count_lengths([1_500], "text") == "1 text of 1,500 tokens"
+
+
+@pytest.mark.parametrize("name", ["max_texts", "max_windows", "max_heads"])
+def test_caps_must_be_positive(toy, name):
+    with pytest.raises(UsageError) as e:
+        view_patterns(toy, "abc", **{name: 0})
+    assert str(e.value) == f"{name} must be an integer >= 1, got 0"
+
+
+def test_the_cli_caps_a_file_of_many_paragraphs_in_one_short_line(tmp_path, capsys):
+    from interp.cli import main
+
+    paragraphs = "\n\n".join(f"paragraph {i}: " + "w " * (i % 20) for i in range(2_000))
+    (tmp_path / "many.txt").write_text(paragraphs)
+    with one_thread():
+        code = main(["patterns", "--text-file", str(tmp_path / "many.txt"), "--out", str(tmp_path / "o")])
+    assert code == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line == (
+        "toy: attention patterns of 8 heads on 10 texts of 13-31 tokens; 10 window(s) of up to 64 positions; "
+        "left out: 1,990 more text(s): raise max_texts= (command line: --max-texts)"
+    )
+    with one_thread():
+        code = main(
+            ["patterns", "--text-file", str(tmp_path / "many.txt"), "--max-texts", "12", "--out", str(tmp_path / "o")]
+        )
+    assert code == 0 and "on 12 texts of 13-36 tokens" in capsys.readouterr().out
+
+
+LATIN1 = "Café au lait.\n\nNaïve résumé."
+
+
+def test_a_latin1_text_file_is_one_line_and_reads_with_encoding(tmp_path, capsys):
+    from interp.cli import main
+
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(LATIN1.encode("latin-1"))
+    with pytest.raises(SystemExit) as e:
+        main(["patterns", "--text-file", str(path), "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"interp patterns: error: {path} is not utf-8 text: byte(s) e9 at offset 3 (line 1) cannot be decoded; "
+        "pass the file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, or save "
+        "the file as UTF-8"
+    )
+    assert "Traceback" not in err and not (tmp_path / "o" / "patterns.html").exists()
+    with one_thread():
+        code = main(["patterns", "--text-file", str(path), "--encoding", "latin-1", "--out", str(tmp_path / "o")])
+    assert code == 0
+    # the toy reads text as UTF-8 bytes: "é" decoded from latin-1 is two bytes, so 13 characters + 1 -> 14 tokens + BOS
+    assert "on 2 texts of 15 and 17 tokens" in capsys.readouterr().out
+
+
+def test_an_unknown_encoding_is_refused_by_the_parser(tmp_path, capsys):
+    from interp.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["patterns", "--text", "a", "--encoding", "latin-9x", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "interp patterns: error: argument --encoding: unknown text encoding 'latin-9x': give one Python knows, "
+        "e.g. utf-8, latin-1, cp1252, utf-16"
+    )

@@ -40,8 +40,8 @@ def test_toy_leaves_it_out_unasked_and_runs_it_when_asked(tmp_path):
         atlas = head_atlas(toy, batch=2, seq_len=20, skip=[*FAST, "sinks"], seed=0)
         assert atlas.retrieval is None and "retrieval" not in atlas.roles
         assert atlas.meta["notes"] == [
-            "retrieval: left out: the model's context holds 255 tokens, fewer than the 1024-token needle probe "
-            "the atlas runs unasked; ask for a shorter one with retrieval_len= (command line: --retrieval-len)"
+            "retrieval: left out: the model's context holds 255 tokens, fewer than the 512 the atlas needs to run "
+            "its needle probe unasked; ask for a shorter one with retrieval_len= (command line: --retrieval-len)"
         ]
         page = atlas.save(tmp_path / "a")[0].read_text()
         assert "retrieval: left out" in page

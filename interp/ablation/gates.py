@@ -223,11 +223,21 @@ def train_gates(
     summary, per_head = [], []
     partial = False
     found = distributed.from_main(journal.done, "reading the journal") if journal is not None else {}
+    bar = tqdm(
+        total=len(lambdas) * steps,
+        desc="gates",
+        unit="step",
+        disable=not (config.progress and distributed.is_main()),
+        sizes=f"{len(lambdas)} lambda(s) x {steps} steps, each a forward and backward of up to "
+        f"{sweeper.minibatch} x {probe.seq_len} tokens"
+        + (f"; {sum(lam in found for lam in lambdas)} lambda(s) already in the journal" if found else ""),
+    )
     try:
-        for lam in tqdm(lambdas, desc="gates", disable=not (config.progress and distributed.is_main())):
+        for lam in lambdas:
             if lam in found:
                 summary.append(found[lam]["summary"])
                 per_head.extend(found[lam]["heads"])
+                bar.update(steps)
                 continue
             gen = torch.Generator().manual_seed(seed)
             log_alpha = torch.full((L, H), init, device=probe.tokens.device, requires_grad=True)
@@ -242,6 +252,7 @@ def train_gates(
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
+                    bar.update()
             la = log_alpha.detach().cpu()
             gate, p_open = gate_value(la), gate_open_probability(la)
             kept = gate > 0.5
@@ -278,6 +289,8 @@ def train_gates(
                 journal.append(lam, {"summary": row, "heads": heads})
     except KeyboardInterrupt:
         partial = True
+    finally:
+        bar.close()
     meta = scores_meta(
         model,
         probe,

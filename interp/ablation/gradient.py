@@ -132,7 +132,13 @@ def gradient_importance(
         values = [torch.zeros(0)]
         per_seq = [torch.zeros(0, L, H, dtype=torch.float64)]  # each sequence's importance: the CIs
         starts = range(block.start, block.stop, step)
-        for start in tqdm(starts, desc="gradient importance", disable=not (config.progress and distributed.is_main())):
+        sizes = f"{L * H} heads' gates, {len(block)} sequences of {probe.seq_len} tokens, {len(starts)} forward and backward pass(es)"
+        for start in tqdm(
+            starts,
+            desc="gradient importance",
+            disable=not (config.progress and distributed.is_main()),
+            sizes=sizes,
+        ):
             rows = torch.arange(start, min(start + step, block.stop))
             tokens = probe.tokens[rows.to(probe.tokens.device)]
             padding = None if probe.attention_mask is None else probe.attention_mask[rows.to(probe.tokens.device)]

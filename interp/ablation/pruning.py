@@ -7,7 +7,7 @@ that ranks the heads; ``needs_gradient`` marks the orders a metric flat at the c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,9 @@ def _gradient_order(
     config: RunConfig,
     journal: Journal | None = None,
 ) -> HeadScores:
-    return gradient_importance(model, probe, metric, ablation=abl, base=base, minibatch=config.minibatch)
+    return gradient_importance(
+        model, probe, metric, ablation=abl, base=base, minibatch=config.minibatch, progress=config.progress
+    )
 
 
 @ORDERS.register("exact", "the exact single-head sweep", needs_gradient=False)
@@ -79,7 +81,15 @@ def _exact_order(
     journal: Journal | None = None,
 ) -> HeadScores:
     scores = exact_sweep(
-        model, probe, metric, ablation=abl, base=base, replay=replay, minibatch=config.minibatch, journal=journal
+        model,
+        probe,
+        metric,
+        ablation=abl,
+        base=base,
+        replay=replay,
+        minibatch=config.minibatch,
+        progress=config.progress,
+        journal=journal,
     )
     if scores.meta.get("partial"):  # an order from a partial sweep is no order: stop the curve here
         raise KeyboardInterrupt
@@ -160,7 +170,7 @@ def pruning_curve(
         checked(ORDERS, order)
     abl = as_ablation(ablation, model, probe, seed=seed, minibatch=config.minibatch)
     name = label or (order if isinstance(order, str) else "given")
-    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, minibatch=config.minibatch, journal=journal)
+    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, config=config, journal=journal)
     scope = f"pruning ({name}, seed {seed})"  # a resample ablation is fitted per seed
     clean = float(sweeper.clean.mean())
     rows: list[dict[str, Any]] = [
@@ -245,14 +255,19 @@ def pruning_curves(
     *,
     orders: Sequence[str] = ORDERS.names(),
     random_seeds: Sequence[int] = (0, 1, 2),
+    importances: Mapping[str, HeadScores | Tensor] | None = None,
     **kwargs: Any,
 ) -> PruningCurves:
     """:func:`pruning_curve` for several orders (random once per seed), stacked into one result.
 
     ``kwargs`` go to :func:`pruning_curve` (``seed`` or ``config.seed`` is the seed of the
-    non-random orders). ``.table`` holds the curves, a ``label`` per curve; ``.meta`` the run header
-    with the metric, the ablation, ``reestimate``, ``clean_metric`` and ``partial``.
+    non-random orders). ``importances``: the importance an order ranks by, where it is already
+    computed (``{"exact": sweep}``, as the atlas has it): that order's curve ranks by it instead of
+    computing it again (once, not re-estimated). ``.table`` holds the curves, a ``label`` per
+    curve; ``.meta`` the run header with the metric, the ablation, ``reestimate``, ``clean_metric``
+    and ``partial``.
     """
+    importances = dict(importances or {})
     metric = as_metric(metric)
     orders = [checked(ORDERS, o) for o in ([orders] if isinstance(orders, str) else orders)]
     if kwargs.get("engine") is not None:  # warn once, here, not once per curve
@@ -262,7 +277,8 @@ def pruning_curves(
     for order in orders:
         for seed in random_seeds if order == "random" else [base_seed]:
             kw = {**kwargs, "seed": seed}
-            frame = pruning_curve(model, probe, metric, order, **kw)
+            given = importances.get(order) if order != "random" else None
+            frame = pruning_curve(model, probe, metric, order if given is None else given, label=order, **kw)
             frame["label"] = f"random (seed {seed})" if order == "random" else order
             frames.append(frame)
             if frame.attrs.get("partial"):

@@ -382,7 +382,13 @@ class Sweeper:
                 return None, True
 
         stopped = False
-        bar = tqdm(total=n_rounds, desc=desc, disable=not (self.progress and distributed.is_main()), unit="batch")
+        bar = tqdm(
+            total=n_rounds,
+            desc=desc,
+            disable=not (self.progress and distributed.is_main()),
+            unit="batch",
+            sizes=self._sizes(len(todo), len(todo) - len(done), n_rounds),
+        )
         try:
             for k in range(n_rounds):
                 parts = distributed.run_sharded(lambda k=k: one_round(k), desc)
@@ -403,6 +409,14 @@ class Sweeper:
             bar.close()
         self.interrupted = stopped
         return result
+
+    def _sizes(self, n_sets: int, n_todo: int, n_rounds: int) -> str:
+        """What :meth:`evaluate` is about to do, for its progress line."""
+        probe = self.probe
+        text = f"{n_sets} head set(s) x {probe.batch} sequences of {probe.seq_len} tokens"
+        if n_todo < n_sets:
+            text += f", {n_sets - n_todo} already in the journal"
+        return text + f", {n_rounds} batched forward(s) ({self.replay} replay)"
 
     @property
     def engine(self) -> str:

@@ -52,7 +52,15 @@ from interp.ablation import (
     train_gates,
 )
 from interp.adapters import HookedModel
-from interp.cli.common import add_resume_flags, base_parser, float_in, format_table, positive_int, run_cli
+from interp.cli.common import (
+    add_encoding_flag,
+    add_resume_flags,
+    base_parser,
+    float_in,
+    format_table,
+    positive_int,
+    run_cli,
+)
 from interp.config import RunConfig
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
@@ -123,6 +131,7 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block, or per text window")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
     p.add_argument("--dataset", default=None, help="text probe source; None: the bundled data/text")
+    add_encoding_flag(p, "--dataset file")
     p.add_argument(
         "--ablated",
         default=None,
@@ -234,7 +243,9 @@ def make_probe(args: argparse.Namespace, model: HookedModel) -> tuple[TokenProbe
     metric = args.metric or ("pooled-cos" if info.is_encoder else "lm" if args.probe == "text" else "incontext")
     kind = args.probe or ("text" if metric == "lm" else "repeated")
     if kind == "text":
-        probe = text_probe(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed, dataset=args.dataset)
+        probe = text_probe(
+            model, batch=args.batch, seq_len=args.seq_len, seed=args.seed, dataset=args.dataset, encoding=args.encoding
+        )
     else:
         probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     return probe, metric

@@ -147,6 +147,27 @@ def add_engine_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_encoding_flag(p: argparse.ArgumentParser, what: str = "text files") -> None:
+    """``--encoding NAME``: how the command reads its ``what`` (default utf-8; see :func:`interp.texts.decode_file`)."""
+    p.add_argument(
+        "--encoding",
+        type=_encoding,
+        default="utf-8",
+        help=f"the encoding of the {what}, e.g. latin-1 or cp1252 (default: utf-8)",
+    )
+
+
+def _encoding(text: str) -> str:
+    """An argparse type: a text encoding Python knows, as given."""
+    from interp.texts import check_encoding
+
+    try:
+        check_encoding(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def default_out(model_spec: str, analysis: str) -> Path:
     """``out/<model>`` with the model spec made filesystem-safe (``EleutherAI/pythia-70m`` -> ``EleutherAI__pythia-70m``)."""
     name = Path(model_spec).name if Path(model_spec).exists() else model_spec

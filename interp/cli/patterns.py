@@ -2,7 +2,9 @@
 
 A thin layer over :func:`interp.report.patterns_view.view_patterns`: it prints a summary (the
 heads that put the most attention on one other token) and writes ``patterns.html`` under ``--out``:
-one self-contained page (no network, no plotly) with a thumbnail per head.
+one self-contained page (no network, no plotly) with a thumbnail per head. A page holds at most
+``--max-texts`` texts, ``--max-windows`` windows of each and ``--max-heads`` heads; the summary says
+what was left out. ``--text-file`` is read in ``--encoding`` (utf-8 unless given).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from interp.adapters import HookedModel
-from interp.cli.common import base_parser, positive_int, run_cli
+from interp.cli.common import add_encoding_flag, base_parser, positive_int, run_cli
 from interp.errors import UsageError
+from interp.report.patterns_view import MAX_HEADS, MAX_TEXTS, MAX_WINDOWS
+from interp.texts import decode_file
 
 STEM = "patterns"
 
@@ -24,9 +28,27 @@ STEM = "patterns"
 def build_parser(prog: str = "python -m interp.cli.patterns") -> argparse.ArgumentParser:
     p = base_parser(prog, "Write every head's attention pattern on your own text as one self-contained HTML page.")
     p.add_argument("--text", action="append", default=None, help="a text to look at (repeat the flag for several)")
-    p.add_argument("--text-file", default=None, help="a UTF-8 file whose paragraphs (blank-line separated) are texts")
+    p.add_argument(
+        "--text-file",
+        default=None,
+        help="a text file (see --encoding) whose paragraphs (blank-line separated) are texts",
+    )
+    add_encoding_flag(p, "--text-file")
     p.add_argument("--heads", default=None, help="comma-separated heads LAYER.HEAD (default: every head)")
     p.add_argument("--window", type=positive_int, default=64, help="positions shown at once; longer texts are windowed")
+    p.add_argument(
+        "--max-texts",
+        type=positive_int,
+        default=MAX_TEXTS,
+        help="texts the page holds (the first ones; the rest are left out)",
+    )
+    p.add_argument(
+        "--max-windows",
+        type=positive_int,
+        default=MAX_WINDOWS,
+        help="windows of each text the page holds (a longer text is cut after them)",
+    )
+    p.add_argument("--max-heads", type=positive_int, default=MAX_HEADS, help="heads the page holds (the first chosen)")
     return p
 
 
@@ -35,8 +57,8 @@ def _texts(args: argparse.Namespace) -> list[str]:
     if args.text_file:
         path = Path(args.text_file)
         if not path.is_file():
-            raise UsageError(f"--text-file {path} does not exist: pass a UTF-8 text file")
-        texts += [t.strip() for t in path.read_text(encoding="utf-8").split("\n\n") if t.strip()]
+            raise UsageError(f"--text-file {path} does not exist: pass a text file")
+        texts += [t.strip() for t in decode_file(path, args.encoding).split("\n\n") if t.strip()]
     if not texts:
         raise UsageError("no text given: pass --text 'some text' or --text-file FILE")
     return texts
@@ -46,7 +68,16 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     from interp.report.patterns_view import view_patterns
 
     heads = [h for h in args.heads.split(",") if h.strip()] if args.heads else None
-    page = view_patterns(model, _texts(args), heads, window=args.window)
+    page = view_patterns(
+        model,
+        _texts(args),
+        heads,
+        window=args.window,
+        max_texts=args.max_texts,
+        max_windows=args.max_windows,
+        max_heads=args.max_heads,
+        progress=args.progress,
+    )
     print(page.summary())
     # a short ranked summary: the heads whose strongest single key draws the most attention on text 1
     w = np.asarray(page.texts[0]["patterns"])  # [head, q, k]

@@ -73,7 +73,8 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         "--retrieval-len",
         type=positive_int,
         default=None,
-        help="needle-probe tokens of the retrieval part (default: 1024 when the context holds them, else left out)",
+        help="needle-probe tokens of the retrieval part (default: min(1024, the context) when the context holds "
+        "at least 512, else left out)",
     )
     return p
 

@@ -5,7 +5,13 @@ A thin layer over :func:`interp.retrieval.retrieval_scores` on a needle probe an
 by retrieval score with their role, and writes ``retrieval.{csv,json,html}``,
 ``retrieval_distance.{csv,html}`` under ``--out``. The defaults fit the model: ``--seq-len``
 defaults to ``min(1024, the context)`` (255 on the bundled toy), ``--window`` to
-``min(1024, seq_len // 4)``, the distances to the powers of 4 from 16 that fit.
+``min(1024, seq_len // 4)``, the distances to the powers of 4 from 16 that fit the needle probe's
+``--seq-len`` (16, 64, 256 at 1024 tokens).
+
+Each part (the needle probe's scores, the ablation check, the copy-distance profile) says its sizes
+on stderr before it starts and shows its progress; when one will clearly take much longer than the
+needle probe's scores (from the work sizes: :func:`interp.progress.long_parts`), a note says so
+before any work.
 
 After the table it checks the roles by ablation: each role's heads (streaming, then retrieval) are
 restricted to the first ``--sink`` + last ``--window`` keys (:class:`interp.ablation.WindowAblation`)
@@ -35,7 +41,8 @@ from interp.cli.common import add_engine_flag, base_parser, float_in, positive_i
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
-from interp.probes.needle import copy_distance_probe, needle_probe
+from interp.probes.needle import copy_distance_probe, default_distances, needle_probe
+from interp.progress import announcer, forward_work, plan_note, tqdm
 from interp.retrieval import (
     DEFAULT_SINK,
     RETRIEVAL_THRESHOLD,
@@ -49,6 +56,7 @@ from interp.retrieval.figures import copy_distance_figure, layer_windows, retrie
 from interp.stream.budget import PATTERN_BUDGET, choose_engine
 
 STEM = "retrieval"
+_SHORTER = "--distances none skips the copy-distance profile, shorter --distances shorten it"
 
 
 def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentParser:
@@ -80,7 +88,8 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
         "--distances",
         type=_ints,
         default=None,
-        help="copy distances, comma-separated (default: the powers of 4 from 16 that fit); 'none' skips the profile",
+        help="copy distances, comma-separated (default: the powers of 4 from 16 that fit --seq-len); "
+        "'none' skips the profile",
     )
     p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
     p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
@@ -120,6 +129,16 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     window = default_window(probe.seq_len) if args.window is None else args.window
     if args.sink < 0:
         raise UsageError(f"--sink must be >= 0, got {args.sink}")
+    span = min(args.needle_len, 8)
+    distances = args.distances
+    if distances is None:  # what fits the needle probe: the length asked for (or its default)
+        distances = default_distances(probe.meta["seq_len"], span)
+    plan = _plan(info, probe, distances, span)
+    say = announcer("retrieval", plan, args.progress)
+    note = plan_note(plan, lambda parts: _SHORTER if "distance" in parts else "")
+    if note and args.progress:
+        print(note, file=sys.stderr, flush=True)
+    say("needle")
     t0 = time.perf_counter()
     scores = retrieval_scores(
         model,
@@ -130,7 +149,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         seed=args.seed,
         minibatch=args.minibatch,
         engine=args.engine,
-        progress=not args.no_progress,
+        progress=args.progress,
     )
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
@@ -149,15 +168,41 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     print(summary_table(ranked))
     counts = scores.table["role"].value_counts()
     print("heads per role: " + ", ".join(f"{r} {int(counts.get(r, 0))}" for r in ("retrieval", "streaming", "neither")))
+    say("check")
     scores.meta["ablation_check"] = _ablation_check(args, model, probe, scores, window)
 
     written = scores.save(out, STEM)
     written += save_figure(
         retrieval_figure(scores, title=f"{short_name(info.name)}: retrieval and streaming heads"), out, STEM
     )
-    if args.distances != "none":
-        written += _distance_profile(args, model, out)
+    if distances != "none":
+        say("distance")
+        written += _distance_profile(args, model, out, distances, span)
     return written
+
+
+def _plan(info: Any, probe: Any, distances: Any, span: int) -> dict[str, tuple[str, float]]:
+    """The command's parts, ``part -> (what, with its sizes; work)`` (:func:`interp.progress.forward_work`)."""
+    L, d = info.n_layers, info.d_model
+    T, body = probe.seq_len, probe.meta["seq_len"]  # framed, and as asked
+    needle = probe.batch * T
+    plan = {
+        "needle": (
+            f"the needle probe's scores ({probe.batch} x {body} tokens, {probe.n_needles // probe.batch} needle(s) "
+            f"of {probe.needle_len} tokens)",
+            forward_work(needle, L, d, context=T),
+        ),
+        # the clean run and one per role, each with its logits
+        "check": (
+            "the ablation check (up to 3 passes of the needle probe)",
+            3 * forward_work(needle, L, d, info.d_vocab, T),
+        ),
+    }
+    if distances != "none":
+        n = max(distances) + 2 * span
+        what = f"the copy-distance profile ({len(distances)} distance(s) of {', '.join(map(str, distances))} tokens, 2 x {n} tokens each)"
+        plan["distance"] = (what, forward_work(2 * len(distances) * (n + T - body), L, d, context=n + T - body))
+    return plan
 
 
 def _ablation_check(args: argparse.Namespace, model: HookedModel, probe: Any, scores: Any, window: int) -> dict:
@@ -175,7 +220,10 @@ def _ablation_check(args: argparse.Namespace, model: HookedModel, probe: Any, sc
         )
         return {"skipped": why}
     table = scores.table
+    roles = [r for r in ("streaming", "retrieval") if (table["role"] == r).any()]
+    bar = tqdm(total=1 + len(roles), desc="ablation check", unit="pass", disable=not args.progress)
     clean = needle_copy_loss(model, probe, minibatch=args.minibatch)
+    bar.update()
     ablation = WindowAblation(sink=args.sink, window=window)
     print(
         f"\nablation check: needle-copy loss (nats, {len(probe.retrieval_pairs())} copy steps) with a role's heads restricted to {what}:"
@@ -188,9 +236,11 @@ def _ablation_check(args: argparse.Namespace, model: HookedModel, probe: Any, sc
             continue
         with ablated(model, heads, ablation=ablation):
             loss = needle_copy_loss(model, probe, minibatch=args.minibatch)
+        bar.update()
         shown = ", ".join(heads[:8]) + (f" (+{len(heads) - 8})" if len(heads) > 8 else "")
         print(f"  {role} heads ({shown}): {clean:.4f} unrestricted -> {loss:.4f} restricted ({loss - clean:+.4f})")
         check[role] = {"heads": heads, "loss": loss}
+    bar.close()
     return check
 
 
@@ -211,10 +261,11 @@ def summary_table(frame: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
-def _distance_profile(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
-    distances = args.distances
-    probe = copy_distance_probe(model, distances, span=min(args.needle_len, 8), batch=2, seed=args.seed)
-    table = copy_distance_scores(model, probe, minibatch=args.minibatch, engine=args.engine)
+def _distance_profile(
+    args: argparse.Namespace, model: HookedModel, out: Path, distances: list[int], span: int
+) -> list[Path]:
+    probe = copy_distance_probe(model, distances, span=span, batch=2, seed=args.seed)
+    table = copy_distance_scores(model, probe, minibatch=args.minibatch, engine=args.engine, progress=args.progress)
     windows = layer_windows(model)
     best = table.groupby(["layer", "head"])["induction"].mean().nlargest(min(args.top, 8))
     print(f"\ncopy distance ({', '.join(str(d) for d in probe.meta['distances'])} tokens): top heads by induction mass")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interp.adapters import HookedModel
-from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import add_encoding_flag, add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
@@ -42,6 +42,7 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
     )
     p.add_argument("--split", default="train", help="--dataset split")
     p.add_argument("--text-column", default="text", help="--dataset column holding the text")
+    add_encoding_flag(p, "--dataset file")
     p.add_argument("--seq-len", type=positive_int, default=64, help="body tokens per sequence")
     p.add_argument(
         "--epsilon",
@@ -85,6 +86,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             dataset=args.dataset,
             split=args.split,
             text_column=args.text_column,
+            encoding=args.encoding,
         )
     else:
         probe = random_tokens(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed)

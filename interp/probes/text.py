@@ -12,7 +12,7 @@ from interp.errors import UsageError
 from interp.models import describe
 from interp.probes.draw import check_fits, check_positive, framed_probe, ordinary_vocab
 from interp.probes.probe import TokenProbe
-from interp.texts import bytes_to_ids, text_rows, tokenize_rows
+from interp.texts import ENCODING, bytes_to_ids, text_rows, tokenize_rows
 
 _MIN_TEXT_TOKENS = 50_000  # a Hub data set is tokenized up to max(this, 8 x batch x seq_len) tokens
 
@@ -26,13 +26,16 @@ def text_probe(
     dataset: str | os.PathLike | None = None,
     split: str = "train",
     text_column: str = "text",
+    encoding: str = ENCODING,
 ) -> TokenProbe:
     """``batch`` seeded windows of ``seq_len`` tokens of natural English text, framed for ``model``.
 
     The text is the bundled ``data/text/sentences.txt`` (self-written, see its README), read with
     ``datasets.load_dataset("text", ...)``; or ``dataset``: a local ``.txt``/``.json``/``.jsonl``/
     ``.csv`` file or folder, or a Hub data set name, optionally ``"name:config"``
-    (``"wikitext:wikitext-2-raw-v1"``), of which ``split`` and ``text_column`` are used. A Hub data
+    (``"wikitext:wikitext-2-raw-v1"``), of which ``split`` and ``text_column`` are used; a local file
+    is read in ``encoding`` (UTF-8 unless given; one that is not valid in it is a one-line
+    :class:`DatasetLoadError` naming the byte, see :func:`interp.texts.decode_file`). A Hub data
     set that is neither cached nor reachable (or not cached while ``HF_HUB_OFFLINE`` is set) raises
     :class:`DatasetLoadError` (a ``ValueError``) at once, without network retries.
 
@@ -55,7 +58,7 @@ def text_probe(
         str(seq_len),
         lambda room: f"the longest window is {room}; lower seq_len (command line: --seq-len)",
     )
-    rows, source = text_rows(dataset, split, text_column)
+    rows, source = text_rows(dataset, split, text_column, encoding)
     tokenizer = getattr(model, "tokenizer", None)
     budget = max(_MIN_TEXT_TOKENS, 8 * batch * seq_len)
     if tokenizer is not None:

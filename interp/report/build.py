@@ -13,17 +13,23 @@ the page's renderer, so ``atlas.save(dir)`` writes the HTML without the atlas im
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+import interp.distributed as distributed
 from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
 from interp.models import ModelInfo, describe
 from interp.probes import random_tokens, repeated_tokens
+from interp.probes.draw import frame_tokens
+from interp.probes.needle import default_distances
+from interp.progress import Plan, announcer, forward_work, plan_note
 from interp.registry import Registry
 from interp.report.atlas import Atlas
 from interp.report.page import render_atlas
@@ -40,15 +46,18 @@ PARTS.add("pruning", "pruning curves (gradient, exact and random orders)")
 PARTS.add("patterns", "the attention-pattern viewer")
 PARTS.add(
     "retrieval",
-    "retrieval and streaming heads on a needle probe, and copy-distance curves (run when the model's "
-    "context holds a 1024-token probe, or at the length asked for)",
+    "retrieval and streaming heads on a needle probe, and copy-distance curves (run on min(1024, the "
+    "context) tokens when the context holds at least 512, or at the length asked for)",
 )
 
-# the needle probe the atlas runs unasked: only when the context holds it (shorter probes say little
-# about long-range copying: the streaming window and the copy distances scale with the probe)
+# the needle probe the atlas runs unasked: min(RETRIEVAL_LEN, the context), and only when the context
+# holds RETRIEVAL_MIN tokens (shorter probes say little about long-range copying: the streaming
+# window and the copy distances scale with the probe). GPT-2 (1024 positions, one of them BOS) gets 1023.
 RETRIEVAL_LEN = 1024
+RETRIEVAL_MIN = 512
 
 ABLATION_PARTS = ("exact", "gradient", "pruning")
+SKIP_HINT = "skip={parts!r} leaves {them} out (command line: --skip {flag})"  # after the note on long parts
 
 
 def head_atlas(
@@ -80,9 +89,14 @@ def head_atlas(
 
     The ``retrieval`` part (:func:`interp.retrieval.retrieval_scores` and
     :func:`~interp.retrieval.copy_distance_scores`) runs on a needle probe of ``retrieval_len`` body
-    tokens when given; left at None it runs at :data:`RETRIEVAL_LEN` (1024) tokens when the
-    model's context holds that many, and is otherwise left out with a note (``meta["notes"]``): on
-    the bundled toy (context 256) the default atlas stays a matter of seconds.
+    tokens when given; left at None it runs at ``min(1024, the context)`` tokens (:data:`RETRIEVAL_LEN`;
+    1023 on GPT-2, whose BOS takes one of its 1024 positions) when the context holds at least
+    :data:`RETRIEVAL_MIN` (512), and is otherwise left out with a note (``meta["notes"]``): on the
+    bundled toy (context 256) the default atlas stays a matter of seconds.
+
+    With ``progress`` on, it says up front (on stderr) which parts will clearly take much longer
+    than the head scores, from their work sizes (:func:`atlas_work`), and which ``skip`` leaves them
+    out; each part then says its sizes as it starts and shows its progress.
     """
     cfg = RunConfig.of(config, **{k: v for k, v in {"seed": seed, "progress": progress}.items() if v is not None})
     skip = [skip] if isinstance(skip, str) else list(skip)  # skip="exact" is one part, not five letters
@@ -97,6 +111,23 @@ def head_atlas(
         raise UsageError(
             f"no head {', '.join(bad)} in this model: heads are LAYER.HEAD, up to {info.head_labels()[-1]}"
         )
+    plan = atlas_work(
+        model,
+        batch=batch,
+        seq_len=seq_len,
+        repeats=repeats,
+        sink_batch=sink_batch,
+        sink_seq_len=sink_seq_len,
+        retrieval_len=retrieval_len,
+        view_len=view_len,
+        skip=skip,
+    )
+    loud = cfg.progress and distributed.is_main()
+    note = long_work_note(plan)
+    if loud and note:
+        print(note, file=sys.stderr, flush=True)
+    say = announcer("atlas", plan, loud)
+    say("scores")
     run = dict(
         n_boot=cfg.n_boot,
         level=cfg.level,
@@ -122,6 +153,7 @@ def head_atlas(
     if "sinks" not in skip:
         from interp.sinks import sink_scores
 
+        say("sinks")
         sink_probe = random_tokens(model, batch=sink_batch, seq_len=sink_seq_len, seed=cfg.seed)
         atlas.sinks = sink_scores(model, sink_probe, **run)
         extra[""] = HeadScores(
@@ -130,11 +162,13 @@ def head_atlas(
         baselines["first_mass"] = float(atlas.sinks.meta["uniform_first_mass"])
         meta.update(sink_probe=sink_probe.meta, epsilon=atlas.sinks.meta["epsilon"], sink_rate=atlas.sinks.sink_rate)
     if set(ABLATION_PARTS) - set(skip):
-        _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra, journals)
+        _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra, journals, say)
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
     if "retrieval" not in skip:
+        say("retrieval")
         _retrieval(atlas, model, info, retrieval_len, run)
     if "patterns" not in skip:
+        say("patterns")
         atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed)
     return atlas
 
@@ -149,6 +183,7 @@ def _ablations(
     progress: bool,
     extra: dict,
     journals: Any = None,
+    say: Any = lambda part: None,
 ) -> None:
     from interp.ablation import builtin_metric, exact_sweep, gradient_importance, pruning_curves
 
@@ -157,25 +192,30 @@ def _ablations(
     common = dict(ablation=ablation, seed=seed, progress=progress)
     atlas.meta.update(metric=metric.name, ablation=ablation)
     if "exact" not in skip:
+        say("exact")
         journal = journals("atlas-exact", probe.tokens) if journals is not None else None
         atlas.exact = exact_sweep(model, probe, metric, journal=journal, **common)
         extra["exact_"] = HeadScores(atlas.exact.table[["layer", "head", "importance"]])
         atlas.meta["clean_metric"] = atlas.exact.meta.get("clean_metric")
     if "gradient" not in skip:
+        say("gradient")
         atlas.gradient = gradient_importance(model, probe, metric, **common)
         extra["gradient_"] = HeadScores(atlas.gradient.table[["layer", "head", "importance"]])
     if "pruning" not in skip:
+        say("pruning")
         orders = [o for o in ("gradient", "exact") if o not in skip] + ["random"]
         journal = journals("atlas-pruning", probe.tokens) if journals is not None else None
+        # the orders rank by the importances the atlas has just computed (a partial sweep is no order)
+        done = {"exact": atlas.exact, "gradient": atlas.gradient}
+        given = {k: v for k, v in done.items() if v is not None and not v.meta.get("partial")}
         atlas.pruning = pruning_curves(
-            model, probe, metric, orders=orders, random_seeds=(seed,), journal=journal, **common
+            model, probe, metric, orders=orders, random_seeds=(seed,), importances=given, journal=journal, **common
         ).table
 
 
 def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int | None, run: dict) -> None:
     """The retrieval part: scores on a needle probe, copy distance up to the probe's length; their
     columns join the role table (``retrieval_role``: retrieval / streaming / neither)."""
-    from interp.probes.draw import frame_tokens
     from interp.probes.needle import copy_distance_probe, default_distances, needle_probe
     from interp.retrieval import copy_distance_scores, retrieval_scores
     from interp.retrieval.figures import layer_windows
@@ -184,15 +224,14 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
     if not info.is_causal:
         notes.append("retrieval: left out: needle probes read a copy teacher-forced, which needs a causal model")
         return
-    room = info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
-    if seq_len is None and room < RETRIEVAL_LEN:
+    seq_len = retrieval_length(info, seq_len)
+    if seq_len is None:
         notes.append(
-            f"retrieval: left out: the model's context holds {room} tokens, fewer than the {RETRIEVAL_LEN}-token "
-            "needle probe the atlas runs unasked; ask for a shorter one with retrieval_len= "
+            f"retrieval: left out: the model's context holds {_room(info)} tokens, fewer than the {RETRIEVAL_MIN} "
+            "the atlas needs to run its needle probe unasked; ask for a shorter one with retrieval_len= "
             "(command line: --retrieval-len)"
         )
         return
-    seq_len = RETRIEVAL_LEN if seq_len is None else seq_len
     common = {k: run[k] for k in ("minibatch", "progress", "engine")}
     probe = needle_probe(model, seq_len=seq_len, batch=2, seed=run["seed"])
     scores = retrieval_scores(
@@ -212,6 +251,88 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
         "meta": {k: scores.meta[k] for k in ("seq_len", "n_needles", "sink", "window", "engine", "ci_level")},
     }
     atlas.meta["retrieval_probe"] = {**probe.meta, "distances": distances}
+
+
+def _room(info: ModelInfo) -> int:
+    """Body tokens the model's context holds once a probe is framed (BOS, or [CLS] ... [SEP])."""
+    return info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
+
+
+def retrieval_length(info: ModelInfo, asked: int | None) -> int | None:
+    """The retrieval part's needle-probe length: ``asked``, else ``min(RETRIEVAL_LEN, room)`` when
+    the room is at least :data:`RETRIEVAL_MIN`, else None (left out)."""
+    if asked is not None:
+        return asked
+    room = _room(info)
+    return min(RETRIEVAL_LEN, room) if room >= RETRIEVAL_MIN else None
+
+
+def atlas_work(
+    model: HookedModel | ModelInfo,
+    *,
+    batch: int = 10,
+    seq_len: int = 50,
+    repeats: int = 2,
+    sink_batch: int = 16,
+    sink_seq_len: int = 64,
+    retrieval_len: int | None = None,
+    view_len: int = 12,
+    skip: Any = (),
+) -> dict[str, tuple[str, float]]:
+    """Each part the atlas will run, ``part -> (what, with its sizes; work)``, ``"scores"`` first.
+
+    Work is multiply-adds (:func:`interp.progress.forward_work`): the head scores one forward of the
+    score probe; the exact sweep a replay from each head's layer up plus the metric's unembedding,
+    per head; gradient importance a forward and a backward (three forwards); each pruning curve a
+    forward per step; the retrieval part the needle probe and the copy-distance probe. Estimates to
+    compare parts by, not timings. ``model`` may be its :class:`~interp.models.ModelInfo`."""
+    info = model if isinstance(model, ModelInfo) else describe(model)
+    skip = set([skip] if isinstance(skip, str) else skip)
+    frame = sum(len(f) for f in frame_tokens(info)[:2])
+    L, H, d = info.n_layers, info.n_heads, info.d_model
+    vocab = info.d_vocab if info.is_causal else 0
+    T = seq_len * repeats + frame
+    tokens = batch * T
+    probe = f"{batch} sequences of {T} tokens"
+    layers = info.attention_layers
+    n_heads = H * len(layers)
+    plan = {"scores": (f"the head scores ({n_heads} heads x {probe})", forward_work(tokens, L, d))}
+    if "sinks" not in skip:
+        n = sink_batch * (sink_seq_len + frame)
+        plan["sinks"] = (f"the sink report ({sink_batch} x {sink_seq_len + frame} tokens)", forward_work(n, L, d))
+    if "exact" not in skip:
+        replayed = sum(H * (L - l) for l in layers)
+        work = forward_work(tokens, replayed, d) + forward_work(tokens * n_heads, 0, d, vocab)
+        plan["exact"] = (f"the exact sweep ({n_heads} heads x {probe})", work)
+    if "gradient" not in skip:
+        plan["gradient"] = (f"gradient importance ({probe})", 3 * forward_work(tokens, L, d, vocab))
+    if "pruning" not in skip:
+        curves = 1 + sum(o not in skip for o in ("gradient", "exact"))
+        steps = math.ceil(L * H / max(1, round(0.1 * L * H)))
+        work = curves * steps * forward_work(tokens, L, d, vocab)
+        plan["pruning"] = (f"the pruning curves ({curves} orders x {steps} steps x {probe})", work)
+    length = retrieval_length(info, retrieval_len) if info.is_causal else None
+    if "retrieval" not in skip and length is not None:
+        distances = default_distances(length, 8)
+        n = 2 * (length + frame) + 2 * len(distances) * (max(distances) + 16 + frame)
+        plan["retrieval"] = (
+            f"the retrieval part (needle probe 2 x {length} tokens, copy distances)",
+            forward_work(n, L, d),
+        )
+    if "patterns" not in skip:
+        n = 2 * view_len + frame
+        plan["patterns"] = (f"the attention-pattern viewer (1 x {n} tokens)", forward_work(n, L, d))
+    return plan
+
+
+def long_work_note(plan: Plan) -> str | None:
+    """The up-front note of an :func:`atlas_work` plan whose parts will clearly take much longer than
+    its head scores (:func:`interp.progress.plan_note`), naming the ``--skip`` that leaves them out."""
+
+    def hint(parts: list[str]) -> str:
+        return SKIP_HINT.format(parts=parts, them="it" if len(parts) == 1 else "them", flag=",".join(parts))
+
+    return plan_note(plan, hint)
 
 
 def _pattern_view(
@@ -245,4 +366,4 @@ def _pattern_view(
     }
 
 
-__all__ = ["PARTS", "head_atlas"]
+__all__ = ["PARTS", "RETRIEVAL_LEN", "RETRIEVAL_MIN", "atlas_work", "head_atlas", "long_work_note", "retrieval_length"]

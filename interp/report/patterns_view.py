@@ -29,6 +29,11 @@ from interp.report.patterns import attention_patterns, token_labels
 STEM = "patterns"
 WINDOW = 64  # positions shown at once; longer texts are windowed
 MASKED = 255  # the byte of a cell the query may not see
+# what one page holds unless asked for more (about 30 MB at most for GPT-2 small's 144 heads): the
+# texts, the windows of each text, the heads; what is left out is said on the page and when it is made
+MAX_TEXTS = 10
+MAX_WINDOWS = 4
+MAX_HEADS = 256
 
 
 @dataclass
@@ -51,12 +56,33 @@ class PatternPage:
         )
 
     def summary(self) -> str:
-        lens = ", ".join(str(len(t["tokens"])) for t in self.texts)
-        n_win = sum(len(_windows(len(t["tokens"]), self.window)) for t in self.texts)
-        return (
+        """One line: the model, the heads, the texts (their lengths summarised), the windows, and what
+        the page's caps left out (:meth:`left_out`)."""
+        lens = [len(t["tokens"]) for t in self.texts]
+        n_win = sum(len(_windows(n, self.window)) for n in lens)
+        line = (
             f"{self.meta.get('model', 'model')}: attention patterns of {len(self.heads)} heads on "
-            f"{len(self.texts)} text(s) of {lens} tokens; {n_win} window(s) of up to {self.window} positions"
+            f"{count_lengths(lens, 'text')}; {n_win} window(s) of up to {self.window} positions"
         )
+        left = self.left_out()
+        return line + (f"; {left}" if left else "")
+
+    def left_out(self) -> str:
+        """What the caps (``max_texts``, ``max_windows``, ``max_heads``) left out and the flag that
+        shows more, or ``""`` when the page holds everything."""
+        left = self.meta.get("left_out", {})
+        parts = []
+        if left.get("texts"):
+            parts.append(f"{left['texts']:,} more text(s): raise max_texts= (command line: --max-texts)")
+        if left.get("windows"):
+            parts.append(
+                f"the tail of {left['windows']:,} long text(s): raise max_windows= (command line: --max-windows)"
+            )
+        if left.get("heads"):
+            parts.append(
+                f"{left['heads']:,} more head(s): raise max_heads= or choose them with heads= (command line: --max-heads, --heads)"
+            )
+        return "left out: " + "; ".join(parts) if parts else ""
 
     def save(self, out: str | Path, stem: str = STEM, *, overwrite: bool = False) -> Path:
         """Write ``<stem>.html`` under ``out`` (atomically); refuses to replace one unless ``overwrite``."""
@@ -101,42 +127,96 @@ def view_patterns(
     heads: Any = None,
     *,
     window: int = WINDOW,
+    max_texts: int = MAX_TEXTS,
+    max_windows: int = MAX_WINDOWS,
+    max_heads: int = MAX_HEADS,
+    progress: bool = False,
     out: str | Path | None = None,
     overwrite: bool = False,
 ) -> PatternPage:
     """Every chosen head's attention pattern on each text, as one self-contained HTML page.
 
     ``texts``: a string or a list of strings (each run alone, framed as the model expects, e.g.
-    with its BOS). ``heads``: ``None`` for every head, or labels ``"1.2"``/``"L1H2"`` or
-    ``(layer, head)`` pairs. ``window``: positions shown at once. ``out``: a folder to write
-    ``patterns.html`` into (see :meth:`PatternPage.save`); the page is returned either way.
+    with its BOS; a model without a tokenizer, such as the toy, reads each text as its UTF-8 bytes).
+    ``heads``: ``None`` for every head, or labels ``"1.2"``/``"L1H2"`` or ``(layer, head)`` pairs.
+    ``window``: positions shown at once. ``out``: a folder to write ``patterns.html`` into (see
+    :meth:`PatternPage.save`); the page is returned either way. ``progress``: say the sizes, then
+    show progress over the texts.
+
+    A page holds at most ``max_texts`` texts (the first ones; the rest are not run),
+    ``max_windows`` windows of each text (a text is cut after its last window shown: a causal
+    model never runs on the rest) and ``max_heads`` heads (the first chosen); :meth:`PatternPage.left_out`
+    says what was left out and :meth:`PatternPage.summary` includes it.
     """
     from interp.probes import probe_from_texts
+    from interp.progress import tqdm
 
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
         raise UsageError("texts must be a non-empty string or a non-empty list of non-empty strings")
     if not isinstance(window, int) or window < 4:
         raise UsageError(f"window must be an integer >= 4 (positions shown at once), got {window!r}")
+    for name, value in (("max_texts", max_texts), ("max_windows", max_windows), ("max_heads", max_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
     info = describe(model)
     chosen = _head_list(info, heads)
+    left_out = {"texts": max(0, len(texts) - max_texts), "heads": max(0, len(chosen) - max_heads), "windows": 0}
+    texts, chosen = texts[:max_texts], chosen[:max_heads]
     index_l = [l for l, _ in chosen]
     index_h = [h for _, h in chosen]
+    keep = window + (max_windows - 1) * (window // 2)  # the positions the first max_windows windows cover
     drawn = []
-    for text in texts:
+    bar = tqdm(
+        texts,
+        desc="patterns",
+        disable=not progress,
+        unit="text",
+        sizes=f"{len(chosen)} heads on {len(texts)} text(s), up to {max_windows} window(s) of {window} positions each",
+    )
+    for text in bar:
         probe = probe_from_texts(model, text)
         ids = probe.tokens[0]
-        pattern = attention_patterns(model, ids).numpy()[index_l, index_h]  # [head, q, k]
+        cut = len(ids) > keep
+        left_out["windows"] += cut
+        ran = ids[:keep] if cut and info.is_causal else ids  # later tokens change no causal pattern shown
+        pattern = attention_patterns(model, ran).numpy()[index_l, index_h][:, :keep, :keep]  # [head, q, k]
+        ids = ids[:keep]
         drawn.append({"tokens": token_labels(model, ids.tolist(), probe), "patterns": pattern})
     page = PatternPage(
         heads=[f"{l}.{h}" for l, h in chosen],
         texts=drawn,
-        meta={"model": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "causal": info.is_causal},
+        meta={
+            "model": info.name,
+            "n_layers": info.n_layers,
+            "n_heads": info.n_heads,
+            "causal": info.is_causal,
+            "left_out": left_out,
+        },
         window=window,
     )
     if out is not None:
         page.save(out, overwrite=overwrite)
     return page
+
+
+def count_lengths(lengths: Sequence[int], what: str, unit: str = "tokens") -> str:
+    """``"3 texts of 12, 40 and 55 tokens"``; more than five: ``"20,000 texts of 12-55 tokens"``.
+
+    >>> count_lengths([7], "text"), count_lengths([12, 55, 40] * 2, "text")
+    ('1 text of 7 tokens', '6 texts of 12-55 tokens')
+    """
+    n = len(lengths)
+    if n == 0:
+        return f"no {what}s"
+    if n == 1:
+        return f"1 {what} of {lengths[0]:,} {unit}"
+    if n <= 5:
+        listed = ", ".join(f"{v:,}" for v in lengths[:-1]) + f" and {lengths[-1]:,}"
+        return f"{n} {what}s of {listed} {unit}"
+    low, high = min(lengths), max(lengths)
+    span = f"{low:,}" if low == high else f"{low:,}-{high:,}"
+    return f"{n:,} {what}s of {span} {unit}"
 
 
 def _windows(n: int, window: int) -> list[int]:
@@ -367,4 +447,4 @@ bytes (such as \\xe2\\x80).</p>
 """
 
 
-__all__ = ["PatternPage", "view_patterns", "render_patterns"]
+__all__ = ["MAX_HEADS", "MAX_TEXTS", "MAX_WINDOWS", "PatternPage", "count_lengths", "render_patterns", "view_patterns"]

@@ -57,6 +57,7 @@ from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
 from interp.probes.needle import NeedleProbe, needle_probe
+from interp.progress import tqdm
 from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 from interp.stream.blockwise import logits_tile
 from interp.stream.budget import ENGINES, PATTERN_BUDGET, choose_engine
@@ -170,6 +171,13 @@ def _pattern_counts(
     ind, ind_needle = probe.copy_induction_pairs(), probe.copy_induction_needles()
     counts = _empty_counts(info, probe, sink, window)
     step = minibatch or B
+    n_chunks = len(range(0, B, step))
+    bar = tqdm(
+        total=L * n_chunks,
+        desc="scoring retrieval heads (pattern)",
+        disable=not progress,
+        sizes=f"{B} sequences of {probe.seq_len} tokens, {n_chunks} chunk(s) x {L} layers, each layer's pattern formed",
+    )
     for start in range(0, B, step):
         rows = slice(start, min(start + step, B))
         local_ret, needles_ret = _chunk_pairs(ret, ret_needle, rows)
@@ -186,6 +194,7 @@ def _pattern_counts(
             counts.induction[:, layer].index_add_(0, needles_ind, ind_mass.double().cpu())
             if streaming:
                 counts.stream[rows, layer] = window_share(pattern, sink, window).sum(-1).cpu()
+            bar.update()
 
         run_with_reducers(
             model,
@@ -193,6 +202,7 @@ def _pattern_counts(
             [(pattern_hook(l), reduce) for l in range(L)],
             stop_after=pattern_hook(L - 1),
         )
+    bar.close()
     return counts
 
 

@@ -95,7 +95,8 @@ def sink_statistics(
     stats = empty_statistics(B, L, H, T)
     step = minibatch or B
     chunks = range(0, B, step)
-    for start in tqdm(chunks, desc="sink pass", disable=not progress or len(chunks) == 1):
+    sizes = f"{L * H} heads x {B} sequences of {T} tokens, {len(chunks)} chunks"
+    for start in tqdm(chunks, desc="sink pass", disable=not progress or len(chunks) == 1, sizes=sizes):
         sl = slice(start, start + step)
         if probe.padded:
             _padded_chunk(model, probe, stats, sl, info.name, abs_threshold, rel_threshold, max_massive)

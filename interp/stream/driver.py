@@ -55,7 +55,9 @@ def run_streamed(
     info = describe(model)
     L, B, expected = info.n_layers, tokens.shape[0], set(info.attention_layers)
     step = minibatch or B
-    bar = tqdm(total=L * len(range(0, B, step)), desc=desc, disable=not progress)
+    n_chunks = len(range(0, B, step))
+    sizes = f"{B} sequences of {tokens.shape[1]} tokens, {n_chunks} chunk(s) x {L} layers, attention streamed"
+    bar = tqdm(total=L * n_chunks, desc=desc, disable=not progress, sizes=sizes)
     for start in range(0, B, step):
         rows = slice(start, min(start + step, B))
         callback, hooks = on_chunk(rows)
