@@ -63,9 +63,33 @@ def writes_skipped(skip: bool = True) -> Iterator[None]:
         _WRITING.reset(token)
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, then rename)."""
+PARTIAL = ".partial"
+_PARTIAL: ContextVar[bool] = ContextVar("interp_partial", default=False)
+
+
+def partial_name(path: str | os.PathLike) -> Path:
+    """``<stem>.partial<suffix>``: the name of an interrupted run's file (``sinks_heads.html`` ->
+    ``sinks_heads.partial.html``); a name already marked is returned as it is."""
     path = Path(path)
+    return path if PARTIAL in path.name else path.with_name(f"{path.stem}{PARTIAL}{path.suffix}")
+
+
+@contextmanager
+def writes_partial(on: bool = True) -> Iterator[None]:
+    """Inside the block (when ``on``), :func:`atomic_write` writes each file under its
+    :func:`partial_name`: the results of an interrupted run, every file of them marked, and the
+    complete files of an earlier run left as they were."""
+    token = _PARTIAL.set(on or _PARTIAL.get())
+    try:
+        yield
+    finally:
+        _PARTIAL.reset(token)
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, then rename); inside
+    :func:`writes_partial`, to its :func:`partial_name`. Returns the path written."""
+    path = partial_name(path) if _PARTIAL.get() else Path(path)
     if not _WRITING.get():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp._io import writing
+from interp._io import PARTIAL, writes_partial, writing
 from interp.ablation import (
     ABLATIONS,
     METRICS,
@@ -305,10 +305,6 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     return _write_gates(args, sweep, out, time.perf_counter() - t0)
 
 
-def _stem(method: str, partial: bool) -> str:
-    return f"{STEM}_{method}" + (".partial" if partial else "")
-
-
 def _finish(written: list[Path], partial: bool, args: argparse.Namespace | None = None) -> list[Path]:
     """Partial results are written, listed, and the run ends as interrupted (exit 130), its journal
     kept for ``--resume``; complete results are written, and the journal goes."""
@@ -322,7 +318,7 @@ def _finish(written: list[Path], partial: bool, args: argparse.Namespace | None 
     if getattr(args, "journals", None) is not None:
         args.journals.finish()
         if written and writing():  # an interrupted run's rows are in the complete files now
-            for stale in written[0].parent.glob(f"{STEM}_{args.method}.partial*"):
+            for stale in written[0].parent.glob(f"{STEM}_{args.method}*{PARTIAL}.*"):
                 stale.unlink(missing_ok=True)
     return written
 
@@ -341,10 +337,11 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more):")
     columns = [c for c in ("importance", "metric_ablated", "delta") if c in scores.table]
     print(format_table(ranked, columns, fmt=".4g"))
-    stem = _stem(args.method, partial)
-    written = scores.save(out, stem)
+    stem = f"{STEM}_{args.method}"
     title = f"{short_name(meta['model'])}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
-    written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
+    with writes_partial(partial):  # <stem>.partial.<ext>: the earlier complete files are kept
+        written = scores.save(out, stem)
+        written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
     return _finish(written, partial, args)
 
 
@@ -359,9 +356,10 @@ def _write_prune(
     )
     print(f"heads that can go before {metric} degrades by more than {args.tolerance:.0%} (of {n_total}):")
     print(prunable[["label", "n_prunable", "frac_prunable"]].to_string(index=False))
-    stem = _stem("prune", partial)
-    written = result.save(out, stem, tolerance=args.tolerance, meta={"model_spec": args.model})
-    written += save_figure(result.figure(), out, stem)
+    stem = f"{STEM}_prune"
+    with writes_partial(partial):
+        written = result.save(out, stem, tolerance=args.tolerance, meta={"model_spec": args.model})
+        written += save_figure(result.figure(), out, stem)
     return _finish(written, partial, args)
 
 
@@ -378,11 +376,12 @@ def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed:
     best = largest_lambda_within(sweep, args.tolerance)
     if best is not None:
         print(f"\nlargest lambda within {args.tolerance:.0%}: {best:g}, keeping {', '.join(sweep.kept(best))}")
-    stem = _stem("gates", partial)
-    written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
-    if len(sweep.summary):
-        written += save_figure(sweep.figure("gates"), out, stem)
-        written += save_figure(sweep.figure("curves"), out, f"{stem}_curves")
+    stem = f"{STEM}_gates"
+    with writes_partial(partial):
+        written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
+        if len(sweep.summary):
+            written += save_figure(sweep.figure("gates"), out, stem)
+            written += save_figure(sweep.figure("curves"), out, f"{stem}_curves")
     return _finish(written, partial, args)
 
 

@@ -159,6 +159,8 @@ def _ablations(
     if "exact" not in skip:
         journal = journals("atlas-exact", probe.tokens) if journals is not None else None
         atlas.exact = exact_sweep(model, probe, metric, journal=journal, **common)
+        if atlas.exact.meta.get("partial"):  # Ctrl-C: no atlas from part of a sweep (the journal keeps it)
+            raise KeyboardInterrupt
         extra["exact_"] = HeadScores(atlas.exact.table[["layer", "head", "importance"]])
         atlas.meta["clean_metric"] = atlas.exact.meta.get("clean_metric")
     if "gradient" not in skip:
@@ -167,9 +169,10 @@ def _ablations(
     if "pruning" not in skip:
         orders = [o for o in ("gradient", "exact") if o not in skip] + ["random"]
         journal = journals("atlas-pruning", probe.tokens) if journals is not None else None
-        atlas.pruning = pruning_curves(
-            model, probe, metric, orders=orders, random_seeds=(seed,), journal=journal, **common
-        ).table
+        curves = pruning_curves(model, probe, metric, orders=orders, random_seeds=(seed,), journal=journal, **common)
+        if curves.partial:
+            raise KeyboardInterrupt
+        atlas.pruning = curves.table
 
 
 def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int | None, run: dict) -> None:
