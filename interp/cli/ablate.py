@@ -52,7 +52,7 @@ from interp.ablation import (
     train_gates,
 )
 from interp.adapters import HookedModel
-from interp.cli.common import add_resume_flags, base_parser, float_in, format_table, positive_int, run_cli
+from interp.cli.common import Unread, add_resume_flags, base_parser, float_in, format_table, positive_int, run_cli
 from interp.config import RunConfig
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
@@ -228,11 +228,22 @@ def check_flags(args: argparse.Namespace) -> None:
             setattr(args, dest, value)
 
 
+def probe_kind(args: argparse.Namespace) -> str:
+    """``text`` or ``repeated``: ``--probe``, else text for ``--metric lm`` (the model is not needed to tell)."""
+    return args.probe or ("text" if args.metric == "lm" else "repeated")
+
+
+UNREAD = (
+    Unread("--dataset", "it applies to the text probe", lambda args: probe_kind(args) != "text"),
+    Unread("--repeats", "it applies to the repeated probe", lambda args: probe_kind(args) != "repeated"),
+)
+
+
 def make_probe(args: argparse.Namespace, model: HookedModel) -> tuple[TokenProbe, str]:
     """The probe and the metric name the flags ask for (defaults depend on the model)."""
     info = describe(model)
     metric = args.metric or ("pooled-cos" if info.is_encoder else "lm" if args.probe == "text" else "incontext")
-    kind = args.probe or ("text" if metric == "lm" else "repeated")
+    kind = probe_kind(args)
     if kind == "text":
         probe = text_probe(model, batch=args.batch, seq_len=args.seq_len, seed=args.seed, dataset=args.dataset)
     else:
@@ -386,7 +397,7 @@ def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM, check=check_flags)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check_flags, unread=UNREAD)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,49 @@ def default_out(model_spec: str, analysis: str) -> Path:
     return Path("out") / safe
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A flag that a command does not read, always or in some runs: given on the command line, it is
+    refused (exit 2, before the model loads) instead of being silently dropped.
+
+    ``why`` says what would read it ("it applies to --dataset"); ``when(args)`` is True in the runs
+    that ignore it (default: every run).
+    """
+
+    flag: str
+    why: str
+    when: Callable[[argparse.Namespace], bool] = lambda args: True
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations of the options written in ``argv`` (abbreviations resolved as argparse
+    resolves them), whatever their values: ``--batch 10`` is given even when 10 is the default."""
+    by_flag = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    given = set()
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        matches = [name] if name in by_flag else [f for f in by_flag if f.startswith(name)]
+        if len(matches) == 1:
+            given.add(by_flag[matches[0]])
+    return given
+
+
+def refuse_unread(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str], unread: Sequence[Unread]
+) -> None:
+    """A :class:`UsageError` naming every flag in ``argv`` that this run would ignore (``unread``)."""
+    given = given_flags(parser, argv)
+    dest = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    ignored = [f"{u.flag} ({u.why})" for u in unread if dest[u.flag] in given and u.when(args)]
+    if ignored:
+        them = "it" if len(ignored) == 1 else "them"
+        raise UsageError(f"{parser.prog} would ignore {'; '.join(ignored)}: drop {them}")
+
+
 def run_cli(
     parser: argparse.ArgumentParser,
     main: Callable[[argparse.Namespace, Any, Path], Sequence[Path]],
@@ -163,11 +207,15 @@ def run_cli(
     analysis: str,
     *,
     check: Callable[[argparse.Namespace], None] | None = None,
+    unread: Sequence[Unread] = (),
 ) -> int:
     """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
 
-    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. ``check(args)``
-    runs right after parsing (flags that do not go together: exit 2 before any model loads). A command
+    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Every check
+    that needs no model runs before the model loads (exit 2, nothing loaded, nothing written): the
+    flags in ``unread`` that this run would ignore are refused (:class:`Unread`), then ``check(args)``
+    runs (flags that do not go together, inputs that are missing or empty), then ``--out`` is
+    checked and its lock taken. A command
     with ``--resume`` (:func:`add_resume_flags`) finds ``args.journals`` (a
     :class:`~interp.journal.Journals`): ``args.journals(kind, probe.tokens)`` opens the journal of one
     kind of long work, and ``args.journals.finish()`` deletes them once the final outputs are written.
@@ -196,6 +244,7 @@ def run_cli(
             args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
         args.progress = lead  # only rank 0 reports progress; --no-progress turns its bars into lines
         try:
+            refuse_unread(parser, args, sys.argv[1:] if argv is None else argv, unread)
             if check is not None:
                 check(args)
             # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)

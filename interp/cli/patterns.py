@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.adapters import HookedModel
-from interp.cli.common import base_parser, positive_int, run_cli
+from interp.cli.common import Unread, base_parser, positive_int, run_cli
 from interp.errors import UsageError
 
 STEM = "patterns"
@@ -36,17 +36,33 @@ def _texts(args: argparse.Namespace) -> list[str]:
         path = Path(args.text_file)
         if not path.is_file():
             raise UsageError(f"--text-file {path} does not exist: pass a UTF-8 text file")
-        texts += [t.strip() for t in path.read_text(encoding="utf-8").split("\n\n") if t.strip()]
+        found = [t.strip() for t in path.read_text(encoding="utf-8").split("\n\n") if t.strip()]
+        if not found:
+            raise UsageError(
+                f"{path} is empty: put some text in it (paragraphs separated by blank lines), or pass another --text-file"
+            )
+        texts += found
     if not texts:
         raise UsageError("no text given: pass --text 'some text' or --text-file FILE")
     return texts
+
+
+UNREAD = (
+    Unread("--batch", "it shows every text given, each whole"),
+    Unread("--seed", "nothing in it is drawn at random"),
+)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before the model loads: the texts are read (a missing or empty file is refused here)."""
+    args.texts = _texts(args)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     from interp.report.patterns_view import view_patterns
 
     heads = [h for h in args.heads.split(",") if h.strip()] if args.heads else None
-    page = view_patterns(model, _texts(args), heads, window=args.window)
+    page = view_patterns(model, args.texts, heads, window=args.window)
     print(page.summary())
     # a short ranked summary: the heads whose strongest single key draws the most attention on text 1
     w = np.asarray(page.texts[0]["patterns"])  # [head, q, k]
@@ -59,7 +75,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.cli.patterns") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import pandas as pd
 from interp._io import atomic_write
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
-from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -118,8 +118,6 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         haystack=haystack,
     )
     window = default_window(probe.seq_len) if args.window is None else args.window
-    if args.sink < 0:
-        raise UsageError(f"--sink must be >= 0, got {args.sink}")
     t0 = time.perf_counter()
     scores = retrieval_scores(
         model,
@@ -228,8 +226,17 @@ def _distance_profile(args: argparse.Namespace, model: HookedModel, out: Path) -
     return written
 
 
+UNREAD = (Unread("--depths", "--needles spreads the needles instead", lambda args: args.needles is not None),)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before the model loads."""
+    if args.sink < 0:
+        raise UsageError(f"--sink must be >= 0, got {args.sink}")
+
+
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.retrieval") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":
