@@ -223,6 +223,8 @@ def train_gates(
     summary, per_head = [], []
     partial = False
     found = distributed.from_main(journal.done, "reading the journal") if journal is not None else {}
+    if journal is not None:
+        journal.resumed(sum(lam in found for lam in lambdas), len(lambdas), "lambdas of the gate sweep")
     try:
         for lam in tqdm(lambdas, desc="gates", disable=not (config.progress and distributed.is_main())):
             if lam in found:
