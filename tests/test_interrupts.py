@@ -110,6 +110,7 @@ def _browsers_in(folder: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # a fresh interpreter per stage: torch is imported five times
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_ctrl_c_at_every_stage_of_sinks(stage, tmp_path, request):
     at, expected = STAGES[stage]
@@ -242,3 +243,23 @@ def test_an_atlas_interrupted_in_an_ablation_part_writes_no_complete_atlas(part,
     names = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.exists() else []
     assert all(".partial." in n for n in names), names
     assert "python -m interp.report: interrupted" in capsys.readouterr().err
+
+
+def test_an_error_met_while_stopping_is_one_line_and_the_run_still_exits_130(tmp_path, capsys):
+    """A cleanup that fails on the way out of a Ctrl-C (the browser's profile folder, once) does
+    not turn the interrupt into a traceback and exit 1."""
+    from interp.cli import common
+
+    def main(args, model, out):
+        out.mkdir(exist_ok=True)
+        (out / "a.csv").write_text("x")
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise OSError(39, "Directory not empty")
+
+    argv = ["--out", str(tmp_path / "o"), "--device", "cpu"]
+    assert common.run_cli(common.base_parser("p", "a test"), main, argv, "t") == 130
+    printed = capsys.readouterr()
+    assert printed.err == "p: while stopping: OSError: [Errno 39] Directory not empty\np: interrupted\n"
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.partial.csv"]
