@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import interp.browser
 from interp import interrupts
 from interp._io import atomic_write, partial_name, writes_partial
 from interp.browser import find_browser
@@ -263,3 +264,27 @@ def test_an_error_met_while_stopping_is_one_line_and_the_run_still_exits_130(tmp
     printed = capsys.readouterr()
     assert printed.err == "p: while stopping: OSError: [Errno 39] Directory not empty\np: interrupted\n"
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.partial.csv"]
+
+
+def test_a_png_is_exported_under_a_long_temporary_folder_and_nothing_is_left(tmp_path, monkeypatch):
+    """The browser aborts when its sockets' paths under ``$TMPDIR`` pass 107 bytes: the scratch
+    folder moves to /tmp then, and is removed afterwards."""
+    import plotly.graph_objects as go
+
+    from interp.browser import SOCKET_ROOM, screenshot_png
+
+    browser = find_browser()
+    if browser is None:
+        pytest.skip("no Chrome or Chromium (Debian: apt-get install chromium, or set BROWSER_PATH)")
+    long = tmp_path / ("t" * 60)
+    long.mkdir()
+    assert len(str(long)) > SOCKET_ROOM
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    made = []
+    monkeypatch.setattr(
+        interp.browser, "scratch_folder", lambda real=interp.browser.scratch_folder: made.append(real()) or made[-1]
+    )
+    fig = go.Figure(go.Bar(y=[1, 2]), layout={"width": 200, "height": 120})
+    assert screenshot_png(fig, browser).startswith(b"\x89PNG")
+    assert len(made) == 1 and made[0].parent == Path("/tmp") and not made[0].exists()
+    assert list(long.iterdir()) == []
