@@ -68,6 +68,17 @@ def test_a_dataset_with_the_random_probe_is_refused(tmp_path, capsys):
     assert err == "interp sinks: error: --dataset needs --probe text"
 
 
+def test_a_missing_or_empty_dataset_file_is_refused(tmp_path, capsys):
+    err = _refused(["sinks", "--probe", "text", "--dataset", "missing.txt", "--out", str(tmp_path / "o")], capsys)
+    assert err == "interp sinks: error: data set missing.txt: no such file"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    err = _refused(["ablate", "--metric", "lm", "--dataset", str(empty), "--out", str(tmp_path / "o")], capsys)
+    assert (
+        err == f"interp ablate: error: {empty} is empty: put some text in it (one or more lines), or pass another file"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -58,6 +58,7 @@ from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores
+from interp.texts import check_dataset
 
 STEM = "ablate"
 METHODS = ("exact", "gradient", "prune", "gates")
@@ -226,6 +227,8 @@ def check_flags(args: argparse.Namespace) -> None:
     for dest, value in DEFAULTS.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
+    if probe_kind(args) == "text":
+        check_dataset(args.dataset)
 
 
 def probe_kind(args: argparse.Namespace) -> str:

@@ -17,6 +17,7 @@ from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
 from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores
+from interp.texts import check_dataset
 
 STEM = "sinks"
 
@@ -82,6 +83,7 @@ def check(args: argparse.Namespace) -> None:
     """Flags that do not go together, refused before the model loads."""
     if args.probe == "random" and args.dataset:
         raise UsageError("--dataset needs --probe text")
+    check_dataset(args.dataset)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
