@@ -63,6 +63,13 @@ def test_a_negative_sink_is_refused(tmp_path, capsys):
     assert err == "interp retrieval: error: --sink must be >= 0, got -1"
 
 
+def test_bad_needles_are_refused(tmp_path, capsys):
+    err = _refused(["retrieval", "--needle-len", "1", "--out", str(tmp_path / "o")], capsys)
+    assert err.startswith("interp retrieval: error: --needle-len must be at least 2")
+    err = _refused(["retrieval", "--depths", "0.5,1.5", "--out", str(tmp_path / "o")], capsys, usage=True)
+    assert err.endswith("argument --depths: depths are comma-separated numbers in [0, 1]: must be in [0, 1], got 1.5")
+
+
 def test_a_dataset_with_the_random_probe_is_refused(tmp_path, capsys):
     err = _refused(["sinks", "--probe", "random", "--dataset", "x.txt", "--out", str(tmp_path / "o")], capsys)
     assert err == "interp sinks: error: --dataset needs --probe text"

@@ -88,11 +88,15 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
     return p
 
 
+_depth = float_in(0, 1)
+
+
 def _floats(text: str) -> list[float]:
+    """Needle depths: comma-separated numbers in [0, 1] (checked here, before the model loads)."""
     try:
-        return [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        return [_depth(t) for t in text.split(",") if t.strip()]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"depths are comma-separated numbers in [0, 1]: {e}") from None
 
 
 def _ints(text: str) -> list[int] | str:
@@ -233,6 +237,11 @@ def check(args: argparse.Namespace) -> None:
     """Before the model loads."""
     if args.sink < 0:
         raise UsageError(f"--sink must be >= 0, got {args.sink}")
+    if args.needle_len < 2:
+        raise UsageError(
+            f"--needle-len must be at least 2 (a copy step is scored when the token before it is a needle token), "
+            f"got {args.needle_len}"
+        )
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.retrieval") -> int:
