@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import OutputError
+from interp.interrupts import deferred
 
 DATA_ENV = "INTERP_DATA_DIR"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -94,11 +95,10 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
+    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise OutputError(_cannot_write(path, e)) from None
-    try:
+        with deferred():  # made and remembered, or not made (a Ctrl-C waits for this line)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
             f.write(data)
             f.flush()
@@ -108,7 +108,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):  # a full disk, a quota, a folder gone: one line, not a traceback
             raise OutputError(_cannot_write(path, e)) from None
         raise
@@ -158,11 +159,13 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
                         f"cannot create output folder {out}: {parent} is a file; pass another output folder (command line: --out)"
                     )
                 continue
-            parent.mkdir()
-            made.append(parent)
-        fd, probe = tempfile.mkstemp(prefix=".interp-probe.", dir=out)
-        os.close(fd)
-        os.unlink(probe)
+            with deferred():  # made and remembered, or not made
+                parent.mkdir()
+                made.append(parent)
+        with deferred():  # the probe file never outlives this line
+            fd, probe = tempfile.mkstemp(prefix=".interp-probe.", dir=out)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise OutputError(

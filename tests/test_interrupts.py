@@ -288,3 +288,34 @@ def test_a_png_is_exported_under_a_long_temporary_folder_and_nothing_is_left(tmp
     assert screenshot_png(fig, browser).startswith(b"\x89PNG")
     assert len(made) == 1 and made[0].parent == Path("/tmp") and not made[0].exists()
     assert list(long.iterdir()) == []
+
+
+def test_ctrl_c_while_the_lock_is_written_leaves_no_lock(tmp_path, monkeypatch):
+    from interp import lock
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lock.json, "dump", interrupted)
+    out = tmp_path / "a" / "o"
+    with pytest.raises(KeyboardInterrupt):
+        with lock.out_lock(out, ".interp-x.lock"):
+            pytest.fail("the lock was taken")
+    assert not (tmp_path / "a").exists()  # no lock file, and the folders made for it are gone
+
+
+def test_ctrl_c_right_after_a_temporary_file_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """The signal lands as ``mkstemp`` returns: the write stops, and its hidden temporary file goes."""
+    from interp import _io
+
+    real = tempfile.mkstemp
+
+    def then_ctrl_c(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return made
+
+    monkeypatch.setattr(_io.tempfile, "mkstemp", then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "x.csv", "1")
+    assert list(tmp_path.iterdir()) == []
