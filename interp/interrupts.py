@@ -31,9 +31,10 @@ def deferred() -> Iterator[None]:
     """Inside the block, a Ctrl-C (SIGINT) is held; when the block ends it is delivered as the
     handler that was in place would have delivered it (usually ``KeyboardInterrupt``).
 
-    Only the main thread receives signals in Python; elsewhere the block is a plain block.
+    Only the main thread receives signals in Python; elsewhere (and where the handler in place was
+    not set from Python) the block is a plain block.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
         return
     held: list[Any] = []
@@ -45,7 +46,7 @@ def deferred() -> Iterator[None]:
         if held:
             if callable(previous):
                 previous(signal.SIGINT, held[0])
-            elif previous == signal.SIG_DFL:
+            elif previous == signal.SIG_DFL:  # what the default would have done, short of ending here
                 raise KeyboardInterrupt
 
 

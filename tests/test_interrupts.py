@@ -165,6 +165,13 @@ def test_deferred_holds_ctrl_c_until_the_block_ends():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with interrupts.deferred():  # no signal: nothing raised
         steps.append("quiet")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored before the block: ignored after it
+    try:
+        with interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_remove_tree_waits_for_a_writer_that_is_dying(tmp_path):
