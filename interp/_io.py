@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import OutputError
+from interp.interrupts import deferred
 
 DATA_ENV = "INTERP_DATA_DIR"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -63,18 +64,41 @@ def writes_skipped(skip: bool = True) -> Iterator[None]:
         _WRITING.reset(token)
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, then rename)."""
+PARTIAL = ".partial"
+_PARTIAL: ContextVar[bool] = ContextVar("interp_partial", default=False)
+
+
+def partial_name(path: str | os.PathLike) -> Path:
+    """``<stem>.partial<suffix>``: the name of an interrupted run's file (``sinks_heads.html`` ->
+    ``sinks_heads.partial.html``); a name already marked is returned as it is."""
     path = Path(path)
+    return path if PARTIAL in path.name else path.with_name(f"{path.stem}{PARTIAL}{path.suffix}")
+
+
+@contextmanager
+def writes_partial(on: bool = True) -> Iterator[None]:
+    """Inside the block (when ``on``), :func:`atomic_write` writes each file under its
+    :func:`partial_name`: the results of an interrupted run, every file of them marked, and the
+    complete files of an earlier run left as they were."""
+    token = _PARTIAL.set(on or _PARTIAL.get())
+    try:
+        yield
+    finally:
+        _PARTIAL.reset(token)
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, then rename); inside
+    :func:`writes_partial`, to its :func:`partial_name`. Returns the path written."""
+    path = partial_name(path) if _PARTIAL.get() else Path(path)
     if not _WRITING.get():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
+    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise OutputError(_cannot_write(path, e)) from None
-    try:
+        with deferred():  # made and remembered, or not made (a Ctrl-C waits for this line)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
             f.write(data)
             f.flush()
@@ -84,7 +108,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):  # a full disk, a quota, a folder gone: one line, not a traceback
             raise OutputError(_cannot_write(path, e)) from None
         raise
@@ -134,11 +159,13 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
                         f"cannot create output folder {out}: {parent} is a file; pass another output folder (command line: --out)"
                     )
                 continue
-            parent.mkdir()
-            made.append(parent)
-        fd, probe = tempfile.mkstemp(prefix=".interp-probe.", dir=out)
-        os.close(fd)
-        os.unlink(probe)
+            with deferred():  # made and remembered, or not made
+                parent.mkdir()
+                made.append(parent)
+        with deferred():  # the probe file never outlives this line
+            fd, probe = tempfile.mkstemp(prefix=".interp-probe.", dir=out)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise OutputError(

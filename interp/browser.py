@@ -17,6 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from interp.interrupts import deferred, end_process_group, remove_tree
+
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 NO_BROWSER = "no Chrome or Chromium found: install one (Debian: apt-get install chromium) or set BROWSER_PATH"
 
@@ -73,26 +75,79 @@ def figure_png(fig: Any, browser: str, *, timeout: float = 60.0) -> bytes:
 
 
 def screenshot_png(fig: Any, browser: str, *, timeout: float = 60.0) -> bytes:
-    """The figure as PNG bytes from the browser's own ``--screenshot`` of a page that holds only it."""
+    """The figure as PNG bytes from the browser's own ``--screenshot`` of a page that holds only it.
+
+    The page and the browser's throw-away profile live in a temporary folder. The browser runs in
+    its own process group: however this ends (done, failed, timed out, Ctrl-C), the browser and
+    every helper process it started are killed and the folder is removed before this returns or
+    raises (see :mod:`interp.interrupts`).
+    """
     width = int(fig.layout.width or 900)
     height = int(fig.layout.height or 500)
     page = fig.to_html(
         include_plotlyjs=True, full_html=True, config={"staticPlot": True, "displayModeBar": False}
     ).replace("<body>", '<body style="margin:0">', 1)
-    with tempfile.TemporaryDirectory(prefix="interp-png-") as tmp:
-        html, png = Path(tmp) / "figure.html", Path(tmp) / "figure.png"
+    tmp: Path | None = None
+    try:
+        with deferred():  # the folder is made and its name kept, or neither
+            tmp = scratch_folder()
+        html, png = tmp / "figure.html", tmp / "figure.png"
         html.write_text(page, encoding="utf-8")
-        cmd = headless_args(browser, Path(tmp) / "profile") + [
+        cmd = headless_args(browser, tmp / "profile") + [
             f"--window-size={width},{height}",
             "--virtual-time-budget=10000",  # let plotly draw before the shot
             f"--screenshot={png}",
             html.as_uri(),
         ]
-        try:
-            done = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise RuntimeError(f"{browser} could not take a screenshot: {e}") from e
+        code, stderr = run_browser(cmd, timeout=timeout, tmp=tmp)
         if not png.is_file():
-            last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"{browser} wrote no screenshot (exit {done.returncode}): {last}")
+            last = (stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"{browser} wrote no screenshot (exit {code}): {last}")
         return png.read_bytes()
+    finally:
+        if tmp is not None:
+            with deferred():
+                remove_tree(tmp)
+
+
+SOCKET_ROOM = 40
+"""The longest temporary folder the scratch folder is made in: the browser puts a socket under
+``$TMPDIR``, and a socket's path holds at most 107 bytes (a longer one makes the browser abort)."""
+
+
+def scratch_folder() -> Path:
+    """A new temporary folder ``interp-png-*`` for a page, a browser profile and the browser's own
+    temporary files: in the usual temporary folder, or in ``/tmp`` when that one's path is too long
+    for the browser's sockets (:data:`SOCKET_ROOM`)."""
+    base = tempfile.gettempdir()
+    if len(base) > SOCKET_ROOM and os.access("/tmp", os.W_OK):
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="interp-png-", dir=base))
+
+
+def run_browser(cmd: list[str], *, timeout: float, tmp: Path) -> tuple[int, bytes]:
+    """Run a headless browser to its end: its exit code and stderr. Its temporary files go under
+    ``tmp`` (its ``TMPDIR``: a killed browser leaves them there, not in the system's temporary
+    folder). It runs in a process group of its own, so a terminal's Ctrl-C reaches this process
+    alone, and the whole group is killed on the way out, whatever the way (a ``RuntimeError`` when
+    it cannot start or runs past ``timeout``)."""
+    proc: subprocess.Popen | None = None
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    try:
+        with deferred():  # started and remembered, or not started
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+        _, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"{cmd[0]} could not take a screenshot: {e}") from e
+    finally:
+        if proc is not None:
+            with deferred():
+                end_process_group(proc)

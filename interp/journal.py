@@ -176,6 +176,9 @@ class Journal:
         self._done: dict[Any, Any] = {}
         self._file: Any = None
         self._synced = 0.0
+        self._resume = False
+        self._written: float | None = None  # when the journal read back was last appended to
+        self._said: set[str] = set()
 
     def open(self, resume: bool = False, *, fresh: bool = False) -> dict[Any, Any]:
         """Start or continue the journal (see the module docstring); the units already done.
@@ -184,13 +187,19 @@ class Journal:
         nothing is read or written and nothing is done: rank 0's journal is the one, and the
         analyses share what it holds (:func:`interp.distributed.from_main`)."""
         self._done = {}
+        self._resume = resume
         if not writing():
             return {}
         if fresh:
             self.path.unlink(missing_ok=True)
-        objects, good = _read_lines(self.path) if self.path.exists() else ([], 0)
+        existed = self.path.exists()
+        objects, good = _read_lines(self.path) if existed else ([], 0)
+        self._written = self.path.stat().st_mtime if existed else None
         if len(objects) == 1:  # a header and no unit: nothing was done, nothing to keep
             objects, good = [], 0
+        if resume and len(objects) < 2:
+            why = "holds no finished unit" if existed else "does not exist"
+            print(f"resume: {self.path} {why}: starting {self.kind} from the beginning", flush=True)
         if objects:
             header = objects[0]
             differs = _differences(header.get("fingerprint", {}), self.fingerprint)
@@ -240,6 +249,18 @@ class Journal:
             lines.append(_line({"unit": unit, "payload": payload}))
         if self._file is not None and lines:
             self._write(b"".join(lines))
+
+    def resumed(self, found: int, total: int, what: str = "units") -> str | None:
+        """Say (on stdout, once per ``what``) what a ``--resume`` took from the journal: ``found`` of
+        ``total`` units, the file, when it was last written, and how many are left to compute. The
+        line said, or None (no resume asked, nothing found, said already, or not rank 0)."""
+        if not (self._resume and found and writing()) or what in self._said:
+            return None
+        self._said.add(what)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self._written)) if self._written else "?"
+        line = f"resumed: {found} of {total} {what} from {self.path} (written {when}), {total - found} to go"
+        print(line, flush=True)
+        return line
 
     def done(self) -> dict[Any, Any]:
         """``{unit: payload}`` of every unit finished so far (read back, then appended)."""

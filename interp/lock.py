@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.errors import OutputError
+from interp.interrupts import deferred
 
 NAME = ".interp.lock"
 UNREADABLE_GRACE_S = 10.0
@@ -91,13 +92,16 @@ def out_lock(out: str | os.PathLike, name: str = NAME, *, take: bool = True) -> 
         return
     out = Path(out)
     made = [p for p in reversed([out, *out.parents]) if not p.exists()]
-    out.mkdir(parents=True, exist_ok=True)
     path = out / name
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    created = False
     try:
+        out.mkdir(parents=True, exist_ok=True)
         for _attempt in range(3):
             try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with deferred():  # created and remembered, or not created (a Ctrl-C waits for this line)
+                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                    created = True
             except FileExistsError:
                 holder = _holder(path)
                 why = _stale(path, holder)
@@ -120,7 +124,9 @@ def out_lock(out: str | os.PathLike, name: str = NAME, *, take: bool = True) -> 
             break
         else:
             raise _in_use(out, path, _holder(path))
-    except BaseException:
+    except BaseException:  # a refusal, a full disk, Ctrl-C: no lock of ours is left behind
+        if created:
+            path.unlink(missing_ok=True)
         _remove_empty(made)
         raise
     try:

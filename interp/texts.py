@@ -65,6 +65,30 @@ def text_dir() -> Path:
     return bundled("text")
 
 
+KINDS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+"""The local files a data set can be read from: suffix -> the loader's name."""
+
+
+def check_dataset(dataset: str | os.PathLike | None) -> None:
+    """The checks on a data set that need neither a model nor the data set library: a local file
+    that is missing, empty or of a kind that cannot be read is a :class:`DatasetLoadError`. A name
+    that is not a local path is a Hub data set, checked when it is loaded. The commands call this
+    before they load the model; :func:`text_rows` calls it too."""
+    if dataset is None:
+        return
+    spec = os.fspath(dataset)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_file() and not path.read_bytes().strip():
+            raise DatasetLoadError(f"{path} is empty: put some text in it (one or more lines), or pass another file")
+        if path.is_file() and path.suffix.lower() not in KINDS:
+            raise DatasetLoadError(
+                f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use .txt, .json, .jsonl or .csv"
+            )
+    elif spec.startswith((".", "/", "~")) or path.suffix.lower() in KINDS:
+        raise DatasetLoadError(f"data set {spec}: no such file")
+
+
 def text_rows(
     dataset: str | os.PathLike | None, split: str, text_column: str, encoding: str = ENCODING
 ) -> tuple[Iterator[str], str]:
@@ -83,36 +107,23 @@ def text_rows(
             )
         ds = datasets.load_dataset("text", data_files=str(path), split="train")
         return _column(ds, "text", "data/text/" + TEXT_FILE), "data/text/" + TEXT_FILE
+    check_dataset(dataset)
     spec = os.fspath(dataset)
     path = Path(spec).expanduser()
     if path.exists():
-        kind = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
-        if path.is_file():
-            data = path.read_bytes()
-            if not data.strip():
-                raise DatasetLoadError(
-                    f"{path} is empty: put some text in it (one or more lines), or pass another file"
-                )
-            if path.suffix.lower() in kind:
-                decode_file(path, encoding, data=data)  # one clear line, before the loader's traceback
+        kind = KINDS
+        if path.is_file() and path.suffix.lower() in kind:
+            decode_file(path, encoding)  # one clear line, before the loader's traceback
         extra = {} if codec == "utf-8" else {"encoding": codec}
         try:
             if path.is_dir():
                 ds = datasets.load_dataset(str(path), split=split, **extra)
-            elif path.suffix.lower() in kind:
-                ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train", **extra)
             else:
-                raise DatasetLoadError(
-                    f"{path}: cannot read a {path.suffix or 'suffix-less'} file; use .txt, .json, .jsonl or .csv"
-                )
-        except DatasetLoadError:
-            raise
+                ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train", **extra)
         except Exception as e:
             raise DatasetLoadError(f"could not read the data set {path}: {_first_line(e)}") from None
         column = "text" if kind.get(path.suffix.lower()) == "text" else text_column
         return _column(ds, column, str(path)), str(path)
-    if spec.startswith((".", "/", "~")) or path.suffix.lower() in (".txt", ".text", ".json", ".jsonl", ".csv"):
-        raise DatasetLoadError(f"data set {spec}: no such file")
     name, _, config = spec.partition(":")
     ds = _load_hub_dataset(name, config or None, split)
     return _column(ds, text_column, spec), f"{spec} ({split})"

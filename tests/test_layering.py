@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "config": 1,
     "distributed": 1,
     "browser": 1,
+    "interrupts": 0,
     "_lazy": 1,
     "_version": 0,
     "lock": 1,

@@ -232,6 +232,8 @@ def train_gates(
         f"{sweeper.minibatch} x {probe.seq_len} tokens"
         + (f"; {sum(lam in found for lam in lambdas)} lambda(s) already in the journal" if found else ""),
     )
+    if journal is not None:
+        journal.resumed(sum(lam in found for lam in lambdas), len(lambdas), "lambdas of the gate sweep")
     try:
         for lam in lambdas:
             if lam in found:

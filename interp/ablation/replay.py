@@ -362,6 +362,7 @@ class Sweeper:
                 if key in found:
                     result[i] = torch.tensor(found[key], dtype=result.dtype)
                     done.add(i)
+            journal.resumed(len(done), len(todo), f"head sets of the {where}")
         # every rank's forwards, cut from its whole share as an uninterrupted run cuts them
         world = distributed.world_size()
         me = distributed.rank() if distributed.active() else 0

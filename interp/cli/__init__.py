@@ -50,8 +50,14 @@ def import_interruptibly(module: str, prog: str) -> ModuleType:
 
 
 def run_command(module: str, prog: str, argv: Sequence[str] | None = None) -> int:
-    """An entry point: import the command's module under :func:`import_interruptibly`, run its ``cli``."""
-    return import_interruptibly(module, prog).cli(argv, prog=prog)
+    """An entry point: import the command's module under :func:`import_interruptibly`, run its ``cli``
+    (a Ctrl-C between the two, while the parser is built, is one line and exit 130 as well)."""
+    command = import_interruptibly(module, prog)
+    try:
+        return command.cli(argv, prog=prog)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def usage() -> str:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp._io import writing
+from interp._io import PARTIAL, writes_partial, writing
 from interp.ablation import (
     ABLATIONS,
     METRICS,
@@ -53,6 +53,7 @@ from interp.ablation import (
 )
 from interp.adapters import HookedModel
 from interp.cli.common import (
+    Unread,
     add_encoding_flag,
     add_resume_flags,
     base_parser,
@@ -66,6 +67,7 @@ from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores
+from interp.texts import check_dataset
 
 STEM = "ablate"
 METHODS = ("exact", "gradient", "prune", "gates")
@@ -235,13 +237,26 @@ def check_flags(args: argparse.Namespace) -> None:
     for dest, value in DEFAULTS.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
+    if probe_kind(args) == "text":
+        check_dataset(args.dataset)
+
+
+def probe_kind(args: argparse.Namespace) -> str:
+    """``text`` or ``repeated``: ``--probe``, else text for ``--metric lm`` (the model is not needed to tell)."""
+    return args.probe or ("text" if args.metric == "lm" else "repeated")
+
+
+UNREAD = (
+    Unread("--dataset", "it applies to the text probe", lambda args: probe_kind(args) != "text"),
+    Unread("--repeats", "it applies to the repeated probe", lambda args: probe_kind(args) != "repeated"),
+)
 
 
 def make_probe(args: argparse.Namespace, model: HookedModel) -> tuple[TokenProbe, str]:
     """The probe and the metric name the flags ask for (defaults depend on the model)."""
     info = describe(model)
     metric = args.metric or ("pooled-cos" if info.is_encoder else "lm" if args.probe == "text" else "incontext")
-    kind = args.probe or ("text" if metric == "lm" else "repeated")
+    kind = probe_kind(args)
     if kind == "text":
         probe = text_probe(
             model, batch=args.batch, seq_len=args.seq_len, seed=args.seed, dataset=args.dataset, encoding=args.encoding
@@ -316,10 +331,6 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     return _write_gates(args, sweep, out, time.perf_counter() - t0)
 
 
-def _stem(method: str, partial: bool) -> str:
-    return f"{STEM}_{method}" + (".partial" if partial else "")
-
-
 def _finish(written: list[Path], partial: bool, args: argparse.Namespace | None = None) -> list[Path]:
     """Partial results are written, listed, and the run ends as interrupted (exit 130), its journal
     kept for ``--resume``; complete results are written, and the journal goes."""
@@ -333,7 +344,7 @@ def _finish(written: list[Path], partial: bool, args: argparse.Namespace | None 
     if getattr(args, "journals", None) is not None:
         args.journals.finish()
         if written and writing():  # an interrupted run's rows are in the complete files now
-            for stale in written[0].parent.glob(f"{STEM}_{args.method}.partial*"):
+            for stale in written[0].parent.glob(f"{STEM}_{args.method}*{PARTIAL}.*"):
                 stale.unlink(missing_ok=True)
     return written
 
@@ -352,10 +363,11 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more):")
     columns = [c for c in ("importance", "metric_ablated", "delta") if c in scores.table]
     print(format_table(ranked, columns, fmt=".4g"))
-    stem = _stem(args.method, partial)
-    written = scores.save(out, stem)
+    stem = f"{STEM}_{args.method}"
     title = f"{short_name(meta['model'])}: {args.method} importance of each head ({meta['metric']}, {meta['ablation']} ablation)"
-    written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
+    with writes_partial(partial):  # <stem>.partial.<ext>: the earlier complete files are kept
+        written = scores.save(out, stem)
+        written += save_figure(heatmap(scores, columns[:2], title=title), out, stem)
     return _finish(written, partial, args)
 
 
@@ -370,9 +382,10 @@ def _write_prune(
     )
     print(f"heads that can go before {metric} degrades by more than {args.tolerance:.0%} (of {n_total}):")
     print(prunable[["label", "n_prunable", "frac_prunable"]].to_string(index=False))
-    stem = _stem("prune", partial)
-    written = result.save(out, stem, tolerance=args.tolerance, meta={"model_spec": args.model})
-    written += save_figure(result.figure(), out, stem)
+    stem = f"{STEM}_prune"
+    with writes_partial(partial):
+        written = result.save(out, stem, tolerance=args.tolerance, meta={"model_spec": args.model})
+        written += save_figure(result.figure(), out, stem)
     return _finish(written, partial, args)
 
 
@@ -389,16 +402,17 @@ def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed:
     best = largest_lambda_within(sweep, args.tolerance)
     if best is not None:
         print(f"\nlargest lambda within {args.tolerance:.0%}: {best:g}, keeping {', '.join(sweep.kept(best))}")
-    stem = _stem("gates", partial)
-    written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
-    if len(sweep.summary):
-        written += save_figure(sweep.figure("gates"), out, stem)
-        written += save_figure(sweep.figure("curves"), out, f"{stem}_curves")
+    stem = f"{STEM}_gates"
+    with writes_partial(partial):
+        written = sweep.save(out, stem, meta={"model_spec": args.model, "largest_lambda_within_tolerance": best})
+        if len(sweep.summary):
+            written += save_figure(sweep.figure("gates"), out, stem)
+            written += save_figure(sweep.figure("curves"), out, f"{stem}_curves")
     return _finish(written, partial, args)
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM, check=check_flags)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check_flags, unread=UNREAD)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,19 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import interp.distributed as distributed
-from interp._io import ensure_writable_dir, writes_skipped
+from interp._io import PARTIAL, ensure_writable_dir, partial_name, writes_skipped
 from interp.adapters import HookedModel
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
 from interp.journal import Journals, run_arguments
@@ -175,6 +178,49 @@ def default_out(model_spec: str, analysis: str) -> Path:
     return Path("out") / safe
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A flag that a command does not read, always or in some runs: given on the command line, it is
+    refused (exit 2, before the model loads) instead of being silently dropped.
+
+    ``why`` says what would read it ("it applies to --dataset"); ``when(args)`` is True in the runs
+    that ignore it (default: every run).
+    """
+
+    flag: str
+    why: str
+    when: Callable[[argparse.Namespace], bool] = lambda args: True
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations of the options written in ``argv`` (abbreviations resolved as argparse
+    resolves them), whatever their values: ``--batch 10`` is given even when 10 is the default."""
+    by_flag = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    given = set()
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        matches = [name] if name in by_flag else [f for f in by_flag if f.startswith(name)]
+        if len(matches) == 1:
+            given.add(by_flag[matches[0]])
+    return given
+
+
+def refuse_unread(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str], unread: Sequence[Unread]
+) -> None:
+    """A :class:`UsageError` naming every flag in ``argv`` that this run would ignore (``unread``)."""
+    given = given_flags(parser, argv)
+    dest = {flag: action.dest for action in parser._actions for flag in action.option_strings}
+    ignored = [f"{u.flag} ({u.why})" for u in unread if dest[u.flag] in given and u.when(args)]
+    if ignored:
+        them = "it" if len(ignored) == 1 else "them"
+        raise UsageError(f"{parser.prog} would ignore {'; '.join(ignored)}: drop {them}")
+
+
 def run_cli(
     parser: argparse.ArgumentParser,
     main: Callable[[argparse.Namespace, Any, Path], Sequence[Path]],
@@ -182,11 +228,15 @@ def run_cli(
     analysis: str,
     *,
     check: Callable[[argparse.Namespace], None] | None = None,
+    unread: Sequence[Unread] = (),
 ) -> int:
     """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
 
-    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. ``check(args)``
-    runs right after parsing (flags that do not go together: exit 2 before any model loads). A command
+    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Every check
+    that needs no model runs before the model loads (exit 2, nothing loaded, nothing written): the
+    flags in ``unread`` that this run would ignore are refused (:class:`Unread`), then ``check(args)``
+    runs (flags that do not go together, inputs that are missing or empty), then ``--out`` is
+    checked and its lock taken. A command
     with ``--resume`` (:func:`add_resume_flags`) finds ``args.journals`` (a
     :class:`~interp.journal.Journals`): ``args.journals(kind, probe.tokens)`` opens the journal of one
     kind of long work, and ``args.journals.finish()`` deletes them once the final outputs are written.
@@ -194,8 +244,10 @@ def run_cli(
     The first line printed says how many CPU threads torch got and why (``--threads``, or
     :func:`interp.threads.choose_threads`). Progress is bars on a terminal and occasional lines
     elsewhere (:mod:`interp.progress`; ``--no-progress`` forces lines). Warnings are one line each,
-    ``prog: warning: ...``. On Ctrl-C the files this run had already written under ``--out`` are
-    renamed with ``.partial`` before their suffix (:func:`mark_partial`), and the run exits 130. Errors that
+    ``prog: warning: ...``. On Ctrl-C, at any moment, the files this run had already written under
+    ``--out`` are renamed with ``.partial`` before their suffix (:func:`mark_partial`), temporary
+    files are removed, and the run exits 130 (an error met while stopping is named in one line, not
+    a traceback: :func:`interrupted`). Errors that
     ``interp`` raises on purpose (:class:`~interp.errors.InterpError`) end the run with one line on
     stderr: exit 1 when the model cannot be had (or another rank failed), 2 for bad usage or input
     (nothing written). Any other exception is a bug and keeps its traceback (exit 1).
@@ -206,67 +258,101 @@ def run_cli(
     loading or analysing, stops every rank with that rank's error.
     """
     lead = distributed.is_main()
-    with _quiet(not lead):
-        args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
-    args.progress = lead  # only rank 0 reports progress; --no-progress turns its bars into lines
     started = time.time()
-    out: Path | None = None
-    started = time.time()
+    run: dict[str, Any] = {}  # what the interrupt handler needs: "out" once known, "done" once written
     try:
-        if check is not None:
-            check(args)
-        # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
-        device = resolve_device(distributed.rank_device(args.device))
-        resolve_dtype(args.dtype)
-        placement = _placement(args)
-        distributed.start(device if placement is None else "cpu")
-        with (
-            distributed.interrupt_once(),
-            _quiet(not lead, stderr=False),
-            writes_skipped(not lead),
-            one_line_warnings(parser.prog),
-            progress_lines(bool(getattr(args, "no_progress", False))),
-            ExitStack() as held,
-        ):
-            with distributed.checked("checking --out and loading the model"):
-                target = args.out or default_out(args.model, analysis)
-                out = ensure_writable_dir(target) if lead else Path(target)
-                held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
-                kwargs = {"device": device} if placement is None else placement
-                model = load_model(args.model, dtype=args.dtype, **kwargs)
-                if hasattr(args, "resume"):  # journaled long work (under the lock: one run per journal)
-                    arguments = run_arguments(args)
-                    args.journals = Journals(out, arguments, model, args.model, resume=args.resume, fresh=args.fresh)
-                    held.callback(args.journals.close)
-            if lead:
-                print(set_threads(args, model), flush=True)
-            else:
-                set_threads(args, model)
-            with distributed.checked(f"running {analysis}"), cli_owned() as replaced:
-                written = main(args, model, out)  # a command owns its --out: its earlier outputs are replaced
-    except (ModelLoadError, RankFailedError) as e:
-        return fail(parser, e, EXIT_MODEL, quiet=not lead)
-    except InterpError as e:
-        return fail(parser, e, EXIT_USAGE, quiet=not lead)
-    except KeyboardInterrupt:
+        with _quiet(not lead):
+            args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
+        args.progress = lead  # only rank 0 reports progress; --no-progress turns its bars into lines
+        try:
+            refuse_unread(parser, args, sys.argv[1:] if argv is None else argv, unread)
+            if check is not None:
+                check(args)
+            # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
+            device = resolve_device(distributed.rank_device(args.device))
+            resolve_dtype(args.dtype)
+            placement = _placement(args)
+            distributed.start(device if placement is None else "cpu")
+            with (
+                distributed.interrupt_once(),
+                _quiet(not lead, stderr=False),
+                writes_skipped(not lead),
+                one_line_warnings(parser.prog),
+                progress_lines(bool(getattr(args, "no_progress", False))),
+                ExitStack() as held,
+            ):
+                with distributed.checked("checking --out and loading the model"):
+                    target = args.out or default_out(args.model, analysis)
+                    out = ensure_writable_dir(target) if lead else Path(target)
+                    run["out"] = out
+                    held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
+                    kwargs = {"device": device} if placement is None else placement
+                    model = load_model(args.model, dtype=args.dtype, **kwargs)
+                    if hasattr(args, "resume"):  # journaled long work (under the lock: one run per journal)
+                        arguments = run_arguments(args)
+                        args.journals = Journals(
+                            out, arguments, model, args.model, resume=args.resume, fresh=args.fresh
+                        )
+                        held.callback(args.journals.close)
+                if lead:
+                    print(set_threads(args, model), flush=True)
+                else:
+                    set_threads(args, model)
+                with distributed.checked(f"running {analysis}"), cli_owned() as replaced:
+                    written = main(args, model, out)  # a command owns its --out: its earlier outputs are replaced
+                    run["done"] = True
+        finally:
+            distributed.stop()
         if lead:
-            marked = mark_partial(out, started) if out is not None and out.is_dir() else []
-            if marked:
-                print(f"{parser.prog}: interrupted; these files were written before the interrupt, marked partial:")
-                for path in marked:
-                    print(f"  {path}")
-            print(f"{parser.prog}: interrupted", file=sys.stderr)
+            print("\nwrote:")
+            for path in written:
+                print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
+        return 0
+    except BaseException as e:
+        if interrupted(e):
+            return _stop_interrupted(parser.prog, e, run, started, lead)
+        if isinstance(e, (ModelLoadError, RankFailedError)):
+            return fail(parser, e, EXIT_MODEL, quiet=not lead)
+        if isinstance(e, InterpError):
+            return fail(parser, e, EXIT_USAGE, quiet=not lead)
+        raise
+
+
+def interrupted(error: BaseException) -> bool:
+    """Was ``error`` a Ctrl-C, or raised while one was being handled (a cleanup that failed on the
+    way out of an interrupted step)?"""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], started: float, lead: bool) -> int:
+    """Exit 130 after a Ctrl-C: what this run wrote under ``--out`` is marked partial (unless the run
+    had finished writing), and a failure met while stopping is named in one line. A second Ctrl-C
+    meanwhile is ignored: the marking is not cut in half."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        if not lead:
+            return 130
+        out = run.get("out")
+        marked = mark_partial(out, started) if out is not None and out.is_dir() and not run.get("done") else []
+        if marked:
+            print(f"{prog}: interrupted; these files were written before the interrupt, marked partial:")
+            for path in marked:
+                print(f"  {path}")
+        if not isinstance(error, KeyboardInterrupt):
+            print(f"{prog}: while stopping: {type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     finally:
-        distributed.stop()
-    if lead:
-        print("\nwrote:")
-        for path in written:
-            print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
-    return 0
-
-
-PARTIAL = ".partial"
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 def mark_partial(out: Path, since: float) -> list[Path]:
@@ -274,8 +360,8 @@ def mark_partial(out: Path, since: float) -> list[Path]:
 
     What an interrupted run wrote may be a mix of new and old results (a figure from this run beside
     a table from the last), so nothing of it may pass for complete: ``sinks_heads.html`` becomes
-    ``sinks_heads.partial.html``. Files already marked, hidden files (locks, journals) and older
-    files are left alone. Returns the new paths.
+    ``sinks_heads.partial.html`` (:func:`interp._io.partial_name`). Files already marked, hidden
+    files (locks, journals) and older files are left alone. Returns the new paths.
     """
     marked = []
     for path in sorted(out.iterdir()):
@@ -286,7 +372,7 @@ def mark_partial(out: Path, since: float) -> list[Path]:
                 continue
         except OSError:
             continue
-        target = path.with_name(f"{path.stem}{PARTIAL}{path.suffix}")
+        target = partial_name(path)
         os.replace(path, target)
         marked.append(target)
     return marked

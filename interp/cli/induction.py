@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.adapters import HookedModel
-from interp.cli.common import add_engine_flag, base_parser, positive_int, run_cli
-from interp.errors import UsageError
+from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
 from interp.plots import MARK_THRESHOLD, save_figure, short_name
@@ -34,14 +33,17 @@ def build_parser(prog: str = "python -m interp.induction") -> argparse.ArgumentP
     )
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument("--ci", type=float, default=0.95, help="confidence level of the bootstrap intervals")
+    p.add_argument(
+        "--ci",
+        type=float_in(0, 1, low_open=True, high_open=True),
+        default=0.95,
+        help="confidence level of the bootstrap intervals",
+    )
     add_engine_flag(p)
     return p
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
-    if not 0 < args.ci < 1:
-        raise UsageError(f"--ci must be between 0 and 1, got {args.ci}")
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.adapters import HookedModel
-from interp.cli.common import add_encoding_flag, base_parser, positive_int, run_cli
+from interp.cli.common import Unread, add_encoding_flag, base_parser, positive_int, run_cli
 from interp.errors import UsageError
 from interp.report.patterns_view import MAX_HEADS, MAX_TEXTS, MAX_WINDOWS
 from interp.texts import decode_file
@@ -58,10 +58,26 @@ def _texts(args: argparse.Namespace) -> list[str]:
         path = Path(args.text_file)
         if not path.is_file():
             raise UsageError(f"--text-file {path} does not exist: pass a text file")
-        texts += [t.strip() for t in decode_file(path, args.encoding).split("\n\n") if t.strip()]
+        found = [t.strip() for t in decode_file(path, args.encoding).split("\n\n") if t.strip()]
+        if not found:
+            raise UsageError(
+                f"{path} is empty: put some text in it (paragraphs separated by blank lines), or pass another --text-file"
+            )
+        texts += found
     if not texts:
         raise UsageError("no text given: pass --text 'some text' or --text-file FILE")
     return texts
+
+
+UNREAD = (
+    Unread("--batch", "it shows the texts given, up to --max-texts"),
+    Unread("--seed", "nothing in it is drawn at random"),
+)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before the model loads: the texts are read (a missing or empty file is refused here)."""
+    args.texts = _texts(args)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -70,7 +86,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     heads = [h for h in args.heads.split(",") if h.strip()] if args.heads else None
     page = view_patterns(
         model,
-        _texts(args),
+        args.texts,
         heads,
         window=args.window,
         max_texts=args.max_texts,
@@ -90,7 +106,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.cli.patterns") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from interp.ablation import ABLATIONS
 from interp.adapters import HookedModel
-from interp.cli.common import add_resume_flags, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import Unread, add_resume_flags, base_parser, float_in, positive_int, run_cli
 from interp.models import describe
 from interp.report.atlas import STEM
-from interp.report.build import PARTS, head_atlas
+from interp.report.build import ABLATION_PARTS, PARTS, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
 from interp.scores import format_table
 
@@ -138,8 +138,22 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     return written
 
 
+def _skipped(*parts: str) -> Callable[[argparse.Namespace], bool]:
+    """True in a run whose ``--skip`` leaves out every one of ``parts``."""
+    return lambda args: set(parts) <= set(args.skip)
+
+
+UNREAD = (
+    Unread("--sink-seq-len", "it applies to the sinks part, skipped", _skipped("sinks")),
+    Unread("--ablation", "it applies to the exact, gradient and pruning parts, all skipped", _skipped(*ABLATION_PARTS)),
+    Unread("--view-heads", "it applies to the patterns part, skipped", _skipped("patterns")),
+    Unread("--view-len", "it applies to the patterns part, skipped", _skipped("patterns")),
+    Unread("--retrieval-len", "it applies to the retrieval part, skipped", _skipped("retrieval")),
+)
+
+
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.report") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, unread=UNREAD)
 
 
 if __name__ == "__main__":

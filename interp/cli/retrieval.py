@@ -37,7 +37,7 @@ import pandas as pd
 from interp._io import atomic_write
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
-from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -97,11 +97,15 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
     return p
 
 
+_depth = float_in(0, 1)
+
+
 def _floats(text: str) -> list[float]:
+    """Needle depths: comma-separated numbers in [0, 1] (checked here, before the model loads)."""
     try:
-        return [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        return [_depth(t) for t in text.split(",") if t.strip()]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"depths are comma-separated numbers in [0, 1]: {e}") from None
 
 
 def _ints(text: str) -> list[int] | str:
@@ -127,8 +131,6 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         haystack=haystack,
     )
     window = default_window(probe.seq_len) if args.window is None else args.window
-    if args.sink < 0:
-        raise UsageError(f"--sink must be >= 0, got {args.sink}")
     span = min(args.needle_len, 8)
     distances = args.distances
     if distances is None:  # what fits the needle probe: the length asked for (or its default)
@@ -279,8 +281,22 @@ def _distance_profile(
     return written
 
 
+UNREAD = (Unread("--depths", "--needles spreads the needles instead", lambda args: args.needles is not None),)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before the model loads."""
+    if args.sink < 0:
+        raise UsageError(f"--sink must be >= 0, got {args.sink}")
+    if args.needle_len < 2:
+        raise UsageError(
+            f"--needle-len must be at least 2 (a copy step is scored when the token before it is a needle token), "
+            f"got {args.needle_len}"
+        )
+
+
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.retrieval") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":

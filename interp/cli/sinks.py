@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interp.adapters import HookedModel
-from interp.cli.common import add_encoding_flag, add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import Unread, add_encoding_flag, add_engine_flag, base_parser, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
 from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores
+from interp.texts import check_dataset
 
 STEM = "sinks"
 
@@ -73,10 +74,21 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
     return p
 
 
+UNREAD = (
+    Unread("--split", "it applies to --dataset", lambda args: args.dataset is None),
+    Unread("--text-column", "it applies to --dataset", lambda args: args.dataset is None),
+)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Flags that do not go together, refused before the model loads."""
+    if args.probe == "random" and args.dataset:
+        raise UsageError("--dataset needs --probe text")
+    check_dataset(args.dataset)
+
+
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     kind = args.probe or ("text" if args.dataset else "random")
-    if kind == "random" and args.dataset:
-        raise UsageError("--dataset needs --probe text")
     if kind == "text":
         probe = text_probe(
             model,
@@ -114,7 +126,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.sinks") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":

@@ -195,6 +195,8 @@ def _ablations(
         say("exact")
         journal = journals("atlas-exact", probe.tokens) if journals is not None else None
         atlas.exact = exact_sweep(model, probe, metric, journal=journal, **common)
+        if atlas.exact.meta.get("partial"):  # Ctrl-C: no atlas from part of a sweep (the journal keeps it)
+            raise KeyboardInterrupt
         extra["exact_"] = HeadScores(atlas.exact.table[["layer", "head", "importance"]])
         atlas.meta["clean_metric"] = atlas.exact.meta.get("clean_metric")
     if "gradient" not in skip:
@@ -208,9 +210,12 @@ def _ablations(
         # the orders rank by the importances the atlas has just computed (a partial sweep is no order)
         done = {"exact": atlas.exact, "gradient": atlas.gradient}
         given = {k: v for k, v in done.items() if v is not None and not v.meta.get("partial")}
-        atlas.pruning = pruning_curves(
+        curves = pruning_curves(
             model, probe, metric, orders=orders, random_seeds=(seed,), importances=given, journal=journal, **common
-        ).table
+        )
+        if curves.partial:
+            raise KeyboardInterrupt
+        atlas.pruning = curves.table
 
 
 def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int | None, run: dict) -> None:
