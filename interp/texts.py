@@ -18,6 +18,8 @@ from interp._io import bundled
 from interp.errors import DatasetLoadError
 
 TEXT_FILE = "sentences.txt"
+# said wherever a user gives text (command-line help, docstrings): the toy has no tokenizer
+BYTES_NOTE = "a model without a tokenizer (the bundled toy) reads text as its UTF-8 bytes, one token a byte"
 
 
 def text_dir() -> Path:

@@ -17,14 +17,21 @@ import numpy as np
 from interp.adapters import HookedModel
 from interp.cli.common import base_parser, positive_int, run_cli
 from interp.errors import UsageError
+from interp.texts import BYTES_NOTE
 
 STEM = "patterns"
 
 
 def build_parser(prog: str = "python -m interp.patterns") -> argparse.ArgumentParser:
     p = base_parser(prog, "Write every head's attention pattern on your own text as one self-contained HTML page.")
-    p.add_argument("--text", action="append", default=None, help="a text to look at (repeat the flag for several)")
-    p.add_argument("--text-file", default=None, help="a UTF-8 file whose paragraphs (blank-line separated) are texts")
+    p.add_argument(
+        "--text", action="append", default=None, help=f"a text to look at (repeat the flag for several); {BYTES_NOTE}"
+    )
+    p.add_argument(
+        "--text-file",
+        default=None,
+        help=f"a UTF-8 file whose paragraphs (blank-line separated) are texts; {BYTES_NOTE}",
+    )
     p.add_argument("--heads", default=None, help="comma-separated heads LAYER.HEAD (default: every head)")
     p.add_argument("--window", type=positive_int, default=64, help="positions shown at once; longer texts are windowed")
     return p

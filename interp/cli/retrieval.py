@@ -47,6 +47,7 @@ from interp.retrieval import (
 )
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
 from interp.stream.budget import PATTERN_BUDGET, choose_engine
+from interp.texts import BYTES_NOTE
 
 STEM = "retrieval"
 
@@ -68,7 +69,12 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
     )
     p.add_argument("--needles", type=positive_int, default=None, help="evenly spread needles (overrides --depths)")
     p.add_argument("--needle-len", type=positive_int, default=8, help="tokens per needle")
-    p.add_argument("--haystack", choices=["random", "text"], default="random", help="haystack tokens")
+    p.add_argument(
+        "--haystack",
+        choices=["random", "text"],
+        default="random",
+        help=f"haystack tokens: seeded random draws, or the bundled English text ({BYTES_NOTE})",
+    )
     p.add_argument("--sink", type=int, default=DEFAULT_SINK, help="streaming share: the first keys kept")
     p.add_argument(
         "--window",

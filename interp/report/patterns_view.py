@@ -106,7 +106,8 @@ def view_patterns(
     """Every chosen head's attention pattern on each text, as one self-contained HTML page.
 
     ``texts``: a string or a list of strings (each run alone, framed as the model expects, e.g.
-    with its BOS). ``heads``: ``None`` for every head, or labels ``"1.2"``/``"L1H2"`` or
+    with its BOS; a model without a tokenizer, the toy, reads a text as its UTF-8 bytes, one token
+    a byte). ``heads``: ``None`` for every head, or labels ``"1.2"``/``"L1H2"`` or
     ``(layer, head)`` pairs. ``window``: positions shown at once. ``out``: a folder to write
     ``patterns.html`` into (see :meth:`PatternPage.save`); the page is returned either way.
     """
