@@ -1,0 +1,569 @@
+"""README.md, executed rather than trusted (issue 25).
+
+Everything is read from README.md at test time (:mod:`tests.readme`), so an edit of the README is
+what gets tested:
+
+- every ```python block runs as written, on the bundled toy (``.show()`` draws nothing, files go
+  to a temporary folder); changed to call a name that does not exist, it fails (tested below);
+- every command of every ```bash block runs, in this process (``interp <command>`` and ``python -m
+  interp.<command>`` are one entry point, tested below) or, for ``python analyses/...``, as a
+  child process, each into a temporary ``--out``. A command whose comment says ``tested at FLAGS``
+  runs with those flags instead (reduced sizes); commands that need the Hub, a GPU, your own model
+  or the network are skipped, saying why, and the torchrun / device-map ones are run by
+  ``tests/test_readme_commands.py``. Each command runs once; the number checks reuse its output;
+- every command written inline in the prose (``interp ...``, ``python -m interp...``) parses with
+  its command's own flags;
+- the numbers the README quotes from a command are compared with what that command prints or
+  writes (the ``test_*_numbers`` tests: each names the sentence it reads);
+- every name ``interp.X...`` the README or a public docstring shows is reachable as written, in a
+  fresh process after a bare ``import interp``, and the keywords the README passes exist;
+- every registered command runs both as ``interp <command>`` and ``python -m interp.<command>``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import io
+import json
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from interp.cli import COMMANDS, main
+from tests.readme import ROOT, Command, inline_code, python_snippets, readme_text, shell_commands
+from tests.test_readme_commands import is_scale_out
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+OFFLINE_MODELS = re.compile(r"^(toy|planted(:\d+)?)$")  # built in, no download
+
+
+# ---- which commands run here, and how ------------------------------------------------------------
+
+
+def _flag(words: tuple[str, ...] | list[str], name: str) -> str | None:
+    return words[words.index(name) + 1] if name in words else None
+
+
+def _made_earlier(path: str, command: Command) -> bool:
+    """Whether an earlier command of the same block names ``path`` (it writes it: ``--save-model DIR``)."""
+    return any(
+        c.block == command.block and c.line < command.line and path in c.words and command_name(list(c.words)) is None
+        for c in shell_commands()
+    )
+
+
+def why_not_here(command: Command) -> str | None:
+    """None when this test runs ``command``; else why it is skipped."""
+    words = command.words
+    if is_scale_out(words):
+        return "torchrun / device map: tests/test_readme_commands.py runs it"
+    if "pip" in words:
+        return "installs packages from the network (CI runs the set-up: .ci/run)"
+    model = _flag(words, "--model")
+    if model is not None and not OFFLINE_MODELS.match(model) and not _made_earlier(model, command):
+        if model.startswith(("./", "/", "~")):
+            return f"{model} stands for your own model directory"
+        return f"needs the Hub model {model} (tests never touch the network)"
+    dataset = _flag(words, "--dataset")
+    if dataset is not None and not (ROOT / dataset).exists():
+        return f"needs the Hub data set {dataset}"
+    if (_flag(words, "--device") or "").startswith("cuda"):
+        return "needs CUDA"
+    return None
+
+
+def reduced(command: Command) -> list[str]:
+    """The command's words, with the flags its comment names after ``tested at`` put in (sizes cut)."""
+    words = list(command.words)
+    m = re.search(r"\btested (?:at|with) ([^;)]*)", command.comment)
+    if m is None:
+        return words
+    given = shlex.split(m.group(1))
+    for i, word in enumerate(given):
+        if not word.startswith("--"):
+            continue
+        value = given[i + 1 : i + 2]
+        value = value if value and not value[0].startswith("--") else []
+        if word in words:
+            at = words.index(word)
+            words[at : at + 1 + len(value)] = [word, *value]
+        else:
+            words += [word, *value]
+    return words
+
+
+def command_name(words: list[str]) -> tuple[str, list[str]] | None:
+    """``(command, its flags)`` of ``interp NAME ...`` or ``python -m interp.NAME ...``; None otherwise."""
+    if words[0] == "interp" and len(words) > 1:
+        return words[1], words[2:]
+    if words[:2] == ["python", "-m"] and words[2].startswith("interp."):
+        return words[2].removeprefix("interp."), words[3:]
+    return None
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+    folder: Path  # its --out
+
+
+@contextmanager
+def _cwd(folder: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+class Runner:
+    """Runs README commands once each (the number tests reuse the result), in one folder per block."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[tuple[str, ...], Ran] = {}
+
+    def run(self, command: Command) -> Ran:
+        words = reduced(command)
+        key = tuple(words)
+        if key not in self.done:
+            for earlier in shell_commands():  # what the block's earlier commands write (a saved model)
+                if earlier.block == command.block and earlier.line < command.line and why_not_here(earlier) is None:
+                    if command_name(list(earlier.words)) is None:
+                        self.run(earlier)
+            self.done[key] = self._run(words, command)
+        return self.done[key]
+
+    def _run(self, words: list[str], command: Command) -> Ran:
+        where = self.root / f"block{command.block}"
+        where.mkdir(exist_ok=True)
+        out = where / f"out-line{command.line}"
+        named = command_name(words)
+        if named is not None:
+            name, argv = named
+            if "--out" in argv:
+                at = argv.index("--out")
+                argv = argv[:at] + argv[at + 2 :]
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with _cwd(where), redirect_stdout(stdout), redirect_stderr(stderr):
+                try:
+                    code = main([name, *argv, "--out", str(out)])
+                except SystemExit as e:  # argparse
+                    code = e.code if isinstance(e.code, int) else 1
+            return Ran(code, stdout.getvalue(), stderr.getvalue(), out)
+        if words[0] == "python" and words[1].startswith("analyses/"):
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+            done = subprocess.run(
+                [sys.executable, str(ROOT / words[1]), *words[2:]],
+                cwd=where, env=env, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            return Ran(done.returncode, done.stdout, done.stderr, where)
+        raise AssertionError(f"README.md:{command.line}: the README test cannot run {command.text!r}: teach it")
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory) -> Runner:
+    return Runner(tmp_path_factory.mktemp("readme"))
+
+
+def readme_command(*words: str) -> Command:
+    """The README command ``words``, or the one command whose words begin with them."""
+    found = [c for c in shell_commands() if c.words == words] or [
+        c for c in shell_commands() if c.words[: len(words)] == words
+    ]
+    assert len(found) == 1, f"README.md should show one command starting {shlex.join(words)!r}; found {found}"
+    return found[0]
+
+
+def _command_cases() -> list:
+    cases = []
+    for c in shell_commands():
+        reason = why_not_here(c)
+        cases.append(
+            pytest.param(
+                c.line, id=f"README.md:{c.line} {c.text[:60]}", marks=[pytest.mark.skip(reason)] * bool(reason)
+            )
+        )
+    return cases
+
+
+@pytest.mark.parametrize("line", _command_cases())
+def test_readme_command_runs(line, runner):
+    (command,) = [c for c in shell_commands() if c.line == line]
+    ran = runner.run(command)
+    assert ran.code == 0, f"README.md:{line}: {shlex.join(reduced(command))} exited {ran.code}\n{ran.err[-3000:]}"
+    assert "Traceback" not in ran.err, ran.err[-3000:]
+
+
+def test_every_readme_command_is_run_or_skipped_for_a_reason():
+    """The commands this test skips are only the ones it must: no interp command on the built-in
+    models is skipped, and every command that runs is one the runner knows how to run."""
+    commands = shell_commands()
+    assert len(commands) >= 20, commands
+    ran = [c for c in commands if why_not_here(c) is None]
+    for c in ran:
+        words = list(c.words)
+        assert command_name(words) is not None or (words[0] == "python" and words[1].startswith("analyses/")), c
+    assert len(ran) >= 12, [c.text for c in ran]
+    assert not [c.text for c in commands if "--model" not in c.words and why_not_here(c) and not is_scale_out(c.words)
+                and "pip" not in c.words]  # fmt: skip
+
+
+# ---- the Python snippets -------------------------------------------------------------------------
+
+
+def run_snippet(code: str, folder: Path, monkeypatch) -> dict:
+    """Run a README snippet as a user would in a notebook: figures not shown, files under ``folder``."""
+    import plotly.graph_objects as go
+
+    monkeypatch.setattr(go.Figure, "show", lambda self, *a, **k: None)
+    monkeypatch.chdir(folder)
+    scope: dict = {"__name__": "__readme__"}
+    with redirect_stdout(io.StringIO()):
+        exec(compile(code, "README.md", "exec"), scope)
+    return scope
+
+
+@pytest.mark.parametrize("line", [pytest.param(n, id=f"README.md:{n}") for n, _ in python_snippets()])
+def test_readme_python_snippet_runs(line, tmp_path, monkeypatch):
+    (code,) = [c for n, c in python_snippets() if n == line]
+    scope = run_snippet(code, tmp_path, monkeypatch)
+    assert scope, code
+
+
+def test_the_readme_has_python_snippets_and_a_snippet_calling_a_missing_name_fails(tmp_path, monkeypatch):
+    """The check has teeth: the first snippet, with its first ``interp.NAME(`` call renamed to a name
+    that does not exist, raises (and so would fail the test above)."""
+    snippets = python_snippets()
+    assert snippets, "README.md shows no ```python block"
+    code = snippets[0][1]
+    m = re.search(r"\binterp\.(\w+)\(", code)
+    assert m, code
+    broken = code[: m.start(1)] + m.group(1) + "_renamed" + code[m.end(1) :]
+    with pytest.raises(AttributeError, match=f"{m.group(1)}_renamed"):
+        run_snippet(broken, tmp_path, monkeypatch)
+
+
+# ---- inline commands: their flags exist ----------------------------------------------------------
+
+
+def inline_commands() -> list[list[str]]:
+    found = []
+    for span in inline_code():
+        if "<" in span:  # a pattern such as `python -m interp.<command>`
+            continue
+        words = shlex.split(span)
+        if command_name(words) is not None and not words[-1].startswith("-h"):
+            found.append(words)
+    return found
+
+
+def test_inline_commands_parse_with_their_flags():
+    commands = inline_commands()
+    assert len(commands) >= 3, commands
+    for words in commands:
+        name, argv = command_name(words)
+        if name.startswith("-"):  # `interp --help`
+            continue
+        assert name in COMMANDS, f"README.md shows {shlex.join(words)!r}: no command {name!r}"
+        parser = importlib.import_module(COMMANDS.get(name)).build_parser(f"interp {name}")
+        stderr = io.StringIO()
+        try:
+            with redirect_stderr(stderr):
+                parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"README.md shows {shlex.join(words)!r}: {stderr.getvalue().strip()}")
+    for span in inline_code():  # `python analyses/x.py`: the script exists
+        for script in re.findall(r"\b(analyses/\w+\.py)\b", span):
+            assert (ROOT / script).is_file(), script
+
+
+# ---- every command both ways ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_runs_as_interp_and_python_m(name, capsys, monkeypatch):
+    """``interp <name>`` and ``python -m interp.<name>`` (run as ``python -m`` runs it) are one command."""
+    with pytest.raises(SystemExit) as done:
+        main([name, "--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith(f"usage: interp {name} ")
+    monkeypatch.setattr(sys, "argv", ["-m", "--help"])
+    with _quiet_runpy(), pytest.raises(SystemExit) as done:
+        runpy.run_module(f"interp.{name}", run_name="__main__", alter_sys=True)
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m interp.{name} ")
+
+
+@contextmanager
+def _quiet_runpy() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():  # "found in sys.modules ... prior to execution": already imported here
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="runpy")
+        yield
+
+
+def test_python_m_interp_patterns_in_a_fresh_process():
+    """The command issue 25 found missing, as a user types it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "interp.patterns", "--help"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m interp.patterns ")
+
+
+# ---- names: reachable as written -----------------------------------------------------------------
+
+NAME = re.compile(r"\binterp(?:\.[A-Za-z_]\w*)+")
+NOT_NAMES = {"interp.data": "the bundled data's package name inside the wheel, not a module of the checkout"}
+
+
+def docstring_names() -> dict[str, str]:
+    """``{name: where}`` for every ``interp.X...`` in a public docstring of the package."""
+    found: dict[str, str] = {}
+    for path in sorted((ROOT / "interp").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if any(p.startswith("_") for p in module.split(".")):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = [(module, ast.get_docstring(tree))]
+        todo = [(tree, module)]
+        while todo:
+            node, owner = todo.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    if not child.name.startswith("_"):
+                        docs.append((f"{owner}.{child.name}", ast.get_docstring(child)))
+                        if isinstance(child, ast.ClassDef):
+                            todo.append((child, f"{owner}.{child.name}"))
+        for where, doc in docs:
+            for name in NAME.findall(doc or ""):
+                found.setdefault(name, where)
+    return found
+
+
+RESOLVE = """
+import importlib, inspect, json, sys
+import interp
+wanted = json.loads(sys.stdin.read())
+bad = {}
+for name, keywords in wanted.items():
+    parts = name.split(".")
+    obj = interp
+    for i, part in enumerate(parts[1:], 1):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            try:  # interp.a.b.c: a submodule below the first level is imported, as `import interp.a.b` would
+                if i < 2:
+                    raise
+                obj = importlib.import_module(".".join(parts[: i + 1]))
+            except (AttributeError, ImportError):
+                bad[name] = f"{type(e).__name__}: {e}"
+                break
+    else:
+        if keywords:
+            try:
+                params = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                missing = [k for k in keywords if k not in params]
+                if missing:
+                    bad[name] = f"takes no keyword {', '.join(missing)}"
+print(json.dumps(bad))
+"""
+
+
+def readme_calls() -> dict[str, list[str]]:
+    """``{interp.X...: [keywords the README passes it]}`` for every name the README shows."""
+    text = readme_text()
+    calls: dict[str, list[str]] = {name: [] for name in NAME.findall(text)}
+    for m in re.finditer(r"\b(interp(?:\.\w+)+)\(", text):
+        depth, end = 1, m.end()
+        while end < len(text) and depth and text[end] not in "`\n":
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        calls[m.group(1)] += re.findall(r"[(,]\s*(\w+)\s*=(?!=)", text[m.end() - 1 : end])
+    return calls
+
+
+def test_every_name_the_readme_and_the_docstrings_show_is_reachable():
+    """In a fresh process after ``import interp``: ``interp.X`` is an attribute (the lazy API or a
+    submodule); deeper names are reached as Python reaches them (``interp.a.b.c`` once ``interp.a.b``
+    is imported); the keywords the README passes to a call are parameters of it."""
+    wanted = {n: sorted(set(k)) for n, k in readme_calls().items()}
+    where = docstring_names()
+    for name in where:
+        wanted.setdefault(name, [])
+    for name in NOT_NAMES:
+        wanted.pop(name, None)
+    assert {"interp.head_scores", "interp.sinks.sink_scores", "interp.view_patterns"} <= set(wanted)
+    assert len(wanted) > 60, sorted(wanted)
+    wanted["interp.sinks.no_such_name"] = []
+    wanted["interp.head_scores"] = [*wanted["interp.head_scores"], "no_such"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE], input=json.dumps(wanted), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    bad = json.loads(done.stdout.splitlines()[-1])
+    # the check has teeth: a name that is not there, and a keyword a call does not take
+    assert set(bad.pop("interp.sinks.no_such_name")) and bad.pop("interp.head_scores") == "takes no keyword no_such"
+    shown = {name: f"{why} (shown in {where.get(name, 'README.md')})" for name, why in bad.items()}
+    assert not shown, json.dumps(shown, indent=1)
+
+
+# ---- the numbers the README quotes from a command ------------------------------------------------
+
+
+def said(pattern: str) -> tuple[str, ...]:
+    """The groups of the one place the README (whitespace folded) matches ``pattern``."""
+    text = " ".join(readme_text().split())
+    found = re.findall(pattern, text)
+    assert len(found) == 1, f"README.md should say {pattern!r} once (found {len(found)}): update this test with it"
+    return found[0] if isinstance(found[0], tuple) else (found[0],)
+
+
+def as_written(value: float, written: str) -> str:
+    """``value`` with as many decimals as the README's ``written``."""
+    decimals = len(written.split(".")[1]) if "." in written else 0
+    return f"{value:.{decimals}f}"
+
+
+def head_span(labels: list[str]) -> str:
+    """``1.0-1.3`` for heads 1.0, 1.1, 1.2, 1.3 (one layer, consecutive); else the labels, sorted."""
+    pairs = sorted(tuple(map(int, label.split("."))) for label in labels)
+    one_layer = len({l for l, _ in pairs}) == 1
+    if len(pairs) > 2 and one_layer and [h for _, h in pairs] == list(range(pairs[0][1], pairs[-1][1] + 1)):
+        return f"{pairs[0][0]}.{pairs[0][1]}-{pairs[-1][0]}.{pairs[-1][1]}"
+    return ", ".join(f"{l}.{h}" for l, h in pairs)
+
+
+def test_atlas_numbers(runner):
+    """The head-atlas section's account of the toy, against ``python -m interp.report``."""
+    from interp.report import Atlas
+
+    ran = runner.run(readme_command("python", "-m", "interp.report"))
+    assert ran.code == 0, ran.err
+    atlas = Atlas.load(ran.folder)
+    roles = atlas.roles.set_index("label")
+    (induction, prev, current, current_mass, importance, dup_lo, dup_hi, dup_uniform, sink) = said(
+        r"On the toy the atlas names (\S+) induction heads, (\S+) the previous-token head, (\S+) the current-token "
+        r"head \((\S+) of its attention on its own position; its exact importance, (\S+), is the toy's largest\), "
+        r"no duplicate-token head \(layer 1 puts (\S+)-(\S+) on earlier duplicates, under the (\S+) a uniform head "
+        r"gives them\), and (\S+) sink heads"
+    )
+    assert head_span(atlas.named("induction")) == induction
+    assert head_span(atlas.named("previous-token")) == prev
+    assert head_span(atlas.named("current-token")) == current
+    assert as_written(roles.loc[current, "current"], current_mass) == current_mass
+    assert roles["exact_importance"].idxmax() == current
+    assert as_written(roles.loc[current, "exact_importance"], importance) == importance
+    assert atlas.named("duplicate-token") == []
+    layer1 = roles[roles["layer"] == 1]["duplicate"]
+    assert (as_written(layer1.min(), dup_lo), as_written(layer1.max(), dup_hi)) == (dup_lo, dup_hi)
+    assert as_written(atlas.baselines["duplicate"], dup_uniform) == dup_uniform
+    assert head_span(atlas.named("sink")) == sink
+
+
+def test_retrieval_numbers(runner):
+    """``interp retrieval``'s comment (probe and window) and the planted model's ablation check."""
+    command = readme_command("interp", "retrieval")
+    ran = runner.run(command)
+    batch, length, window = re.fullmatch(r".*?(\d+) x (\d+) tokens, window (\d+).*", command.comment).groups()
+    assert f"needle probe: {batch} x {length} tokens" in ran.out, ran.out[:600]
+    assert f"the first 4 + last {window} keys" in ran.out, ran.out[:600]
+
+    quoted, streaming, retrieval = said(
+        r"\(`(interp retrieval --model planted:\d+[^`]*)`: streaming heads (\S+ -> \S+) nats, "
+        r"retrieval head (\S+ -> \S+)\)"
+    )
+    ran = runner.run(Command(tuple(shlex.split(quoted)), "", 0, -1))
+    assert ran.code == 0, ran.err
+    lines = dict(re.findall(r"(streaming|retrieval) heads \([^)]*\): (\S+ unrestricted -> \S+) restricted", ran.out))
+    assert lines["streaming"].replace(" unrestricted", "") == streaming, ran.out
+    assert lines["retrieval"].replace(" unrestricted", "") == retrieval, ran.out
+
+
+def test_sinks_probe_size(runner):
+    """``python -m interp.sinks``'s comment: the random-token probe's length."""
+    command = readme_command("python", "-m", "interp.sinks")
+    (length,) = re.fullmatch(r".*\((\d+) tokens\).*", command.comment).groups()
+    ran = runner.run(command)
+    assert re.search(rf"probe: \d+ x \(BOS\+{length}\) tokens of random tokens", ran.out), ran.out[:600]
+
+
+def test_figure_size(runner):
+    """ "about 4.8 MB a figure": the induction heatmap's HTML, plotly.js inlined."""
+    (size,) = said(r"plotly\.js inlined, about (\S+) MB a figure")
+    ran = runner.run(readme_command("python", "-m", "interp.induction"))
+    assert as_written((ran.folder / "induction.html").stat().st_size / 1e6, size) == size
+
+
+def test_pruning_and_gate_numbers(runner):
+    """The ablation section's account of pruning and gates on the toy, against its commands."""
+    exact = runner.run(readme_command("python", "-m", "interp.ablate"))
+    prune = runner.run(readme_command("python", "-m", "interp.ablate", "--method", "prune"))
+    gates_command = readme_command("python", "-m", "interp.ablate", "--method", "gates")
+    gates = runner.run(gates_command)
+    assert exact.code == prune.code == gates.code == 0, (exact.err, prune.err, gates.err)
+    clean, cheapest, importance, ablated, n_heads = said(
+        r"its in-context loss is (\S+) nats, and ablating its least important head alone \((\S+), exact "
+        r"importance (\S+)\) takes it to (\S+), so every pruning order reports 0 of (\d+) heads prunable"
+    )
+    sweep = pd.read_csv(exact.folder / "ablate_exact.csv", float_precision="round_trip")
+    sweep["label"] = sweep["layer"].astype(str) + "." + sweep["head"].astype(str)
+    least = sweep.sort_values("importance").iloc[0]
+    assert least["label"] == cheapest and as_written(least["importance"], importance) == importance
+    assert as_written(least["metric_ablated"], ablated) == ablated
+    assert f"unpruned incontext_loss = {clean}" in prune.out
+    curves = pd.read_csv(prune.folder / "ablate_prune.csv", float_precision="round_trip")
+    assert curves["order"].nunique() >= 3 and curves["n_pruned"].max() == int(n_heads)
+    prunable = json.loads((prune.folder / "ablate_prune.json").read_text())["prunable"]
+    assert len(prunable) == curves["label"].nunique() and {row["n_prunable"] for row in prunable} == {0}, prunable
+
+    exact2, gradient2, random_lo, random_hi, everything = said(
+        r"with two heads gone the exact order's loss is (\S+) nats, the gradient order's (\S+) and the random "
+        r"orders' (\S+)-(\S+) \(all eight gone: (\S+)\)"
+    )
+    two = curves[curves["n_pruned"] == 2].groupby("order")["metric"]
+    assert (
+        as_written(two.min()["exact"], exact2) == exact2 and as_written(two.min()["gradient"], gradient2) == gradient2
+    )
+    assert (as_written(two.min()["random"], random_lo), as_written(two.max()["random"], random_hi)) == (
+        random_lo,
+        random_hi,
+    )
+    assert {as_written(v, everything) for v in curves[curves["n_pruned"] == 8]["metric"]} == {everything}
+
+    lambdas, kept, first, second = said(
+        r"lambdas (\S+(?:, \S+)* and \S+) keep (\S+(?:, \S+)* and \S+) heads, closing (\S+) first and (\S+) next, "
+        r"the exact sweep's two least important heads"
+    )
+    summary = pd.read_csv(gates.folder / "ablate_gates.csv", float_precision="round_trip")
+    written = [float(x) for x in re.split(r", | and ", lambdas)]
+    assert written == [float(x) for x in _flag(gates_command.words, "--lambdas").split(",")]
+    assert summary["lambda"].tolist() == written
+    assert summary["heads_kept"].tolist() == [int(x) for x in re.split(r", | and ", kept)]
+    per_head = pd.read_csv(gates.folder / "ablate_gates_heads.csv")
+    closed = per_head[~per_head["kept"]].assign(name=lambda f: f["layer"].astype(str) + "." + f["head"].astype(str))
+    closed_at = [set(closed[closed["lambda"] == lam]["name"]) for lam in written]
+    assert closed_at[1] == {first} and closed_at[2] == {first, second}, closed_at
+    assert {first, second} == set(sweep.sort_values("importance")["label"].iloc[:2])
