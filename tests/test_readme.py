@@ -447,6 +447,12 @@ def as_written(value: float, written: str) -> str:
     return f"{value:.{decimals}f}"
 
 
+def agree(written: str, got: object, what: str) -> None:
+    """The README's ``written`` value of ``what`` is what the command gave (a float: to the digits written)."""
+    got = as_written(got, written) if isinstance(got, float) else str(got)
+    assert got == written, f"README.md says {what} is {written!r}; the command gives {got!r}"
+
+
 def head_span(labels: list[str]) -> str:
     """``1.0-1.3`` for heads 1.0, 1.1, 1.2, 1.3 (one layer, consecutive); else the labels, sorted."""
     pairs = sorted(tuple(map(int, label.split("."))) for label in labels)
@@ -470,17 +476,18 @@ def test_atlas_numbers(runner):
         r"no duplicate-token head \(layer 1 puts (\S+)-(\S+) on earlier duplicates, under the (\S+) a uniform head "
         r"gives them\), and (\S+) sink heads"
     )
-    assert head_span(atlas.named("induction")) == induction
-    assert head_span(atlas.named("previous-token")) == prev
-    assert head_span(atlas.named("current-token")) == current
-    assert as_written(roles.loc[current, "current"], current_mass) == current_mass
-    assert roles["exact_importance"].idxmax() == current
-    assert as_written(roles.loc[current, "exact_importance"], importance) == importance
-    assert atlas.named("duplicate-token") == []
+    agree(induction, head_span(atlas.named("induction")), "the induction heads")
+    agree(prev, head_span(atlas.named("previous-token")), "the previous-token head")
+    agree(current, head_span(atlas.named("current-token")), "the current-token head")
+    agree(current_mass, float(roles.loc[current, "current"]), f"{current}'s current-token score")
+    agree(current, roles["exact_importance"].idxmax(), "the head of largest exact importance")
+    agree(importance, float(roles.loc[current, "exact_importance"]), f"{current}'s exact importance")
+    agree("", ", ".join(atlas.named("duplicate-token")), "the duplicate-token heads (none)")
     layer1 = roles[roles["layer"] == 1]["duplicate"]
-    assert (as_written(layer1.min(), dup_lo), as_written(layer1.max(), dup_hi)) == (dup_lo, dup_hi)
-    assert as_written(atlas.baselines["duplicate"], dup_uniform) == dup_uniform
-    assert head_span(atlas.named("sink")) == sink
+    agree(dup_lo, float(layer1.min()), "layer 1's lowest duplicate-token score")
+    agree(dup_hi, float(layer1.max()), "layer 1's highest duplicate-token score")
+    agree(dup_uniform, float(atlas.baselines["duplicate"]), "the duplicate-token uniform baseline")
+    agree(sink, head_span(atlas.named("sink")), "the sink heads")
 
 
 def test_retrieval_numbers(runner):
@@ -488,8 +495,10 @@ def test_retrieval_numbers(runner):
     command = readme_command("interp", "retrieval")
     ran = runner.run(command)
     batch, length, window = re.fullmatch(r".*?(\d+) x (\d+) tokens, window (\d+).*", command.comment).groups()
-    assert f"needle probe: {batch} x {length} tokens" in ran.out, ran.out[:600]
-    assert f"the first 4 + last {window} keys" in ran.out, ran.out[:600]
+    probe = re.search(r"needle probe: (\d+) x (\d+) tokens", ran.out)
+    assert probe, ran.out[:600]
+    agree(f"{batch} x {length}", " x ".join(probe.groups()), "the toy's needle probe")
+    agree(window, re.search(r"the first \d+ \+ last (\d+) keys", ran.out).group(1), "the toy's window")
 
     quoted, streaming, retrieval = said(
         r"\(`(interp retrieval --model planted:\d+[^`]*)`: streaming heads (\S+ -> \S+) nats, "
@@ -497,24 +506,29 @@ def test_retrieval_numbers(runner):
     )
     ran = runner.run(Command(tuple(shlex.split(quoted)), "", 0, -1))
     assert ran.code == 0, ran.err
-    lines = dict(re.findall(r"(streaming|retrieval) heads \([^)]*\): (\S+ unrestricted -> \S+) restricted", ran.out))
-    assert lines["streaming"].replace(" unrestricted", "") == streaming, ran.out
-    assert lines["retrieval"].replace(" unrestricted", "") == retrieval, ran.out
+    losses = {
+        role: f"{before} -> {after}"
+        for role, before, after in re.findall(
+            r"(streaming|retrieval) heads \([^)]*\): (\S+) unrestricted -> (\S+) restricted", ran.out
+        )
+    }
+    agree(streaming, losses.get("streaming"), "the streaming heads' needle-copy loss")
+    agree(retrieval, losses.get("retrieval"), "the retrieval head's needle-copy loss")
 
 
 def test_sinks_probe_size(runner):
     """``python -m interp.sinks``'s comment: the random-token probe's length."""
     command = readme_command("python", "-m", "interp.sinks")
     (length,) = re.fullmatch(r".*\((\d+) tokens\).*", command.comment).groups()
-    ran = runner.run(command)
-    assert re.search(rf"probe: \d+ x \(BOS\+{length}\) tokens of random tokens", ran.out), ran.out[:600]
+    probe = re.search(r"probe: \d+ x \(BOS\+(\d+)\) tokens of random tokens", runner.run(command).out)
+    agree(length, probe and probe.group(1), "the random-token probe's length")
 
 
 def test_figure_size(runner):
     """ "about 4.8 MB a figure": the induction heatmap's HTML, plotly.js inlined."""
     (size,) = said(r"plotly\.js inlined, about (\S+) MB a figure")
     ran = runner.run(readme_command("python", "-m", "interp.induction"))
-    assert as_written((ran.folder / "induction.html").stat().st_size / 1e6, size) == size
+    agree(size, (ran.folder / "induction.html").stat().st_size / 1e6, "a figure's size in MB")
 
 
 def test_pruning_and_gate_numbers(runner):
@@ -524,46 +538,53 @@ def test_pruning_and_gate_numbers(runner):
     gates_command = readme_command("python", "-m", "interp.ablate", "--method", "gates")
     gates = runner.run(gates_command)
     assert exact.code == prune.code == gates.code == 0, (exact.err, prune.err, gates.err)
+    sweep = pd.read_csv(exact.folder / "ablate_exact.csv", float_precision="round_trip")
+    sweep["label"] = sweep["layer"].astype(str) + "." + sweep["head"].astype(str)
+    sweep = sweep.sort_values("importance")
+    curves = pd.read_csv(prune.folder / "ablate_prune.csv", float_precision="round_trip")
+
     clean, cheapest, importance, ablated, n_heads = said(
         r"its in-context loss is (\S+) nats, and ablating its least important head alone \((\S+), exact "
         r"importance (\S+)\) takes it to (\S+), so every pruning order reports 0 of (\d+) heads prunable"
     )
-    sweep = pd.read_csv(exact.folder / "ablate_exact.csv", float_precision="round_trip")
-    sweep["label"] = sweep["layer"].astype(str) + "." + sweep["head"].astype(str)
-    least = sweep.sort_values("importance").iloc[0]
-    assert least["label"] == cheapest and as_written(least["importance"], importance) == importance
-    assert as_written(least["metric_ablated"], ablated) == ablated
-    assert f"unpruned incontext_loss = {clean}" in prune.out
-    curves = pd.read_csv(prune.folder / "ablate_prune.csv", float_precision="round_trip")
-    assert curves["order"].nunique() >= 3 and curves["n_pruned"].max() == int(n_heads)
+    agree(clean, float(curves["metric"][curves["n_pruned"] == 0].iloc[0]), "the toy's in-context loss")
+    agree(cheapest, sweep["label"].iloc[0], "the least important head")
+    agree(importance, float(sweep["importance"].iloc[0]), "its exact importance")
+    agree(ablated, float(sweep["metric_ablated"].iloc[0]), "the in-context loss without it")
+    agree(n_heads, int(curves["n_pruned"].max()), "the number of heads")
     prunable = json.loads((prune.folder / "ablate_prune.json").read_text())["prunable"]
-    assert len(prunable) == curves["label"].nunique() and {row["n_prunable"] for row in prunable} == {0}, prunable
+    assert len(prunable) == curves["label"].nunique() >= 3, prunable
+    agree("0", ", ".join(sorted({str(row["n_prunable"]) for row in prunable})), "every order's prunable heads")
 
     exact2, gradient2, random_lo, random_hi, everything = said(
         r"with two heads gone the exact order's loss is (\S+) nats, the gradient order's (\S+) and the random "
         r"orders' (\S+)-(\S+) \(all eight gone: (\S+)\)"
     )
     two = curves[curves["n_pruned"] == 2].groupby("order")["metric"]
-    assert (
-        as_written(two.min()["exact"], exact2) == exact2 and as_written(two.min()["gradient"], gradient2) == gradient2
-    )
-    assert (as_written(two.min()["random"], random_lo), as_written(two.max()["random"], random_hi)) == (
-        random_lo,
-        random_hi,
-    )
-    assert {as_written(v, everything) for v in curves[curves["n_pruned"] == 8]["metric"]} == {everything}
+    agree(exact2, float(two.min()["exact"]), "the exact order's loss with two heads gone")
+    agree(gradient2, float(two.min()["gradient"]), "the gradient order's loss with two heads gone")
+    agree(random_lo, float(two.min()["random"]), "the lowest random order's loss with two heads gone")
+    agree(random_hi, float(two.max()["random"]), "the highest random order's loss with two heads gone")
+    gone = curves[curves["n_pruned"] == curves["n_pruned"].max()]["metric"]
+    agree(everything, float(gone.iloc[0]), "the loss with every head gone")
+    assert gone.nunique() == 1, gone
 
     lambdas, kept, first, second = said(
         r"lambdas (\S+(?:, \S+)* and \S+) keep (\S+(?:, \S+)* and \S+) heads, closing (\S+) first and (\S+) next, "
         r"the exact sweep's two least important heads"
     )
+    listed = lambda text: ", ".join(re.split(r", | and ", text))  # noqa: E731
     summary = pd.read_csv(gates.folder / "ablate_gates.csv", float_precision="round_trip")
-    written = [float(x) for x in re.split(r", | and ", lambdas)]
-    assert written == [float(x) for x in _flag(gates_command.words, "--lambdas").split(",")]
-    assert summary["lambda"].tolist() == written
-    assert summary["heads_kept"].tolist() == [int(x) for x in re.split(r", | and ", kept)]
+    agree(listed(lambdas), _flag(gates_command.words, "--lambdas").replace(",", ", "), "the example's lambdas")
+    agree(listed(lambdas), ", ".join(f"{lam:g}" for lam in summary["lambda"]), "the lambdas trained")
+    agree(listed(kept), ", ".join(map(str, summary["heads_kept"])), "the heads kept per lambda")
     per_head = pd.read_csv(gates.folder / "ablate_gates_heads.csv")
-    closed = per_head[~per_head["kept"]].assign(name=lambda f: f["layer"].astype(str) + "." + f["head"].astype(str))
-    closed_at = [set(closed[closed["lambda"] == lam]["name"]) for lam in written]
-    assert closed_at[1] == {first} and closed_at[2] == {first, second}, closed_at
-    assert {first, second} == set(sweep.sort_values("importance")["label"].iloc[:2])
+    per_head["name"] = per_head["layer"].astype(str) + "." + per_head["head"].astype(str)
+    closed = [per_head[(per_head["lambda"] == lam) & ~per_head["kept"]]["name"].tolist() for lam in summary["lambda"]]
+    agree(first, ", ".join(closed[1]), f"the head closed at lambda {summary['lambda'][1]:g}")
+    agree(
+        f"{first}, {second}",
+        ", ".join(sorted(closed[2], key=lambda h: (h != first, h != second, h))),
+        "the heads closed next",
+    )
+    agree(f"{first}, {second}", ", ".join(sweep["label"].iloc[:2]), "the exact sweep's two least important heads")
