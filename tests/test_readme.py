@@ -588,3 +588,37 @@ def test_pruning_and_gate_numbers(runner):
         "the heads closed next",
     )
     agree(f"{first}, {second}", ", ".join(sweep["label"].iloc[:2]), "the exact sweep's two least important heads")
+
+
+def test_planted_long_context_scores(runner):
+    """The known-answer model's scores at 32K, run at the length the sentence says they are tested at
+    (the planted heads do not depend on it; the memory and time quoted are of the 32K run)."""
+    (quoted, batch, tokens, needles, needle_len, retrieval_head, score, mass, streaming_head, share, silent, small) = (
+        said(
+            r"On the known-answer model at 32K \(`([^`]*)`: (\d+) x ([\d,]+) tokens, (\d+) needles of (\d+) tokens\), "
+            r"the planted retrieval head (\S+) scores (\S+ \[\S+, \S+\]) with mass (\S+), the planted streaming head "
+            r"(\S+) is classified streaming \(share (\S+)\), the silent heads score (\S+) \(scores tested at "
+            r"--seq-len (\d+)\)"
+        )
+    )
+    words = shlex.split(quoted)
+    agree(tokens.replace(",", ""), int(_flag(words, "--seq-len")) + 1, "the probe's length (BOS + --seq-len)")
+    agree(batch, _flag(words, "--batch"), "the batch")
+    agree(needles, _flag(words, "--needles"), "the needles")
+    ran = runner.run(Command(tuple(shlex.split(quoted)), f"tested at --seq-len {small}", 0, -2))
+    assert ran.code == 0, ran.err
+    probe = re.search(r"needle probe: (\d+) x (\d+) tokens, (\d+) needle\(s\) of (\d+) tokens", ran.out)
+    agree(
+        f"{batch} x {int(small) + 1}, {needles} of {needle_len}", "{} x {}, {} of {}".format(*probe.groups()), "probe"
+    )
+    table = pd.read_csv(ran.folder / "retrieval.csv", float_precision="round_trip")
+    table["label"] = table["layer"].astype(str) + "." + table["head"].astype(str)
+    rows = table.set_index("label")
+    got = rows.loc[retrieval_head]
+    agree(score, f"{got['retrieval']:.3f} [{got['retrieval_lo']:.3f}, {got['retrieval_hi']:.3f}]", "its score")
+    agree(mass, float(got["retrieval_mass"]), "its mass")
+    agree("retrieval", got["role"], f"{retrieval_head}'s role")
+    agree("streaming", rows.loc[streaming_head, "role"], f"{streaming_head}'s role")
+    agree(share, float(rows.loc[streaming_head, "streaming"]), f"{streaming_head}'s streaming share")
+    others = rows.drop(index=[retrieval_head])["retrieval"]
+    agree(silent, float(others.abs().max()), "the other heads' largest retrieval score")
