@@ -55,6 +55,8 @@ _API = {
     "train_gates": "interp.ablation",
     "largest_lambda_within": "interp.ablation",
     "GateSweep": "interp.ablation",
+    "PruningCurves": "interp.ablation",
+    "WindowAblation": "interp.ablation",
     "incontext_loss": "interp.ablation",
     "lm_loss": "interp.ablation",
     "logit_diff": "interp.ablation",
@@ -66,6 +68,7 @@ _API = {
     "save_png": "interp.plots",
     "view_patterns": "interp.report.patterns_view",
     "head_atlas": "interp.report",
+    "Atlas": "interp.report",
     "pattern_heatmap": "interp.report.pattern_figure",
     # errors
     "InterpError": "interp.errors",
@@ -76,6 +79,8 @@ __getattr__, __dir__, __all__ = lazy(__name__, _API)
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names load on first use
     from interp.ablation import GateSweep as GateSweep
     from interp.ablation import Metric as Metric
+    from interp.ablation import PruningCurves as PruningCurves
+    from interp.ablation import WindowAblation as WindowAblation
     from interp.ablation import ablated as ablated
     from interp.ablation import as_metric as as_metric
     from interp.ablation import exact_sweep as exact_sweep
@@ -105,6 +110,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.probes import random_tokens as random_tokens
     from interp.probes import repeated_tokens as repeated_tokens
     from interp.probes import text_probe as text_probe
+    from interp.report import Atlas as Atlas
     from interp.report import head_atlas as head_atlas
     from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap
     from interp.report.patterns_view import view_patterns as view_patterns

@@ -10,6 +10,7 @@ for ``groupby("layer")``; :meth:`HeadScores.grid` gives the layer x head matrix 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -304,7 +305,7 @@ class HeadScores:
             "baselines": self.meta.get("baselines"),
             "ci_warning": few_sequences_note(self.n_sequences) if self.few_sequences else None,
             "meta": self.meta,
-            "rows": json.loads(files.to_json(orient="records")),
+            "rows": json_records(files),
         }
         js = atomic_write_json(js_path, blob)
         return [csv, js]
@@ -319,9 +320,30 @@ class HeadScores:
         if not path.is_file():
             raise UsageError(f"no saved scores at {path}: pass the .json (or .csv) that save() wrote")
         if path.suffix == ".csv":
-            return cls(memory_frame(pd.read_csv(path, dtype={"label": str})))
+            return cls(memory_frame(read_csv(path, dtype={"label": str})))
         blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(memory_frame(pd.DataFrame.from_records(blob["rows"])), blob.get("meta", {}))
+        return cls(memory_frame(from_records(blob["rows"])), blob.get("meta", {}))
+
+
+def json_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``frame`` as JSON-ready records whose floats read back bit for bit: :mod:`json`
+    writes each float's shortest exact form (pandas' ``to_json`` keeps 10 digits); NaN becomes null."""
+    nan = lambda v: isinstance(v, float) and math.isnan(v)  # noqa: E731
+    return [{k: None if nan(v) else v for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def from_records(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The inverse of :func:`json_records`: a column that held only NaN (null) comes back as floats."""
+    frame = pd.DataFrame.from_records(rows)
+    for name in frame.columns:
+        if frame[name].dtype == object and frame[name].isna().all():
+            frame[name] = frame[name].astype(float)
+    return frame
+
+
+def read_csv(path: str | Path, **kwargs: Any) -> pd.DataFrame:
+    """A saved table, its floats parsed exactly as written (``float_precision="round_trip"``)."""
+    return pd.read_csv(path, float_precision="round_trip", **kwargs)
 
 
 def file_frame(frame: pd.DataFrame) -> pd.DataFrame:

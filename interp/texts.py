@@ -59,6 +59,10 @@ def decode_file(path: str | os.PathLike, encoding: str = ENCODING, *, data: byte
         ) from None
 
 
+# said wherever a user gives text (command-line help, docstrings): the toy has no tokenizer
+BYTES_NOTE = "a model without a tokenizer (the bundled toy) reads text as its UTF-8 bytes, one token a byte"
+
+
 def text_dir() -> Path:
     """The bundled text probe: $INTERP_DATA_DIR/text, else the installed ``interp.data/text``
     (``data/text`` in a source checkout)."""

@@ -100,5 +100,10 @@ def test_default_run_on_the_bundled_toy(tmp_path, capsys):
     assert top_prev["layer"] == 0
     assert top_prev["label"] == f"L{top_prev['layer']}H{top_prev['head']}"  # labels no spreadsheet reads as numbers
     assert f"top prev_token head: {top_prev['layer']}.{top_prev['head']} (" in printed
+    # no duplicate head on the toy: the highest is named as a head, then its score (not "1.0 at 0.012")
+    assert (
+        "no duplicate head: none has its CI above the uniform baseline (0.014) and a score of at least 0.3 "
+        "(highest: head 1.0, 0.012)\n" in printed
+    )
     # the induction head's interval excludes the uniform baseline by far
     assert top_induction["induction_lo"] > 0.5

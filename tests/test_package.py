@@ -32,8 +32,12 @@ def test_import_interp_is_lazy_and_gives_the_public_api():
     child = _python(
         "import sys, interp\n"
         "assert 'torch' not in sys.modules, 'import interp loaded torch'\n"
+        "assert dir(interp) == interp.__all__, dir(interp)\n"  # the public API, not _API, lazy, TYPE_CHECKING
         "interp.head_scores, interp.exact_sweep\n"
         "assert 'torch' in sys.modules\n"
+        "assert dir(interp) == interp.__all__, dir(interp)\n"  # loaded names and submodules add nothing
+        "assert interp.sinks.sink_scores is interp.sink_scores\n"  # a submodule, after a bare `import interp`
+        "assert interp.report.Atlas is interp.Atlas and 'Atlas' in dir(interp)\n"
     )
     assert child.returncode == 0, child.stderr
     import interp.ablation
@@ -49,6 +53,12 @@ def test_import_interp_is_lazy_and_gives_the_public_api():
     assert wanted <= set(interp.__all__)
     with pytest.raises(AttributeError, match="module 'interp' has no attribute 'no_such_name'"):
         interp.no_such_name  # noqa: B018
+    # the result classes and the window ablation the README shows as interp.X (issue 25)
+    assert {"Atlas", "PruningCurves", "WindowAblation", "HeadScores", "SinkReport", "GateSweep"} <= set(interp.__all__)
+    assert (
+        interp.WindowAblation is interp.ablation.WindowAblation
+        and interp.PruningCurves is interp.ablation.PruningCurves
+    )
 
 
 def test_every_error_shares_one_base():
@@ -198,6 +208,29 @@ def test_results_save_and_load_back(toy, tmp_path):
     np.testing.assert_allclose(gates.grid(1.0)[rows["layer"], rows["head"]], rows["gate"])
 
 
+def test_saved_tables_read_back_bit_for_bit(toy, tmp_path):
+    """Floats are saved so that they read back exactly, from the JSON and the CSV (issue 25: the JSON
+    kept 10 digits, so a reloaded table differed by ~5e-11 and ``table.equals`` was False)."""
+    probe = interp.repeated_tokens(toy, batch=3, block_len=10, seed=0)
+    scores = interp.head_scores(toy, probe, copying=False)
+    rng = np.random.default_rng(0)
+    scores.table["tiny"] = rng.random(8) * 1e-7 + 1 / 3  # digits far below any printed precision
+    scores.table["nothing"] = np.nan  # a score with no target: null in the JSON, NaN again on load
+    scores.save(tmp_path)
+    for saved in (tmp_path, tmp_path / "head_scores.csv"):
+        back = interp.HeadScores.load(saved).table
+        assert back.equals(scores.table), (
+            saved,
+            (back.compare(scores.table) if back.shape == scores.table.shape else back),
+        )
+    report = interp.sink_scores(toy, interp.random_tokens(toy, batch=2, seq_len=16))
+    report.save(tmp_path / "sinks")
+    back = interp.SinkReport.load(tmp_path / "sinks")
+    assert back.heads.table.equals(report.heads.table)
+    for name in ("layers", "positions", "tokens"):
+        assert getattr(back, name).equals(getattr(report, name)), name
+
+
 def test_describe_follows_the_model_to_another_device():
     model = interp.load_model("toy", device="cpu")
     assert interp.describe(model).device.type == "cpu"
@@ -280,7 +313,11 @@ def test_results_probes_and_atlas_import_only_downward():
     ]:
         assert reaches(high, low), (high, low)
         assert not reaches(low, high), f"{low} imports {high}, which sits above it"
-    entry_points = {m for m in graph if m.endswith("__main__")} | {"interp.induction", "interp.ablate"}
+    from interp.cli import COMMANDS
+
+    # `python -m interp.<command>`: a package's __main__, or a module (not a package) named after the command
+    commands = {f"interp.{c}" for c in COMMANDS}
+    entry_points = {m for m in graph if m.endswith("__main__") or (m in commands and graph[m].name != "__init__.py")}
     library = [m for m in graph if not m.startswith("interp.cli") and m not in entry_points]
     assert not [(m, d) for m in library for d in deps[m] if d.startswith("interp.cli")]
 

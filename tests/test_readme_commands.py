@@ -29,22 +29,20 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.readme import ROOT, shell_commands
 from tests.test_distributed import _free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 TOL = 1e-6  # as tests/test_distributed.py; the runs seen so far agree exactly
+
+
+def is_scale_out(words: tuple[str, ...] | list[str]) -> bool:
+    """A torchrun or device-map command: this file runs it, ``tests/test_readme.py`` leaves it here."""
+    return any(w == "torchrun" or w in ("--device-map", "--n-devices") for w in words)
 
 
 def readme_commands() -> list[str]:
     """The scale-out commands of README.md, continuation lines joined, comments dropped."""
-    found = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words and any(w == "torchrun" or w in ("--device-map", "--n-devices") for w in words):
-                found.append(shlex.join(words))
-    return found
+    return [c.text for c in shell_commands() if is_scale_out(c.words)]
 
 
 def _flag(words: list[str], name: str) -> str | None:

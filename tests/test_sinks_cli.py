@@ -153,3 +153,18 @@ def test_runs_as_a_module():
     assert done.returncode == 0
     for flag in ("--model", "--probe", "--dataset", "--epsilon", "--batch", "--seq-len", "--seed", "--out"):
         assert flag in done.stdout
+
+
+def test_no_token_seen_often_enough_is_one_line(tmp_path, capsys):
+    """One short random sequence: no token occurs 3 times, so none is ranked; one line says so
+    (issue 25: it printed a bare ``Empty DataFrame / Columns: [...]``)."""
+    code, printed = _run(["--batch", "1", "--seq-len", "16", "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert code == 0, printed.err
+    assert "Empty DataFrame" not in printed.out and "Columns:" not in printed.out
+    rare = len(pd.read_csv(tmp_path / "o" / "sinks_tokens.csv"))
+    assert rare >= 5
+    line = (
+        f"no sink tokens ranked: none of the {rare} tokens occurs at least 3 times (a token seen fewer times is "
+        "never called a sink; more or longer sequences give more repeats)\n"
+    )
+    assert line in printed.out

@@ -154,3 +154,23 @@ def test_text_shorter_than_window(gpt2_text, tmp_path):
     short.write_text("tiny.\n", encoding="utf-8")
     with pytest.raises(ValueError, match="has only .* tokens, fewer than seq_len=64"):
         text_probe(gpt2_text, dataset=short)
+
+
+def test_every_way_to_give_text_says_the_toy_reads_utf8_bytes():
+    """Wherever a user gives text (a command's text flags, the library calls that take texts), the
+    help says that the toy, which has no tokenizer, reads it as UTF-8 bytes (issue 25)."""
+    import importlib
+
+    import interp
+    from interp.cli import COMMANDS
+
+    flags = set()
+    for name in COMMANDS:
+        for action in importlib.import_module(COMMANDS.get(name)).build_parser()._actions:
+            if {"--text", "--text-file", "--dataset"} & set(action.option_strings) or "text" in (action.choices or ()):
+                flags.add((name, action.option_strings[0]))
+                assert "UTF-8 bytes" in action.help, (name, action.option_strings, action.help)
+    assert {("patterns", "--text"), ("patterns", "--text-file"), ("sinks", "--probe"), ("sinks", "--dataset"),
+            ("ablate", "--probe"), ("ablate", "--dataset")} <= flags  # fmt: skip
+    for call in (TokenProbe.from_texts, interp.probes.probe_from_texts, interp.view_patterns, text_probe):
+        assert "UTF-8 bytes" in " ".join(call.__doc__.split()), call.__qualname__

@@ -67,7 +67,7 @@ from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores
-from interp.texts import check_dataset
+from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "ablate"
 METHODS = ("exact", "gradient", "prune", "gates")
@@ -128,11 +128,11 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         "--probe",
         choices=("repeated", "text"),
         default=None,
-        help="repeated random tokens, or natural text; None: text for --metric lm, else repeated",
+        help=f"repeated random tokens, or natural text ({BYTES_NOTE}); None: text for --metric lm, else repeated",
     )
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block, or per text window")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument("--dataset", default=None, help="text probe source; None: the bundled data/text")
+    p.add_argument("--dataset", default=None, help=f"text probe source; None: the bundled data/text; {BYTES_NOTE}")
     add_encoding_flag(p, "--dataset file")
     p.add_argument(
         "--ablated",

@@ -95,7 +95,7 @@ def top_line(scores: Any, name: str, baseline: float, threshold: float = MARK_TH
         best = scores.rank(name, top=1).iloc[0]
         return (
             f"no {name} head: none has its CI above the uniform baseline ({baseline:.3f}) and a score of at "
-            f"least {threshold:g} (highest: {best['label']} at {best[name]:.3f})"
+            f"least {threshold:g} (highest: head {best['label']}, {best[name]:.3f})"
         )
     best = scores.rank(name)[clears.reindex(scores.rank(name).index)].iloc[0]
     return f"top {name} head: {best['label']} ({best[name]:.3f}; uniform {baseline:.3f})"

@@ -1,4 +1,4 @@
-"""``interp patterns`` / ``python -m interp.cli.patterns``: every head's attention on your own text.
+"""``interp patterns`` / ``python -m interp.patterns``: every head's attention on your own text.
 
 A thin layer over :func:`interp.report.patterns_view.view_patterns`: it prints a summary (the
 heads that put the most attention on one other token) and writes ``patterns.html`` under ``--out``:
@@ -20,18 +20,20 @@ from interp.adapters import HookedModel
 from interp.cli.common import Unread, add_encoding_flag, base_parser, positive_int, run_cli
 from interp.errors import UsageError
 from interp.report.patterns_view import MAX_HEADS, MAX_TEXTS, MAX_WINDOWS
-from interp.texts import decode_file
+from interp.texts import BYTES_NOTE, decode_file
 
 STEM = "patterns"
 
 
-def build_parser(prog: str = "python -m interp.cli.patterns") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m interp.patterns") -> argparse.ArgumentParser:
     p = base_parser(prog, "Write every head's attention pattern on your own text as one self-contained HTML page.")
-    p.add_argument("--text", action="append", default=None, help="a text to look at (repeat the flag for several)")
+    p.add_argument(
+        "--text", action="append", default=None, help=f"a text to look at (repeat the flag for several); {BYTES_NOTE}"
+    )
     p.add_argument(
         "--text-file",
         default=None,
-        help="a text file (see --encoding) whose paragraphs (blank-line separated) are texts",
+        help=f"a text file (see --encoding) whose paragraphs (blank-line separated) are texts; {BYTES_NOTE}",
     )
     add_encoding_flag(p, "--text-file")
     p.add_argument("--heads", default=None, help="comma-separated heads LAYER.HEAD (default: every head)")
@@ -105,7 +107,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     return [page.save(out, STEM)]
 
 
-def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.cli.patterns") -> int:
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.patterns") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 

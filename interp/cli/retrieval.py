@@ -54,6 +54,7 @@ from interp.retrieval import (
 )
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
 from interp.stream.budget import PATTERN_BUDGET, choose_engine
+from interp.texts import BYTES_NOTE
 
 STEM = "retrieval"
 _SHORTER = "--distances none skips the copy-distance profile, shorter --distances shorten it"
@@ -76,7 +77,12 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
     )
     p.add_argument("--needles", type=positive_int, default=None, help="evenly spread needles (overrides --depths)")
     p.add_argument("--needle-len", type=positive_int, default=8, help="tokens per needle")
-    p.add_argument("--haystack", choices=["random", "text"], default="random", help="haystack tokens")
+    p.add_argument(
+        "--haystack",
+        choices=["random", "text"],
+        default="random",
+        help=f"haystack tokens: seeded random draws, or the bundled English text ({BYTES_NOTE})",
+    )
     p.add_argument("--sink", type=int, default=DEFAULT_SINK, help="streaming share: the first keys kept")
     p.add_argument(
         "--window",

@@ -17,7 +17,7 @@ from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
 from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores
-from interp.texts import check_dataset
+from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "sinks"
 
@@ -33,13 +33,13 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
         "--probe",
         choices=["random", "text"],
         default=None,
-        help="random tokens (Gu et al.) or natural text (default: text with --dataset, else random)",
+        help=f"random tokens (Gu et al.) or natural text ({BYTES_NOTE}) (default: text with --dataset, else random)",
     )
     p.add_argument(
         "--dataset",
         default=None,
         help="text probe source: a Hub data set NAME[:CONFIG] or a local .txt/.json/.csv file "
-        "(default: the bundled English text in data/text)",
+        f"(default: the bundled English text in data/text); {BYTES_NOTE}",
     )
     p.add_argument("--split", default="train", help="--dataset split")
     p.add_argument("--text-column", default="text", help="--dataset column holding the text")

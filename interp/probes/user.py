@@ -73,7 +73,9 @@ def probe_from_tokens(
 def probe_from_texts(
     model: HookedModel, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
 ) -> TokenProbe:
-    """:meth:`TokenProbe.from_texts`."""
+    """:meth:`TokenProbe.from_texts`: each text tokenized by the model's tokenizer; a model without
+    one (the toy) reads each text as its UTF-8 bytes, byte ``b`` -> the ``(b mod n)``-th of its ``n``
+    ordinary ids (one token a byte)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise UsageError("texts must be a string or a non-empty list of strings")

@@ -21,7 +21,7 @@ import pandas as pd
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 from interp.report.roles import role_column
-from interp.scores import HeadScores, file_frame, memory_frame
+from interp.scores import HeadScores, file_frame, from_records, json_records, memory_frame, read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -90,7 +90,7 @@ class Atlas:
         left out when there is neither), ``<stem>_roles.csv`` and ``<stem>.json``, atomically."""
         out = Path(out)
         draw = render or self.render
-        records = lambda f: json.loads(f.to_json(orient="records"))  # noqa: E731
+        records = json_records
         blob = {"meta": self.meta, "baselines": self.baselines, "roles": records(self.roles)}
         if self.pruning is not None:
             blob["pruning"] = records(self.pruning)
@@ -122,9 +122,9 @@ class Atlas:
         if missing:
             raise UsageError(f"no saved atlas in {folder}: missing {', '.join(missing)}")
         blob = json.loads(files[0].read_text(encoding="utf-8"))
-        roles = memory_frame(pd.read_csv(files[1], dtype={"label": str, "role": str}))
+        roles = memory_frame(read_csv(files[1], dtype={"label": str, "role": str}))
         roles["role"] = roles["role"].fillna("")
-        pruning = pd.DataFrame.from_records(blob["pruning"]) if "pruning" in blob else None
+        pruning = from_records(blob["pruning"]) if "pruning" in blob else None
         return cls(roles=roles, baselines=dict(blob["baselines"]), meta=blob["meta"], pruning=pruning)
 
 

@@ -137,11 +137,11 @@ def view_patterns(
     """Every chosen head's attention pattern on each text, as one self-contained HTML page.
 
     ``texts``: a string or a list of strings (each run alone, framed as the model expects, e.g.
-    with its BOS; a model without a tokenizer, such as the toy, reads each text as its UTF-8 bytes).
-    ``heads``: ``None`` for every head, or labels ``"1.2"``/``"L1H2"`` or ``(layer, head)`` pairs.
-    ``window``: positions shown at once. ``out``: a folder to write ``patterns.html`` into (see
-    :meth:`PatternPage.save`); the page is returned either way. ``progress``: say the sizes, then
-    show progress over the texts.
+    with its BOS; a model without a tokenizer, the toy, reads a text as its UTF-8 bytes, one token
+    a byte). ``heads``: ``None`` for every head, or labels ``"1.2"``/``"L1H2"`` or
+    ``(layer, head)`` pairs. ``window``: positions shown at once. ``out``: a folder to write
+    ``patterns.html`` into (see :meth:`PatternPage.save`); the page is returned either way.
+    ``progress``: say the sizes, then show progress over the texts.
 
     A page holds at most ``max_texts`` texts (the first ones; the rest are not run),
     ``max_windows`` windows of each text (a text is cut after its last window shown: a causal

@@ -2,6 +2,6 @@
 
 import sys
 
-from interp.cli.retrieval import cli
+from interp.cli import run_command
 
-sys.exit(cli())
+sys.exit(run_command("interp.cli.retrieval", "python -m interp.retrieval"))

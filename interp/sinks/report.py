@@ -18,7 +18,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes import TokenProbe, random_tokens
-from interp.scores import HeadScores
+from interp.scores import HeadScores, json_records, read_csv
 from interp.sinks.stats import (
     ABS_THRESHOLD,
     EPSILON,
@@ -69,6 +69,14 @@ class SinkReport:
     tokens: pd.DataFrame
     massive: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # float64 throughout (float32 values are exact in it), so that saved tables read back bit for bit
+        for name in TABLES:
+            frame = getattr(self, name)
+            wide = {c: "float64" for c, t in frame.dtypes.items() if t == np.float32}
+            if wide:
+                setattr(self, name, frame.astype(wide))
 
     @property
     def table(self) -> pd.DataFrame:
@@ -125,7 +133,7 @@ class SinkReport:
         for name in TABLES:
             frame: pd.DataFrame = getattr(self, name)
             written.append(atomic_write(out / f"{stem}_{name}.csv", frame.to_csv(index=False)))
-        records = lambda f: json.loads(f.to_json(orient="records"))  # noqa: E731
+        records = json_records
         written.append(
             atomic_write_json(
                 out / f"{stem}_summary.json",
@@ -150,7 +158,7 @@ class SinkReport:
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise UsageError(f"no saved sink report in {folder}: missing {', '.join(missing)}")
-        frames = {name: pd.read_csv(folder / f"{stem}_{name}.csv") for name in TABLES}
+        frames = {name: read_csv(folder / f"{stem}_{name}.csv") for name in TABLES}
         meta = json.loads((folder / f"{stem}_summary.json").read_text(encoding="utf-8"))["meta"]
         return cls(heads=HeadScores.load(files[0]), meta=meta, **frames)
 

@@ -67,7 +67,13 @@ def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: 
     often = report.tokens[report.tokens["occurrences"] >= MIN_OCCURRENCES]
     rare = len(report.tokens) - len(often)
     toks = often.head(top)
-    if len(toks) or rare:
+    if rare and not len(toks):
+        lines += [
+            f"no sink tokens ranked: none of the {rare} tokens occurs at least {MIN_OCCURRENCES} times (a token "
+            "seen fewer times is never called a sink; more or longer sequences give more repeats)",
+            "",
+        ]
+    elif len(toks):
         lines += [
             f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
             f"or a head dumps > {eps} on it; tokens seen at least {MIN_OCCURRENCES} times"
