@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -90,6 +91,7 @@ class HeadAblation:
     """
 
     kind: ClassVar[str] = ""
+    paired: ClassVar[bool] = False  # takes its replacement from a paired prompt (a task probe only)
 
     @classmethod
     def fit(
@@ -112,17 +114,17 @@ class HeadAblation:
         self,
         z: Float[Tensor, "batch pos head d_head"],
         layer: int,
-        ablate: Bool[Tensor, "rep head"],
+        ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"],
         rows: Tensor | slice | None = None,
     ) -> Tensor:
-        """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``."""
-        rep, heads = ablate.shape
+        """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``. A mask
+        with a position axis (``[rep, head, pos]``) replaces those heads at those positions only."""
+        rep, heads = ablate.shape[:2]
         zh = by_head(z, heads)  # latent attention: TransformerLens's hook_z has the wrong head axis
         zz = zh.reshape(rep, z.shape[0] // rep, *zh.shape[1:])
         r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
         self._check_batch(r, zz.shape[1])
-        where = ablate.to(z.device)[:, None, None, :, None]
-        return torch.where(where, r, zz).reshape(z.shape)
+        return torch.where(_where(ablate.to(z.device)), r, zz).reshape(z.shape)
 
     def mix(
         self, z: Float[Tensor, "batch pos head d_head"], layer: int, gate: Tensor, rows: Tensor | slice | None = None
@@ -153,7 +155,19 @@ class HeadAblation:
         return hook
 
 
+def _where(ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"]) -> Tensor:
+    """``ablate`` broadcast against ``[rep, batch, pos, head, d_head]``."""
+    if ablate.ndim == 3:
+        return rearrange(ablate, "r h p -> r 1 p h 1")
+    return rearrange(ablate, "r h -> r 1 1 h 1")
+
+
 ABLATIONS: Registry[type[HeadAblation]] = Registry("ablation")
+
+
+def unpaired_ablations() -> tuple[str, ...]:
+    """The kinds that run on any probe (not :attr:`HeadAblation.paired`): the ablation commands' choices."""
+    return ABLATIONS.select(lambda e: not e.value.paired)
 
 
 def _probe_tokens(kind: str, probe: TokenProbe | Tensor | None) -> Tensor:
@@ -236,6 +250,45 @@ class ResampleAblation(HeadAblation):
         zs = _clean_z(model, tokens, minibatch)
         donors = derangement(tokens.shape[0], seed)
         return cls([z[donors] for z in zs], donors.tolist())
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        src = self.source[layer]
+        return src if rows is None else src[rows]
+
+
+@ABLATIONS.register(
+    "patch",
+    "the head outputs its output on each sequence's paired prompt (activation patching: a task probe)",
+)
+@dataclass
+class PatchAblation(HeadAblation):
+    """The head's output is set to its output on the sequence's paired prompt: activation patching.
+
+    ``source`` holds, per layer, ``[batch, pos, head, d_head]``: each sequence's donor run (its own
+    pair's other prompt, e.g. the clean prompt when the corrupted one runs). Fitted on a probe that
+    carries its donors (:meth:`interp.probes.task.TaskProbe.run_probe`).
+    """
+
+    source: list[Float[Tensor, "batch pos head d_head"]]
+    kind: ClassVar[str] = "patch"
+    paired: ClassVar[bool] = True
+
+    @classmethod
+    def fit(  # type: ignore[override]
+        cls,
+        model: HookedModel,
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+    ) -> PatchAblation:
+        donor = getattr(probe, "donor", None)
+        if donor is None:
+            raise AblationError(
+                "patch ablation takes each sequence's head outputs from its paired prompt: run it on a "
+                "task probe (interp.probes.task.TaskProbe.run_probe), e.g. with interp.patch_heads"
+            )
+        return cls(_clean_z(model, donor, minibatch))
 
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
         src = self.source[layer]
