@@ -1,0 +1,231 @@
+"""Activation patching: task probes, metrics, exact patching per head and per position.
+
+Known answers from a toy whose heads are set by hand so that one named head carries the answer,
+and equality with a plain hook loop (one forward per patch, written here without interp's replay).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp.errors import AblationError, UsageError
+from interp.patching import METRICS, patch_heads
+from interp.probes.task import TaskProbe, read_task, task_probe
+from interp.toy import ToyConfig, ToyTransformer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V, N, JUNK = 16, 12, 4  # vocabulary, context, dimensions nothing reads
+CARRIER = (1, 1)  # the head that carries the answer
+SOURCE = 2  # the position whose token it copies (after the BOS)
+
+
+def _slice_head(attn, head, W_Q=None, W_K=None, W_V=None, W_O=None):
+    d, H = attn.d_head, attn.n_heads
+    q, k, v = attn.W_qkv.weight.data.split([H * d, H * d, H * d], dim=0)
+    for fused, w in ((q, W_Q), (k, W_K), (v, W_V)):
+        if w is not None:
+            fused[head * d : (head + 1) * d] = w.T
+    if W_O is not None:
+        attn.W_out.weight.data[:, head * d : (head + 1) * d] = W_O.T
+
+
+def carrier_model() -> ToyTransformer:
+    """Residual [token one-hot | position one-hot | copied token | junk]. Head 1.1 attends from
+    every query to position ``SOURCE`` and copies that token into the slot the unembedding reads;
+    every other head has random query, key and value weights but writes only into the junk
+    dimensions, which nothing reads."""
+    D = 2 * V + N + JUNK
+    cfg = ToyConfig(
+        n_layers=2, d_model=D, n_heads=2, d_head=V, n_ctx=N, d_vocab=V, attn_only=True, normalization_type=None
+    )
+    cfg.use_flash = False
+    model = ToyTransformer(cfg)
+    tok, pos, copy, junk = slice(0, V), slice(V, V + N), slice(V + N, 2 * V + N), slice(2 * V + N, D)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.embed.weight[:, tok] = torch.eye(V)
+        model.pos_embed.weight[:, pos] = torch.eye(N)
+        model.unembed.weight[:, copy] = 5 * torch.eye(V)
+        for l in range(2):
+            for h in range(2):
+                if (l, h) == CARRIER:
+                    continue
+                W_O = torch.zeros(V, D)
+                W_O[:, junk] = torch.randn(V, JUNK, generator=gen)
+                rand = lambda: torch.randn(D, V, generator=gen)  # noqa: E731
+                _slice_head(model.blocks[l].attn, h, rand(), rand(), rand(), W_O)
+        W_Q = torch.zeros(D, V)
+        W_Q[pos, 0] = 200.0
+        W_K = torch.zeros(D, V)
+        W_K[V + SOURCE, 0] = 1.0
+        W_V = torch.zeros(D, V)
+        W_V[tok, :] = torch.eye(V)
+        W_O = torch.zeros(V, D)
+        W_O[:, copy] = torch.eye(V)
+        _slice_head(model.blocks[CARRIER[0]].attn, CARRIER[1], W_Q, W_K, W_V, W_O)
+    return model.eval()
+
+
+def carrier_task(model, n_pairs: int = 6, seed: int = 0) -> TaskProbe:
+    """Pairs of 8 tokens (BOS first) that differ at ``SOURCE`` (the answer) and at position 4."""
+    gen = torch.Generator().manual_seed(seed)
+    clean, corrupted, answer, wrong = [], [], [], []
+    for _ in range(n_pairs):
+        a = (torch.randperm(V - 1, generator=gen)[:9] + 1).tolist()
+        c = [0, *a[:7]]
+        k = list(c)
+        k[SOURCE], k[4] = a[7], a[8]
+        clean.append(c)
+        corrupted.append(k)
+        answer.append(c[SOURCE])
+        wrong.append(k[SOURCE])
+    return TaskProbe.from_pairs(model, clean, corrupted, answer, wrong, framed=True, name="carrier")
+
+
+@pytest.fixture(scope="module")
+def carrier():
+    model = carrier_model()
+    return model, carrier_task(model)
+
+
+# ---- the task probe ----------------------------------------------------------------------------
+
+
+def test_pairs_of_different_lengths_are_refused_naming_the_pair(carrier):
+    model, _ = carrier
+    with pytest.raises(UsageError, match=r"pair 1: the clean prompt is 3 tokens and the corrupted one 4"):
+        TaskProbe.from_pairs(model, [[1, 2, 3], [1, 2, 3]], [[4, 5, 6], [4, 5, 6, 7]], [1, 1], [2, 2])
+
+
+def test_a_multi_token_answer_is_refused_showing_the_split(gpt2_tiny):
+    # the word tokenizer of the tiny GPT-2 splits on spaces: "w3 w4" is two tokens
+    with pytest.raises(UsageError, match=r"pair 0: the answer 'w3 w4' is 2 tokens, not one: .*\['w3', 'w4'\]"):
+        TaskProbe.from_pairs(gpt2_tiny, ["w1 w2"], ["w5 w2"], ["w3 w4"], ["w6"])
+
+
+def test_repeat_task_is_seeded_and_resamples_the_first_half(carrier):
+    model, _ = carrier
+    a = task_probe(model, "repeat", n_pairs=4, seed=3, block_len=5)
+    b = task_probe(model, "repeat", n_pairs=4, seed=3, block_len=5)
+    assert torch.equal(a.clean, b.clean) and torch.equal(a.corrupted, b.corrupted)
+    assert a.clean.shape == (4, 11)  # BOS + 2 x 5
+    assert torch.equal(a.clean[:, 6:], a.corrupted[:, 6:])  # the second half is kept
+    assert torch.equal(a.clean[:, 1:6], a.clean[:, 6:])  # the clean prompt repeats
+    assert bool((a.clean[:, 1:6] != a.corrupted[:, 1:6]).any())
+    assert torch.equal(a.answer[:, 0], a.clean[:, 1]) and torch.equal(a.wrong[:, 0], a.clean[:, 2])
+    assert a.read_position == 10
+
+
+def test_task_file_jsonl_and_csv(tmp_path, carrier):
+    model, _ = carrier
+    js = tmp_path / "t.jsonl"
+    js.write_text('{"clean": [1, 2, 3], "corrupted": [4, 2, 3], "answer": 5, "wrong": [6, 7]}\n')
+    t = read_task(model, js)
+    assert t.clean.tolist() == [[0, 1, 2, 3]] and t.answer.tolist() == [[5]] and t.wrong.tolist() == [[6, 7]]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("clean,corrupted,answer\nw1,w2,w3\n")
+    with pytest.raises(UsageError, match=r"bad.csv: the header lacks the column wrong: a task file needs"):
+        read_task(model, bad)
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+
+def test_metrics_are_registered():
+    assert set(METRICS.names()) == {"logit-diff", "raw-logit-diff", "prob-diff"}
+    assert METRICS.info("logit-diff", "normalised") and not METRICS.info("raw-logit-diff", "normalised")
+
+
+def test_equal_clean_and_corrupted_is_refused_with_both_values(carrier):
+    model, _ = carrier
+    same = TaskProbe.from_pairs(model, [[1, 2, 3, 4]], [[1, 2, 5, 4]], [6], [7], framed=True)  # SOURCE unchanged
+    with pytest.raises(AblationError, match=r"give the same logit-diff \(clean 0, corrupted 0\)"):
+        patch_heads(model, same)
+
+
+# ---- exact patching: known answers -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_the_carrier_head_carries_the_answer_per_head(carrier, direction):
+    model, task = carrier
+    s = patch_heads(model, task, direction=direction)
+    grid = s.grid("effect")
+    want = torch.zeros(2, 2, dtype=torch.float64)
+    want[CARRIER] = 1.0
+    torch.testing.assert_close(torch.as_tensor(grid), want, atol=1e-5, rtol=0)
+    assert s.meta["clean_metric"] > 4 and s.meta["corrupted_metric"] < -4  # the gap: +-5 per pair
+    assert s.meta["replay"] == "fast"
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_the_carrier_head_carries_it_at_the_read_position_only(carrier, direction):
+    model, task = carrier
+    s = patch_heads(model, task, direction=direction, by="position")
+    grid = torch.as_tensor(s.grid("effect"))  # [layer, head, position]
+    want = torch.zeros(2, 2, task.seq_len, dtype=torch.float64)
+    want[CARRIER[0], CARRIER[1], task.read_position] = 1.0
+    torch.testing.assert_close(grid, want, atol=1e-5, rtol=0)
+
+
+# ---- exact patching equals a plain hook loop -----------------------------------------------------
+
+
+def hook_loop(model, task, direction: str, by: str, metric) -> torch.Tensor:
+    """The reference: one ``run_with_hooks`` per patch, the donor's ``hook_z`` captured beforehand;
+    returns the raw metric per (layer, head[, position]) averaged over pairs."""
+    from interp.hooks import z_hook
+
+    run, donor = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    kept = {}
+
+    def keep(z, hook):
+        kept[hook.name] = z.detach().clone()
+
+    with torch.no_grad():
+        model.run_with_hooks(donor, fwd_hooks=[(z_hook(l), keep) for l in range(L)])
+    T = run.shape[1]
+    out = torch.zeros(L, H, *([T] if by == "position" else []))
+    for l in range(L):
+        for h in range(H):
+            for p in range(T) if by == "position" else [None]:
+
+                def swap(z, hook, h=h, p=p):
+                    z = z.clone()
+                    where = slice(None) if p is None else p
+                    z[:, where, h] = kept[hook.name][:, where, h]
+                    return z
+
+                with torch.no_grad():
+                    logits = model.run_with_hooks(run, fwd_hooks=[(z_hook(l), swap)])
+                value = metric(logits, run).mean()
+                out[(l, h) if p is None else (l, h, p)] = value
+    return out
+
+
+def _logit_diff(task):
+    def metric(logits, tokens):
+        last = logits[:, task.read_position].float()
+        return last.gather(-1, task.answer[:, :1]).squeeze(-1) - last.gather(-1, task.wrong[:, :1]).squeeze(-1)
+
+    return metric
+
+
+@pytest.mark.parametrize("by", ["head", "position"])
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_exact_patching_equals_a_hook_loop_on_a_random_toy(direction, by):
+    cfg = ToyConfig(n_layers=2, d_model=32, n_heads=4, n_ctx=16, d_vocab=40, attn_only=False, d_mlp=64)
+    torch.manual_seed(0)
+    model = ToyTransformer(cfg).eval()
+    task = task_probe(model, "repeat", n_pairs=3, seed=0, block_len=4)
+    s = patch_heads(model, task, direction=direction, by=by, metric="raw-logit-diff")
+    want = hook_loop(model, task, direction, by, _logit_diff(task))
+    got = torch.as_tensor(s.grid("metric_patched")).float()
+    assert s.meta["replay"] == "fast" and "reused_attention" in s.meta["shortcuts"]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert float((want - want.mean()).abs().max()) > 1e-2  # the patches do differ
