@@ -300,3 +300,37 @@ def test_word_tasks_are_refused_when_the_tokenizer_splits_the_words(gpt2_tiny, c
         task_probe(gpt2_tiny, "ioi")
     with pytest.raises(UsageError, match=r"needs a model with a tokenizer \(the toy has none\)"):
         task_probe(carrier[0], "greater-than")
+
+
+# ---- the trained toy on the repeat task ----------------------------------------------------------
+
+
+def test_on_the_toy_the_induction_circuit_carries_the_repeat_task():
+    """Per position: at the read position only the layer-1 (induction) heads matter, each of them;
+    in layer 0 the effect sits on the previous-token head, at the induction target: the position
+    right after the earlier occurrence of the read token, whose key it writes."""
+    from interp.errors import ModelLoadError
+    from interp.heads import head_scores
+    from interp.models import load_model
+    from interp.probes import repeated_tokens
+
+    try:
+        toy = load_model("toy", device="cpu").set_flash_impl("sdpa")
+    except ModelLoadError as e:
+        pytest.skip(f"no trained toy: {e}")
+    roles = head_scores(toy, repeated_tokens(toy, batch=4, block_len=20, seed=1), n_boot=10, copying=False)
+    induction = {
+        (l, h) for l, h in zip(roles.table["layer"], roles.table["head"]) if roles.grid("induction")[l, h] > 0.5
+    }
+    assert induction == {(1, h) for h in range(4)}
+    prev = roles.top("prev_token")
+    block = 10
+    task = task_probe(toy, "repeat", n_pairs=10, seed=0, block_len=block)
+    s = patch_heads(toy, task, by="position", direction="noise")
+    grid = s.grid("effect")  # [layer, head, position]
+    read, target = task.read_position, task.read_position - block + 1
+    assert all(grid[l, h, read] > 0.1 for l, h in induction)
+    assert abs(grid[0, :, read]).max() < 0.02
+    layer0 = abs(grid[0]).copy()
+    assert (int(layer0.argmax() // grid.shape[2]), int(layer0.argmax() % grid.shape[2])) == (prev[1], target)
+    assert grid[0, prev[1], target] > 0.2
