@@ -12,8 +12,8 @@ Modules: :mod:`~interp.patching.metrics` (:data:`METRICS`), :mod:`~interp.patchi
 (:func:`patch_heads`, :data:`BY`), :mod:`~interp.patching.result` (:class:`PatchScores`).
 """
 
-from interp.patching.exact import BY, patch_heads
+from interp.patching.exact import BY, baselines, patch_heads
 from interp.patching.metrics import METRICS, task_metric
 from interp.patching.result import PatchScores
 
-__all__ = ["BY", "METRICS", "PatchScores", "patch_heads", "task_metric"]
+__all__ = ["BY", "METRICS", "PatchScores", "baselines", "patch_heads", "task_metric"]

@@ -83,17 +83,8 @@ def patch_heads(
     task = task.to(info.device)
     metric, normalised = task_metric(task, metric)
     probe = task.run_probe(direction)
-    run_values = _metric_of(model, probe.tokens, metric, config.minibatch)
-    donor_values = _metric_of(model, probe.donor, metric, config.minibatch)
-    clean, corrupted = (donor_values, run_values) if direction == "denoise" else (run_values, donor_values)
+    clean, corrupted = baselines(model, task, metric, normalised=normalised, minibatch=config.minibatch)
     gap = float(clean.mean() - corrupted.mean())
-    scale = max(float(clean.abs().mean()), float(corrupted.abs().mean()), 1e-12)
-    if normalised and abs(gap) <= 1e-6 * scale:
-        raise AblationError(
-            f"the clean and corrupted prompts give the same {metric.name} (clean {float(clean.mean()):.6g}, "
-            f"corrupted {float(corrupted.mean()):.6g}): the normalised effect is undefined; make the corrupted "
-            "prompts change the answer, or use a raw metric (raw-logit-diff)"
-        )
     sweeper = Sweeper(
         model, probe, metric, ablation="patch", replay=replay, chunk=chunk, config=config, journal=journal
     )
@@ -148,9 +139,25 @@ def patch_heads(
         meta["partial"] = True
     pair_effect = num / den
     table, pairs = _tables(heads, positions, T, columns, pair_effect, _token_labels(model, probe.tokens[0]))
-    result = PatchScores(table, meta)
-    result.pairs = pairs
-    return result
+    return PatchScores(table, meta, pairs)
+
+
+def baselines(
+    model: HookedModel, task: TaskProbe, metric: Metric, *, normalised: bool = True, minibatch: int | None = None
+) -> tuple[Float[Tensor, " pair"], Float[Tensor, " pair"]]:
+    """The metric per pair on the clean and on the corrupted prompts (plain forwards). A normalised
+    metric whose two means agree (the normalisation would divide by 0) is refused with both."""
+    clean = _metric_of(model, task.clean, metric, minibatch)
+    corrupted = _metric_of(model, task.corrupted, metric, minibatch)
+    gap = float(clean.mean() - corrupted.mean())
+    scale = max(float(clean.abs().mean()), float(corrupted.abs().mean()), 1e-12)
+    if normalised and abs(gap) <= 1e-6 * scale:
+        raise AblationError(
+            f"the clean and corrupted prompts give the same {metric.name} (clean {float(clean.mean()):.6g}, "
+            f"corrupted {float(corrupted.mean()):.6g}): the normalised effect is undefined; make the corrupted "
+            "prompts change the answer, or use a raw metric (raw-logit-diff)"
+        )
+    return clean, corrupted
 
 
 def _metric_of(model: HookedModel, tokens: Tensor, metric: Metric, minibatch: int | None) -> Float[Tensor, " batch"]:

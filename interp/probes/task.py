@@ -268,6 +268,15 @@ def read_task(model: HookedModel, path: str | Path, *, position: int = -1, frame
     an answer a text, an id or a list of ids. In CSV every cell is a text (``"|"`` separates several
     answers)."""
     path = Path(path)
+    rows = check_task_file(path)
+    cols = {c: [row[c] for row in rows] for c in COLUMNS}
+    return TaskProbe.from_pairs(model, **cols, position=position, framed=framed, name=path.stem)
+
+
+def check_task_file(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a task file, refused (one line) when it is missing, empty or lacks a column; needs
+    no model (the command checks this before loading one)."""
+    path = Path(path)
     if not path.is_file():
         raise UsageError(f"no task file at {path}: give a .jsonl or .csv file, or a bundled task {list(TASKS)}")
     rows = _read_rows(path)
@@ -276,13 +285,14 @@ def read_task(model: HookedModel, path: str | Path, *, position: int = -1, frame
     for i, row in enumerate(rows):
         missing = [c for c in COLUMNS if c not in row or row[c] in (None, "")]
         if missing:
-            where = "the header" if path.suffix.lower() == ".csv" else f"line {i + 1}"
+            where = "the header" if path.suffix.lower() == ".csv" and i == 0 else f"line {i + 1}"
+            if path.suffix.lower() == ".csv" and i > 0:
+                where = f"row {i + 1}"
             raise UsageError(
                 f"{path}: {where} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}: a task "
                 f"file needs {', '.join(COLUMNS)}"
             )
-    cols = {c: [row[c] for row in rows] for c in COLUMNS}
-    return TaskProbe.from_pairs(model, **cols, position=position, framed=framed, name=path.stem)
+    return rows
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -476,6 +486,7 @@ __all__ = [
     "TASKS",
     "PairedProbe",
     "TaskProbe",
+    "check_task_file",
     "greater_than_task",
     "ioi_task",
     "read_task",
