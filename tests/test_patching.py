@@ -334,3 +334,25 @@ def test_on_the_toy_the_induction_circuit_carries_the_repeat_task():
     layer0 = abs(grid[0]).copy()
     assert (int(layer0.argmax() // grid.shape[2]), int(layer0.argmax() % grid.shape[2])) == (prev[1], target)
     assert grid[0, prev[1], target] > 0.2
+
+
+def test_a_resumed_run_takes_the_journaled_patches_and_gives_the_same_numbers(carrier, tmp_path):
+    from interp.journal import Journal
+
+    model, task = carrier
+    first = Journal(tmp_path, "patch", {"arguments": {}, "model": "carrier", "probe": "t"})
+    first.open()
+    want = patch_heads(model, task, by="position", journal=first)
+    first.close()  # not finished: every patch is on disk
+    calls = []
+    handles = [b.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0])) for b in model.blocks]
+    try:
+        again = Journal(tmp_path, "patch", {"arguments": {}, "model": "carrier", "probe": "t"})
+        again.open(resume=True)
+        got = patch_heads(model, task, by="position", journal=again)
+    finally:
+        for h in handles:
+            h.remove()
+    assert got.table.equals(want.table)
+    # only the plain passes and the replay's capture and self-check ran: no batched replay of patches
+    assert max(calls) <= 3 * task.n_pairs
