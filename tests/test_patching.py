@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from interp.errors import AblationError, UsageError
-from interp.patching import METRICS, patch_heads, task_metric
+from interp.patching import METRICS, agreement, patch_heads, task_metric
 from interp.probes.task import IOI_NAMES, TaskProbe, read_task, task_probe
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import ROOT, gpt2_model
@@ -356,3 +356,44 @@ def test_a_resumed_run_takes_the_journaled_patches_and_gives_the_same_numbers(ca
     assert got.table.equals(want.table)
     # only the plain passes and the replay's capture and self-check ran: no batched replay of patches
     assert max(calls) <= 3 * task.n_pairs
+
+
+# ---- attribution patching ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("by", ["head", "position"])
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_attribution_equals_exact_where_the_effect_is_linear(direction, by):
+    """No normalisation anywhere and no MLP: the logits are linear in a last-layer head's output, so
+    the first-order estimate is exact there; in layer 0 (softmax in between) it is not."""
+    cfg = ToyConfig(
+        n_layers=2, d_model=32, n_heads=4, n_ctx=16, d_vocab=40, attn_only=True, normalization_type=None, init_range=0.4
+    )
+    torch.manual_seed(0)
+    model = ToyTransformer(cfg).eval()
+    task = task_probe(model, "repeat", n_pairs=3, seed=0, block_len=4)
+    kw = dict(direction=direction, by=by, metric="raw-logit-diff")
+    exact = torch.as_tensor(patch_heads(model, task, **kw).grid("metric_patched")).float()
+    attr = patch_heads(model, task, method="attribution", **kw)
+    got = torch.as_tensor(attr.grid("metric_patched")).float()
+    assert attr.meta["method"] == "attribution" and attr.kind == f"patch_attribution_{by}"
+    torch.testing.assert_close(got[1], exact[1], atol=1e-5, rtol=0)
+    assert float((exact[1] - exact[1].mean()).abs().max()) > 1e-2  # the last layer's patches differ
+    assert float((got[0] - exact[0]).abs().max()) > 1e-3  # layer 0: an approximation
+
+
+def test_attribution_finds_the_carrier_head(carrier):
+    model, task = carrier
+    for direction in ("denoise", "noise"):
+        exact = patch_heads(model, task, direction=direction)
+        attr = patch_heads(model, task, direction=direction, method="attribution")
+        torch.testing.assert_close(
+            torch.as_tensor(attr.grid("effect")), torch.as_tensor(exact.grid("effect")), atol=1e-5, rtol=0
+        )
+    assert agreement(exact, attr, k=1) == {"spearman": pytest.approx(1.0), "top_k_overlap": 1.0, "k": 1}
+
+
+def test_attribution_refuses_the_exact_methods_settings(carrier):
+    model, task = carrier
+    with pytest.raises(UsageError, match=r"method 'attribution' does not read replay \(settings of method='exact'\)"):
+        patch_heads(model, task, method="attribution", replay="loop")

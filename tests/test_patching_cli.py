@@ -106,3 +106,19 @@ def test_a_multi_token_answer_is_refused(gpt2_dir, tmp_path, capsys):
     out = tmp_path / "out"
     line = _refused(capsys, ["--model", str(gpt2_dir), "--device", "cpu", "--task", str(f), "--out", str(out)], out)
     assert "pair 0: the answer 'w3 w4' is 2 tokens, not one: the tokenizer splits it as ['w3', 'w4']" in line
+
+
+def test_attribution_from_the_command(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--method", "attribution", "--out", str(out)]
+    assert cli(argv) == 0
+    assert "attribution patching: one forward and backward per minibatch" in capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert names == [f"patch_attribution_head{s}" for s in (".csv", ".html", ".json", "_pairs.csv")]
+
+
+def test_a_flag_the_method_ignores_is_refused_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--model", "no/such-model", "--method", "attribution", "--replay", "loop", "--out", str(out)]
+    line = _refused(capsys, argv, out)
+    assert line.endswith("--method attribution does not read --replay (it applies to --method exact): drop it")

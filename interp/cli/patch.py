@@ -3,8 +3,9 @@
 A thin layer over :func:`interp.patching.patch_heads`: ``--task`` is a bundled task (``repeat``,
 ``ioi``, ``greater-than``: ``--batch`` pairs, seeded by ``--seed``) or a JSONL/CSV file with the
 columns ``clean``, ``corrupted``, ``answer``, ``wrong``; ``--by head|position``; ``--direction
-denoise|noise``. Writes ``patch_<by>.{csv,json,html}`` and ``patch_<by>_pairs.csv`` (the effect per
-pair) under ``--out``. Every patch finished is journaled there: ``--resume`` continues an
+denoise|noise``; ``--method exact|attribution``. Writes ``patch_<by>.{csv,json,html}`` and
+``patch_<by>_pairs.csv`` (the effect per pair; ``patch_attribution_<by>...`` for attribution) under
+``--out``. Every patch finished is journaled there: ``--resume`` continues an
 interrupted run. Bad input (a task file without a column, pairs of different lengths, an answer of
 several tokens, clean and corrupted prompts with the same metric) is one line and exit 2, with
 nothing written.
@@ -24,8 +25,7 @@ from interp.cli.common import add_resume_flags, base_parser, format_table, posit
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
-from interp.patching import BY, METRICS, baselines, patch_heads, task_metric
-from interp.patching.exact import DIRECTION_HELP
+from interp.patching import BY, DIRECTION_HELP, METHODS, METRICS, baselines, patch_heads, task_metric
 from interp.plots import save_figure
 from interp.probes.task import COLUMNS, DIRECTIONS, TASKS, check_task_file, task_probe
 
@@ -45,6 +45,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         default="repeat",
         help="a bundled task (" + TASKS.help() + ") or a .jsonl/.csv file with the columns " + ", ".join(COLUMNS),
     )
+    p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
     p.add_argument("--by", choices=BY.names(), default="head", help=BY.help())
     p.add_argument(
         "--direction",
@@ -58,13 +59,18 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         default=None,
         help=METRICS.help() + " (default: the task's own: prob-diff for greater-than, else logit-diff)",
     )
-    p.add_argument("--replay", choices=REPLAYS.names(), default="auto", help=REPLAYS.help())
+    p.add_argument(
+        "--replay", choices=REPLAYS.names(), default=None, help="exact: " + REPLAYS.help() + " (default: auto)"
+    )
     p.add_argument("--minibatch", type=positive_int, default=None, help="pairs per forward")
     return p
 
 
 def check(args: argparse.Namespace) -> None:
-    """Before the model loads: a task that is neither bundled nor a readable file with every column."""
+    """Before the model loads: a flag the method ignores; a task that is neither bundled nor a readable
+    file with every column."""
+    if args.method != "exact" and args.replay is not None:
+        raise UsageError(f"--method {args.method} does not read --replay (it applies to --method exact): drop it")
     if args.task in TASKS:
         return
     if Path(args.task).suffix.lower() not in (".jsonl", ".json", ".csv"):
@@ -84,22 +90,25 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         f"{float(clean.mean()):.4f}, corrupted {float(corrupted.mean()):.4f}; {args.direction} by {args.by}"
     )
     journals = getattr(args, "journals", None)
-    journal = journals(f"patch_{args.by}_{args.direction}", task.clean) if journals is not None else None
+    exact = args.method == "exact"
+    journal = journals(f"patch_{args.by}_{args.direction}", task.clean) if journals is not None and exact else None
     t0 = time.perf_counter()
+    settings = {"replay": args.replay or "auto", "journal": journal} if exact else {}
     scores = patch_heads(
         model,
         task,
+        method=args.method,
         metric=args.metric,
         direction=args.direction,
         by=args.by,
-        replay=args.replay,
         config=config,
-        journal=journal,
+        **settings,
     )
     scores.meta["model_spec"] = args.model
     partial = bool(scores.meta.get("partial"))
     what = "fraction of the clean-corrupted gap moved" if normalised else f"change of {metric.name}"
-    print(f"exact patching: replay {scores.meta['replay']}, {time.perf_counter() - t0:.2f}s\n")
+    how = f"replay {scores.meta['replay']}" if exact else "one forward and backward per minibatch"
+    print(f"{args.method} patching: {how}, {time.perf_counter() - t0:.2f}s\n")
     ranked = scores.rank("effect", top=args.top).dropna(subset=["effect"])
     label = "label" if args.by == "head" else None
     if label is None:
@@ -108,7 +117,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         )
     print(f"top {len(ranked)} by effect ({what}):")
     print(format_table(ranked, ["effect", "delta"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
-    stem = f"{STEM}_{args.by}" + (".partial" if partial else "")
+    stem = scores.kind + (".partial" if partial else "")
     written = scores.save(out, stem)
     written += save_figure(scores.figure(), out, stem)
     if partial:
