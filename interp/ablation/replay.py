@@ -131,7 +131,8 @@ class Sweeper:
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
         # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
         self._trim = self.replay == "fast" and self._can_trim()
-        self._reuse = self.replay == "fast" and self._can_reuse()
+        # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
+        self._reuse = self.replay == "fast" and self.ablation.site == "z" and self._can_reuse()
         self._head_cache: tuple[Any, int, Any] = (None, -1, None)
         if self.replay == "fast":
             why = self._self_check()
@@ -194,7 +195,7 @@ class Sweeper:
         hidden = batch.resid[start].repeat(rep, 1, 1)
         reuse = self._reuse and batch.attn_out[start] is not None and batch.z[start] is not None
         hooks = [
-            (z_hook(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
+            (self.ablation.hook_name(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
             for l in range(start + 1 if reuse else start, L)
             if bool(masks[:, l].any())
         ]

@@ -20,12 +20,14 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from interp.ablation.metrics import Metric
+from interp.ablation.modes import SITES, refuse_site
 from interp.ablation.replay import read_out
 from interp.ablation.settings import run_config
 from interp.ablation.sweep import ablation_header
-from interp.adapters import HookedModel
+from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import AblationError, UsageError
+from interp.hooks import k_hook
 from interp.models import ModelInfo, describe
 from interp.patching.metrics import task_metric
 from interp.patching.result import PatchScores
@@ -58,8 +60,10 @@ class Setup:
     clean: Float[Tensor, " pair"]
     corrupted: Float[Tensor, " pair"]
     config: RunConfig
-    heads: list[tuple[int, int]]
+    heads: list[tuple[int, int]]  # the units: (layer, head), or (layer, key/value head) for k and v
     positions: list[int | None]  # [None]: every position at once
+    site: str = "z"
+    group: int = 1  # query heads per unit: a key/value head's group on GQA/MQA, else 1
 
     @property
     def unpatched(self) -> Float[Tensor, " pair"]:
@@ -80,11 +84,13 @@ def setup(
     by: str = "head",
     n_pairs: int = 20,
     config: RunConfig | None = None,
+    site: str = "z",
 ) -> Setup:
     """The run: names checked, the task built, its metric and baselines (refused when they agree)."""
     if direction not in DIRECTIONS:
         raise UsageError(f"unknown direction {direction!r}: choose from {list(DIRECTIONS)}")
     BY.check(by)
+    SITES.check(site)
     config = run_config(config)
     if not isinstance(task, TaskProbe):
         task = task_probe(model, task, n_pairs=n_pairs, seed=config.seed)
@@ -92,13 +98,45 @@ def setup(
     task = task.to(info.device)
     metric_, normalised = task_metric(task, metric)
     clean, corrupted = baselines(model, task, metric_, normalised=normalised, minibatch=config.minibatch)
-    heads = [(l, h) for l in info.attention_layers for h in range(info.n_heads)]
+    refuse_site(model, site, task.clean[:1])
+    n_units = _kv_heads(model, task, info) if site in ("k", "v") else info.n_heads
+    heads = [(l, h) for l in info.attention_layers for h in range(n_units)]
     last = task.read_position if info.is_causal else task.seq_len - 1
     positions: list[int | None] = list(range(last + 1)) if by == "position" else [None]
     probe = task.run_probe(direction)
     return Setup(
-        model, info, task, metric_, normalised, direction, by, probe, clean, corrupted, config, heads, positions
+        model,
+        info,
+        task,
+        metric_,
+        normalised,
+        direction,
+        by,
+        probe,
+        clean,
+        corrupted,
+        config,
+        heads,
+        positions,
+        site,
+        info.n_heads // n_units,
     )
+
+
+def _kv_heads(model: HookedModel, task: TaskProbe, info: ModelInfo) -> int:
+    """How many key/value heads the model has (fewer than query heads on GQA/MQA): read off ``hook_k``."""
+    seen: list[int] = []
+    first = info.attention_layers[0]
+
+    def grab(k: Tensor, hook: Any) -> None:
+        seen.append(k.shape[2])
+
+    with torch.no_grad():  # a forward of one prompt, stopped at the first layer's keys
+        run_with_reducers(model, task.clean[:1], [(k_hook(first), grab)], stop_after=k_hook(first))
+    n = seen[0]
+    if n < 1 or info.n_heads % n:
+        raise AblationError(f"the model has {info.n_heads} query heads and {n} key heads: not a grouping")
+    return n
 
 
 def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra: Any) -> PatchScores:
@@ -124,11 +162,16 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
         "delta": (values - base).mean(1),
     }
     task, T = run.task, run.task.seq_len
+    kind = "_".join(
+        ["patch", *([method] if method != "exact" else []), *([run.site] if run.site != "z" else []), run.by]
+    )
     meta = ablation_header(
         run.model,
         run.probe,
         method=method,
-        kind=f"patch_{run.by}" if method == "exact" else f"patch_{method}_{run.by}",
+        kind=kind,
+        site=run.site,
+        query_heads_per_unit=run.group,
         task=task.name,
         task_meta=dict(task.meta),
         n_pairs=task.n_pairs,
@@ -149,6 +192,9 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
     table, pairs = _tables(
         run.heads, run.positions, T, columns, num / den, _token_labels(run.model, run.probe.tokens[0])
     )
+    if run.site in ("k", "v"):  # a unit is a key/value head: which query heads read it
+        shared = [" ".join(map(str, range(h * run.group, (h + 1) * run.group))) for h in table["head"]]
+        table.insert(3, "query_heads", shared)
     return PatchScores(table, meta, pairs)
 
 
@@ -185,17 +231,19 @@ def _metric_of(model: HookedModel, tokens: Tensor, metric: Metric, minibatch: in
 
 
 def masks_of(
-    heads: list[tuple[int, int]], positions: list[int | None], L: int, H: int, T: int
+    heads: list[tuple[int, int]], positions: list[int | None], L: int, H: int, T: int, group: int = 1
 ) -> Bool[Tensor, "n layer head *pos"]:
-    """One mask per (head, position): per head ``[n, L, H]``, per position ``[n, L, H, T]``."""
+    """One mask per (unit, position): per head ``[n, L, H]``, per position ``[n, L, H, T]``; a unit
+    covers ``group`` query heads (a key/value head's group)."""
     per_position = positions != [None]
     masks = torch.zeros(len(heads) * len(positions), L, H, *([T] if per_position else []), dtype=torch.bool)
     for i, (l, h) in enumerate(heads):
+        cols = slice(h * group, (h + 1) * group)
         for j, p in enumerate(positions):
             if per_position:
-                masks[i * len(positions) + j, l, h, p] = True
+                masks[i * len(positions) + j, l, cols, p] = True
             else:
-                masks[i, l, h] = True
+                masks[i, l, cols] = True
     return masks
 
 

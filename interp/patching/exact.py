@@ -14,6 +14,7 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.ablation.modes import PatchAblation
 from interp.ablation.replay import Sweeper
 from interp.journal import Journal
 from interp.patching.core import Setup, masks_of
@@ -25,19 +26,20 @@ def exact_values(
     """The patched metric per unit and pair, each patch one row of a batched replay; and the facts
     of the replay (which, its shortcuts, whether Ctrl-C stopped it) for the result's meta."""
     info, T = run.info, run.task.seq_len
+    ablation = PatchAblation.fit(run.model, run.probe, minibatch=run.config.minibatch, site=run.site)
     sweeper = Sweeper(
         run.model,
         run.probe,
         run.metric,
-        ablation="patch",
+        ablation=ablation,
         replay=replay,
         chunk=chunk,
         config=run.config,
         journal=journal,
     )
-    masks = masks_of(run.heads, run.positions, info.n_layers, info.n_heads, T)
-    desc = f"patching heads ({run.direction}, by {run.by})"
-    values = sweeper.evaluate(masks, desc=desc, scope=f"patch-{run.direction}-{run.by}")
+    masks = masks_of(run.heads, run.positions, info.n_layers, info.n_heads, T, run.group)
+    desc = f"patching heads ({run.site}, {run.direction}, by {run.by})"
+    values = sweeper.evaluate(masks, desc=desc, scope=f"patch-{run.site}-{run.direction}-{run.by}")
     facts: dict[str, Any] = {"replay": sweeper.replay, "shortcuts": sweeper.shortcuts}
     if sweeper.interrupted:
         facts["partial"] = True

@@ -49,6 +49,7 @@ def patch_heads(
     chunk: int | None = None,
     config: RunConfig | None = None,
     journal: Journal | None = None,
+    site: str = "z",
 ) -> PatchScores:
     """Patch every head's output (``hook_z``) from each pair's other prompt, alone, and score it.
 
@@ -60,7 +61,10 @@ def patch_heads(
     :class:`~interp.ablation.Metric` or an :func:`interp.as_metric`. ``direction``: ``denoise`` (run
     corrupted, patch in clean) or ``noise`` (run clean, patch in corrupted). ``by``: ``head`` (every
     position at once) or ``position`` (each position alone; on a causal model positions after the
-    read position cannot reach it and are 0, not run).
+    read position cannot reach it and are 0, not run). ``site`` (exact only, :data:`SITES`): what is
+    patched: the head outputs ``z`` (default), the queries ``q``, keys ``k``, values ``v`` (on GQA/MQA a
+    key or value head is one unit, patched for every query head of its group; the table's
+    ``query_heads`` says which) or the ``pattern`` (per position: a query's row).
 
     The table's ``effect`` is, for a normalised metric, the fraction of the clean-corrupted gap the
     patch moves: ``(patched - corrupted) / (clean - corrupted)`` denoising,
@@ -77,7 +81,12 @@ def patch_heads(
                 f"method {method!r} does not read {', '.join(given)} (settings of method='exact'): drop "
                 f"{'it' if len(given) == 1 else 'them'}"
             )
-    run = setup(model, task, metric=metric, direction=direction, by=by, n_pairs=n_pairs, config=config)
+        if site != "z":
+            raise UsageError(
+                f"attribution patching gates the head outputs (site z): it does not patch site {site!r}; "
+                "use method='exact' for queries, keys, values and patterns"
+            )
+    run = setup(model, task, metric=metric, direction=direction, by=by, n_pairs=n_pairs, config=config, site=site)
     if method == "exact":
         values, facts = exact_values(run, replay=replay or "auto", chunk=chunk, journal=journal)
     else:
