@@ -122,3 +122,12 @@ def test_a_flag_the_method_ignores_is_refused_before_the_model_loads(tmp_path, c
     argv = ["--model", "no/such-model", "--method", "attribution", "--replay", "loop", "--out", str(out)]
     line = _refused(capsys, argv, out)
     assert line.endswith("--method attribution does not read --replay (it applies to --method exact): drop it")
+    line = _refused(capsys, [*argv, "--site", "k"], out)
+    assert line.endswith("does not read --replay or --site (it applies to --method exact): drop them")
+
+
+def test_patching_keys_from_the_command(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli(["--model", "toy", "--device", "cpu", "--batch", "3", "--site", "k", "--out", str(out)]) == 0
+    scores = PatchScores.load(out / "patch_k_head.json", stem="patch_k_head")
+    assert scores.meta["site"] == "k" and list(scores.table["query_heads"])[:2] == ["0", "1"]

@@ -3,7 +3,7 @@
 A thin layer over :func:`interp.patching.patch_heads`: ``--task`` is a bundled task (``repeat``,
 ``ioi``, ``greater-than``: ``--batch`` pairs, seeded by ``--seed``) or a JSONL/CSV file with the
 columns ``clean``, ``corrupted``, ``answer``, ``wrong``; ``--by head|position``; ``--direction
-denoise|noise``; ``--method exact|attribution``. Writes ``patch_<by>.{csv,json,html}`` and
+denoise|noise``; ``--method exact|attribution``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
 ``patch_<by>_pairs.csv`` (the effect per pair; ``patch_attribution_<by>...`` for attribution) under
 ``--out``. Every patch finished is journaled there: ``--resume`` continues an
 interrupted run. Bad input (a task file without a column, pairs of different lengths, an answer of
@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from interp.ablation.modes import SITES
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
 from interp.cli.common import add_resume_flags, base_parser, format_table, positive_int, run_cli
@@ -48,6 +49,9 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
     p.add_argument("--by", choices=BY.names(), default="head", help=BY.help())
     p.add_argument(
+        "--site", choices=SITES.names(), default=None, help="exact: what is patched: " + SITES.help() + " (default: z)"
+    )
+    p.add_argument(
         "--direction",
         choices=DIRECTIONS,
         default="denoise",
@@ -69,8 +73,12 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
 def check(args: argparse.Namespace) -> None:
     """Before the model loads: a flag the method ignores; a task that is neither bundled nor a readable
     file with every column."""
-    if args.method != "exact" and args.replay is not None:
-        raise UsageError(f"--method {args.method} does not read --replay (it applies to --method exact): drop it")
+    ignored = [flag for flag, value in (("--replay", args.replay), ("--site", args.site)) if value is not None]
+    if args.method != "exact" and ignored:
+        raise UsageError(
+            f"--method {args.method} does not read {' or '.join(ignored)} (it applies to --method exact): drop "
+            f"{'it' if len(ignored) == 1 else 'them'}"
+        )
     if args.task in TASKS:
         return
     if Path(args.task).suffix.lower() not in (".jsonl", ".json", ".csv"):
@@ -91,9 +99,10 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     )
     journals = getattr(args, "journals", None)
     exact = args.method == "exact"
-    journal = journals(f"patch_{args.by}_{args.direction}", task.clean) if journals is not None and exact else None
+    kind = f"patch_{args.site or 'z'}_{args.by}_{args.direction}"
+    journal = journals(kind, task.clean) if journals is not None and exact else None
     t0 = time.perf_counter()
-    settings = {"replay": args.replay or "auto", "journal": journal} if exact else {}
+    settings = {"replay": args.replay or "auto", "journal": journal, "site": args.site or "z"} if exact else {}
     scores = patch_heads(
         model,
         task,
