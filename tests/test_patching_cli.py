@@ -131,3 +131,25 @@ def test_patching_keys_from_the_command(toy_or_skip, tmp_path, capsys):
     assert cli(["--model", "toy", "--device", "cpu", "--batch", "3", "--site", "k", "--out", str(out)]) == 0
     scores = PatchScores.load(out / "patch_k_head.json", stem="patch_k_head")
     assert scores.meta["site"] == "k" and list(scores.table["query_heads"])[:2] == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_under_torchrun_two_ranks_write_what_one_process_writes(toy_or_skip, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from tests.helpers import child_env
+    from tests.test_distributed import _free_port
+
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--by", "position", "--no-progress"]
+    assert cli([*argv, "--out", str(tmp_path / "one")]) == 0
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    launch += ["--master-port", str(_free_port()), "-m", "interp.patch", *argv, "--out", str(tmp_path / "two")]
+    done = subprocess.run(launch, env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("\nwrote:") == 1  # rank 0 alone speaks and writes
+    one = pd.read_csv(tmp_path / "one" / "patch_position.csv")
+    two = pd.read_csv(tmp_path / "two" / "patch_position.csv")
+    pd.testing.assert_frame_equal(one, two)
