@@ -397,3 +397,44 @@ def test_attribution_refuses_the_exact_methods_settings(carrier):
     model, task = carrier
     with pytest.raises(UsageError, match=r"method 'attribution' does not read replay \(settings of method='exact'\)"):
         patch_heads(model, task, method="attribution", replay="loop")
+
+
+def test_eap_ig_with_one_step_is_attribution_and_finds_the_carrier(carrier):
+    model, task = carrier
+    one = patch_heads(model, task, method="eap-ig", steps=1, by="position")
+    attr = patch_heads(model, task, method="attribution", by="position")
+    torch.testing.assert_close(torch.as_tensor(one.grid("effect")), torch.as_tensor(attr.grid("effect")))
+    ig = patch_heads(model, task, method="eap-ig")  # 5 steps
+    assert ig.meta["steps"] == 5 and ig.kind == "patch_eap_ig_head" and ig.meta["forwards"] == 5
+    want = torch.zeros(2, 2, dtype=torch.float64)
+    want[CARRIER] = 1.0
+    torch.testing.assert_close(torch.as_tensor(ig.grid("effect")), want, atol=1e-5, rtol=0)
+    with pytest.raises(UsageError, match=r"steps=3: .* read by method='eap-ig' only"):
+        patch_heads(model, task, method="attribution", steps=3)
+
+
+def test_eap_ig_integrates_along_the_path():
+    """Where the metric is not linear in the gates, the integrated gradient differs from the
+    gradient at the end point, and with many steps its sum over heads nears the effect of patching
+    every head at once (the completeness of integrated gradients, up to the Riemann sum's error)."""
+    cfg = ToyConfig(
+        n_layers=1, d_model=32, n_heads=4, n_ctx=16, d_vocab=40, attn_only=True, normalization_type="LN", init_range=0.4
+    )
+    torch.manual_seed(1)
+    model = ToyTransformer(cfg).eval()
+    task = task_probe(model, "repeat", n_pairs=3, seed=0, block_len=4)
+    kw = dict(metric="raw-logit-diff")
+    attr = torch.as_tensor(patch_heads(model, task, method="attribution", **kw).grid("delta"))
+    ig = torch.as_tensor(patch_heads(model, task, method="eap-ig", steps=200, **kw).grid("delta"))
+    assert float((ig - attr).abs().max()) > 1e-3
+    # every head of the one layer patched at once: one run with all of hook_z from the clean prompt
+    from interp.hooks import z_hook
+
+    kept = {}
+    with torch.no_grad():
+        model.run_with_hooks(task.clean, fwd_hooks=[(z_hook(0), lambda z, hook: kept.setdefault("z", z.clone()))])
+        patched = model.run_with_hooks(task.corrupted, fwd_hooks=[(z_hook(0), lambda z, hook: kept["z"])])
+        plain = model(task.corrupted)
+    metric = _logit_diff(task)
+    total = float((metric(patched, task.corrupted) - metric(plain, task.corrupted)).mean())
+    assert abs(float(ig.sum()) - total) < 0.02 * abs(total) and abs(total) > 0.1

@@ -108,13 +108,17 @@ def test_a_multi_token_answer_is_refused(gpt2_dir, tmp_path, capsys):
     assert "pair 0: the answer 'w3 w4' is 2 tokens, not one: the tokenizer splits it as ['w3', 'w4']" in line
 
 
-def test_attribution_from_the_command(toy_or_skip, tmp_path, capsys):
+def test_attribution_and_eap_ig_from_the_command(toy_or_skip, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--method", "attribution", "--out", str(out)]
     assert cli(argv) == 0
-    assert "attribution patching: one forward and backward per minibatch" in capsys.readouterr().out
+    assert "attribution patching: 1 forward(s) and backward(s) per minibatch" in capsys.readouterr().out
     names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     assert names == [f"patch_attribution_head{s}" for s in (".csv", ".html", ".json", "_pairs.csv")]
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--method", "eap-ig", "--steps", "3"]
+    assert cli([*argv, "--out", str(tmp_path / "ig")]) == 0
+    assert "eap-ig patching: 3 forward(s) and backward(s) per minibatch" in capsys.readouterr().out
+    assert (tmp_path / "ig" / "patch_eap_ig_head.csv").is_file()
 
 
 def test_a_flag_the_method_ignores_is_refused_before_the_model_loads(tmp_path, capsys):
@@ -122,6 +126,8 @@ def test_a_flag_the_method_ignores_is_refused_before_the_model_loads(tmp_path, c
     argv = ["--model", "no/such-model", "--method", "attribution", "--replay", "loop", "--out", str(out)]
     line = _refused(capsys, argv, out)
     assert line.endswith("--method attribution does not read --replay (it applies to --method exact): drop it")
+    line = _refused(capsys, ["--model", "no/such-model", "--steps", "3", "--out", str(out)], out)
+    assert line.endswith("--method exact does not read --steps (it applies to --method eap-ig): drop it")
     line = _refused(capsys, [*argv, "--site", "k"], out)
     assert line.endswith("does not read --replay or --site (it applies to --method exact): drop them")
 

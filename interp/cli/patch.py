@@ -3,7 +3,7 @@
 A thin layer over :func:`interp.patching.patch_heads`: ``--task`` is a bundled task (``repeat``,
 ``ioi``, ``greater-than``: ``--batch`` pairs, seeded by ``--seed``) or a JSONL/CSV file with the
 columns ``clean``, ``corrupted``, ``answer``, ``wrong``; ``--by head|position``; ``--direction
-denoise|noise``; ``--method exact|attribution``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
+denoise|noise``; ``--method exact|attribution|eap-ig``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
 ``patch_<by>_pairs.csv`` (the effect per pair; ``patch_attribution_<by>...`` for attribution) under
 ``--out``. Every patch finished is journaled there: ``--resume`` continues an
 interrupted run. Bad input (a task file without a column, pairs of different lengths, an answer of
@@ -66,6 +66,12 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     p.add_argument(
         "--replay", choices=REPLAYS.names(), default=None, help="exact: " + REPLAYS.help() + " (default: auto)"
     )
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="eap-ig: integration steps between the activations (default: 5)",
+    )
     p.add_argument("--minibatch", type=positive_int, default=None, help="pairs per forward")
     return p
 
@@ -79,6 +85,8 @@ def check(args: argparse.Namespace) -> None:
             f"--method {args.method} does not read {' or '.join(ignored)} (it applies to --method exact): drop "
             f"{'it' if len(ignored) == 1 else 'them'}"
         )
+    if args.steps is not None and args.method != "eap-ig":
+        raise UsageError(f"--method {args.method} does not read --steps (it applies to --method eap-ig): drop it")
     if args.task in TASKS:
         return
     if Path(args.task).suffix.lower() not in (".jsonl", ".json", ".csv"):
@@ -103,6 +111,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     journal = journals(kind, task.clean) if journals is not None and exact else None
     t0 = time.perf_counter()
     settings = {"replay": args.replay or "auto", "journal": journal, "site": args.site or "z"} if exact else {}
+    if args.method == "eap-ig":
+        settings["steps"] = args.steps
     scores = patch_heads(
         model,
         task,
@@ -116,7 +126,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     scores.meta["model_spec"] = args.model
     partial = bool(scores.meta.get("partial"))
     what = "fraction of the clean-corrupted gap moved" if normalised else f"change of {metric.name}"
-    how = f"replay {scores.meta['replay']}" if exact else "one forward and backward per minibatch"
+    passes = scores.meta.get("steps", 1)
+    how = f"replay {scores.meta['replay']}" if exact else f"{passes} forward(s) and backward(s) per minibatch"
     print(f"{args.method} patching: {how}, {time.perf_counter() - t0:.2f}s\n")
     ranked = scores.rank("effect", top=args.top).dropna(subset=["effect"])
     label = "label" if args.by == "head" else None

@@ -1,4 +1,4 @@
-"""Attribution patching: the first-order estimate of every patch from one forward and one backward.
+"""Attribution patching and EAP-IG: estimates of every patch from a few forwards and backwards.
 
 Each head's output is gated as ``r + g (z - r)`` (the gated forward of
 :mod:`interp.ablation.gradient`, with the ``patch`` kind's replacement ``r``: the donor prompt's
@@ -23,8 +23,13 @@ from interp.ablation.modes import PatchAblation
 from interp.patching.core import Setup
 
 
-def attribution_values(run: Setup) -> tuple[Float[Tensor, "unit pair"], dict[str, Any]]:
-    """The estimated patched metric per unit (head, or head and position) and pair."""
+def attribution_values(run: Setup, *, steps: int = 1) -> tuple[Float[Tensor, "unit pair"], dict[str, Any]]:
+    """The estimated patched metric per unit (head, or head and position) and pair.
+
+    ``steps = 1``: attribution patching, the gradient at the unpatched run (every gate 1). ``steps =
+    m > 1``: EAP-IG at head granularity, the gradient averaged over every gate at ``k / m`` for ``k =
+    1 .. m`` (every head's output moved together along the straight line from its donor value to its
+    own), Hanna et al. (2024)'s integrated gradients; ``m`` forwards and backwards per minibatch."""
     info, T = run.info, run.task.seq_len
     L, H = info.n_layers, info.n_heads
     ablation = PatchAblation.fit(run.model, run.probe, minibatch=run.config.minibatch)
@@ -36,15 +41,20 @@ def attribution_values(run: Setup) -> tuple[Float[Tensor, "unit pair"], dict[str
         rows = torch.arange(start, min(start + step, n))
         tokens = run.probe.tokens[rows.to(run.probe.tokens.device)]
         shape = (len(rows), H) if run.by == "head" else (len(rows), T, H)
-        gates = [torch.ones(*shape, device=tokens.device, requires_grad=True) for _ in range(L)]
-        with frozen(run.model):
-            value = gated_forward(run.model, tokens, run.metric, ablation, gates, base, rows, None)
-            grads = torch.autograd.grad(value.sum(), gates, allow_unused=True)
-        delta = [torch.zeros(shape) if g is None else -g.detach().float().cpu() for g in grads]
-        parts.append(torch.stack(delta, 1))  # [b, L, H] or [b, L, T, H]
+        delta = torch.zeros(len(rows), L, *shape[1:])
+        for k in range(1, steps + 1):
+            gates = [torch.full(shape, k / steps, device=tokens.device, requires_grad=True) for _ in range(L)]
+            with frozen(run.model):
+                value = gated_forward(run.model, tokens, run.metric, ablation, gates, base, rows, None)
+                grads = torch.autograd.grad(value.sum(), gates, allow_unused=True)
+            for l, g in enumerate(grads):
+                if g is not None:
+                    delta[:, l] -= g.detach().float().cpu() / steps
+        parts.append(delta)  # [b, L, H] or [b, L, T, H]
     delta = torch.cat(parts)
     if run.by == "position":
         delta = rearrange(delta, "b l t h -> b l h t")
     units = [delta[:, l, h] if p is None else delta[:, l, h, p] for l, h in run.heads for p in run.positions]
     values = run.unpatched[None] + torch.stack(units)
-    return values, {"forwards": -(-n // step), "backwards": -(-n // step)}
+    passes = steps * -(-n // step)
+    return values, {"forwards": passes, "backwards": passes, **({"steps": steps} if steps > 1 else {})}

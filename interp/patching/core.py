@@ -163,7 +163,12 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
     }
     task, T = run.task, run.task.seq_len
     kind = "_".join(
-        ["patch", *([method] if method != "exact" else []), *([run.site] if run.site != "z" else []), run.by]
+        [
+            "patch",
+            *([method.replace("-", "_")] if method != "exact" else []),
+            *([run.site] if run.site != "z" else []),
+            run.by,
+        ]
     )
     meta = ablation_header(
         run.model,

@@ -1,7 +1,7 @@
 """``patch_heads``: every head (or head and position) patched alone, by the method asked for.
 
 :data:`METHODS` registers the methods: ``exact`` (:mod:`interp.patching.exact`, the batched replay)
-and ``attribution`` (:mod:`interp.patching.attribution`, one forward and backward). :func:`agreement`
+``attribution`` and ``eap-ig`` (:mod:`interp.patching.attribution`, one or a few forwards and backwards). :func:`agreement`
 says how well an approximate ranking agrees with the exact one.
 """
 
@@ -33,7 +33,13 @@ METHODS.add(
     "attribution patching: (donor - own activation) . gradient, one forward and backward; signed, approximate",
     attribution_values,
 )
+METHODS.add(
+    "eap-ig",
+    "EAP-IG: the gradient averaged over steps between the two activations (default 5); signed, approximate",
+    attribution_values,
+)
 EXACT_ONLY = ("replay", "chunk", "journal")
+EAP_IG_STEPS = 5
 
 
 def patch_heads(
@@ -50,14 +56,16 @@ def patch_heads(
     config: RunConfig | None = None,
     journal: Journal | None = None,
     site: str = "z",
+    steps: int | None = None,
 ) -> PatchScores:
     """Patch every head's output (``hook_z``) from each pair's other prompt, alone, and score it.
 
     ``task``: a :class:`~interp.probes.task.TaskProbe`, a bundled task name (``repeat``, ``ioi``,
     ``greater-than``: ``n_pairs`` pairs, seeded by ``config.seed``) or a JSONL/CSV file.
     ``method``: ``exact`` (every patch run, on the ablation replay; ``replay``, ``chunk`` and
-    ``journal`` are its settings) or ``attribution`` (the first-order estimate from one forward and
-    backward). ``metric``: a name of :data:`interp.patching.METRICS` (default: the task's own), a
+    ``journal`` are its settings), ``attribution`` (the first-order estimate from one forward and
+    backward) or ``eap-ig`` (the gradient averaged over ``steps`` points between the donor's and the
+    run's own head outputs, default 5). ``metric``: a name of :data:`interp.patching.METRICS` (default: the task's own), a
     :class:`~interp.ablation.Metric` or an :func:`interp.as_metric`. ``direction``: ``denoise`` (run
     corrupted, patch in clean) or ``noise`` (run clean, patch in corrupted). ``by``: ``head`` (every
     position at once) or ``position`` (each position alone; on a causal model positions after the
@@ -74,6 +82,10 @@ def patch_heads(
     ``delta`` its change. :attr:`PatchScores.pairs` has the effect per pair.
     """
     METHODS.check(method)
+    if steps is not None and (method != "eap-ig" or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UsageError(
+            f"steps={steps!r}: the number of integration steps is an integer >= 1, read by method='eap-ig' only"
+        )
     if method != "exact":
         given = [name for name, value in zip(EXACT_ONLY, (replay, chunk, journal)) if value is not None]
         if given:
@@ -83,14 +95,16 @@ def patch_heads(
             )
         if site != "z":
             raise UsageError(
-                f"attribution patching gates the head outputs (site z): it does not patch site {site!r}; "
+                f"method {method!r} gates the head outputs (site z): it does not patch site {site!r}; "
                 "use method='exact' for queries, keys, values and patterns"
             )
     run = setup(model, task, metric=metric, direction=direction, by=by, n_pairs=n_pairs, config=config, site=site)
     if method == "exact":
         values, facts = exact_values(run, replay=replay or "auto", chunk=chunk, journal=journal)
+    elif method == "eap-ig":
+        values, facts = attribution_values(run, steps=steps or EAP_IG_STEPS)
     else:
-        values, facts = METHODS.get(method)(run)
+        values, facts = attribution_values(run)
     return result(run, values, method, **facts)
 
 
