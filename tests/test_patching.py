@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from interp.errors import AblationError, UsageError
-from interp.patching import METRICS, agreement, patch_heads, task_metric
+from interp.patching import METRICS, PatchScores, agreement, patch_heads, task_metric
 from interp.probes.task import IOI_NAMES, TaskProbe, read_task, task_probe
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import ROOT, gpt2_model
@@ -438,3 +439,25 @@ def test_eap_ig_integrates_along_the_path():
     metric = _logit_diff(task)
     total = float((metric(patched, task.corrupted) - metric(plain, task.corrupted)).mean())
     assert abs(float(ig.sum()) - total) < 0.02 * abs(total) and abs(total) > 0.1
+
+
+# ---- faithfulness curves -----------------------------------------------------------------------
+
+
+def test_faithfulness_curves_of_the_carrier(carrier, tmp_path):
+    from interp.patching import FaithfulnessCurves, faithfulness_curves
+
+    model, task = carrier
+    exact = patch_heads(model, task)
+    backwards = PatchScores(exact.table.assign(effect=-exact.table["effect"]), dict(exact.meta))
+    curves = faithfulness_curves(model, task, {"exact": exact, "reversed": backwards})
+    got = {name: rows["faithfulness"].round(6).tolist() for name, rows in curves.table.groupby("ranking")}
+    # the carrier alone restores the answer: first in the exact ranking, last in the reversed one
+    assert got == {"exact": [0.0, 1.0, 1.0, 1.0, 1.0], "reversed": [0.0, 0.0, 0.0, 0.0, 1.0]}
+    assert curves.smallest(0.8) == {"exact": 1, "reversed": 4} == curves.meta["smallest_n"]["0.8"]
+    assert curves.table.loc[1, "heads"] == "1.1"
+    back = FaithfulnessCurves.load(curves.save(tmp_path)[1])
+    pd.testing.assert_frame_equal(back.table, curves.table)
+    assert len(curves.figure().data) == 2
+    mean = faithfulness_curves(model, task, {"exact": exact}, to="mean")
+    assert mean.table["faithfulness"].iloc[-1] == pytest.approx(1.0)  # nothing replaced: the clean run

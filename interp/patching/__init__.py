@@ -16,6 +16,7 @@ set up, the result pooled: :data:`BY`), :mod:`~interp.patching.exact`,
 """
 
 from interp.patching.core import BY, DIRECTION_HELP, baselines
+from interp.patching.faithfulness import FaithfulnessCurves, faithfulness_curves
 from interp.patching.heads import METHODS, agreement, patch_heads
 from interp.patching.metrics import METRICS, task_metric
 from interp.patching.result import PatchScores
@@ -23,11 +24,13 @@ from interp.patching.result import PatchScores
 __all__ = [
     "BY",
     "DIRECTION_HELP",
+    "FaithfulnessCurves",
     "METHODS",
     "METRICS",
     "PatchScores",
     "agreement",
     "baselines",
+    "faithfulness_curves",
     "patch_heads",
     "task_metric",
 ]
