@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -163,8 +164,16 @@ def test_the_carrier_head_carries_the_answer_per_head(carrier, direction):
     want = torch.zeros(2, 2, dtype=torch.float64)
     want[CARRIER] = 1.0
     torch.testing.assert_close(torch.as_tensor(grid), want, atol=1e-5, rtol=0)
+    lo, hi = s.grid("effect_lo"), s.grid("effect_hi")
+    assert lo[CARRIER] == pytest.approx(1.0, abs=1e-5) and hi[CARRIER] == pytest.approx(1.0, abs=1e-5)
     assert s.meta["clean_metric"] > 4 and s.meta["corrupted_metric"] < -4  # the gap: +-5 per pair
     assert s.meta["replay"] == "fast"
+    # answers swapped: the clean run now scores below the corrupted one, and the effect is the same
+    swapped = TaskProbe(task.clean, task.corrupted, task.wrong, task.answer, name="swapped")
+    s = patch_heads(model, swapped, direction=direction)
+    assert s.meta["clean_metric"] < -4 and s.meta["corrupted_metric"] > 4
+    torch.testing.assert_close(torch.as_tensor(s.grid("effect")), want, atol=1e-5, rtol=0)
+    assert s.grid("effect_lo")[CARRIER] == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
@@ -461,3 +470,51 @@ def test_faithfulness_curves_of_the_carrier(carrier, tmp_path):
     assert len(curves.figure().data) == 2
     mean = faithfulness_curves(model, task, {"exact": exact}, to="mean")
     assert mean.table["faithfulness"].iloc[-1] == pytest.approx(1.0)  # nothing replaced: the clean run
+
+
+# ---- path patching -----------------------------------------------------------------------------
+
+
+def test_path_patching_to_the_logits_of_last_layer_heads_is_their_patching(carrier, tmp_path):
+    """A last-layer head's only path to the logits is direct: freezing the other heads changes
+    nothing, so path patching it to the logits equals patching it (and the carrier gives 1)."""
+    from interp.patching.paths import PathScores, path_patch
+
+    cfg = ToyConfig(n_layers=2, d_model=32, n_heads=4, n_ctx=16, d_vocab=40, attn_only=False, d_mlp=64, init_range=0.4)
+    torch.manual_seed(0)
+    model = ToyTransformer(cfg).eval()
+    task = task_probe(model, "repeat", n_pairs=4, seed=0, block_len=4)
+    paths = path_patch(model, task)
+    assert abs(paths.meta["clean_metric"] - paths.meta["corrupted_metric"]) > 0.5  # a gap to normalise by
+    exact = patch_heads(model, task, direction="noise")
+    got = torch.tensor(paths.grid()[:, 0]).float().reshape(2, 4)
+    torch.testing.assert_close(got[1], torch.as_tensor(exact.grid("effect")[1]).float(), atol=1e-5, rtol=0)
+    assert float((got[0] - torch.as_tensor(exact.grid("effect")[0]).float()).abs().max()) > 1e-3  # frozen later heads
+    model, task = carrier
+    paths = path_patch(model, task, direction="denoise")
+    assert paths.grid()[:, 0].round(5).tolist() == [0.0, 0.0, 0.0, 1.0]  # senders 0.0, 0.1, 1.0, 1.1
+    back = PathScores.load(paths.save(tmp_path)[1])
+    np.testing.assert_allclose(back.grid(), paths.grid())
+    assert back.receivers == ["logits"] and len(paths.figure().data) == 1
+
+
+def test_on_the_toy_the_previous_token_head_feeds_the_induction_heads_keys():
+    from interp.errors import ModelLoadError
+    from interp.models import load_model
+    from interp.patching.paths import path_patch
+
+    try:
+        toy = load_model("toy", device="cpu").set_flash_impl("sdpa")
+    except ModelLoadError as e:
+        pytest.skip(f"no trained toy: {e}")
+    task = task_probe(toy, "repeat", n_pairs=10, seed=0)
+    layer1 = ["1.0", "1.1", "1.2", "1.3"]
+    keys = path_patch(toy, task, senders=["0.0", "0.1", "0.2", "0.3"], receivers=layer1, site="k")
+    queries = path_patch(toy, task, senders=["0.0", "0.1", "0.2", "0.3"], receivers=layer1, site="q")
+    k, q = keys.grid(), queries.grid()  # [sender, receiver]
+    assert int(k.sum(1).argmax()) == 1 and k[1].max() > 0.3  # 0.1 writes the keys the induction heads match
+    assert abs(q).max() < 0.02  # and nothing of it reaches their queries
+    with pytest.raises(UsageError, match=r"sender 1.0 is not in an earlier layer than receiver 1.2"):
+        path_patch(toy, task, senders=["1.0"], receivers=["1.2"])
+    with pytest.raises(UsageError, match=r"site='z': a receiver head receives a path through"):
+        path_patch(toy, task, receivers=["1.2"], site="z")

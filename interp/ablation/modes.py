@@ -309,7 +309,7 @@ class PatchAblation(HeadAblation):
                 "task probe (interp.probes.task.TaskProbe.run_probe), e.g. with interp.patch_heads"
             )
         refuse_site(model, site, donor[:1])
-        return cls(_clean_site(model, donor, minibatch, site), site)
+        return cls(clean_site(model, donor, minibatch, site), site)
 
     def hook_name(self, layer: int) -> str:
         return SITES.get(self.site)(layer)
@@ -481,10 +481,10 @@ def refuse_site(model: HookedModel, site: str, tokens: Tensor) -> None:
 
 def _clean_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
     """Every layer's clean ``hook_z`` on ``tokens``; the pass stops after the last layer's."""
-    return _clean_site(model, tokens, minibatch, "z")
+    return clean_site(model, tokens, minibatch, "z")
 
 
-def _clean_site(model: HookedModel, tokens: Tensor, minibatch: int | None, site: str) -> list[Tensor]:
+def clean_site(model: HookedModel, tokens: Tensor, minibatch: int | None, site: str) -> list[Tensor]:
     """Every layer's clean activation at ``site`` (:data:`SITES`) on ``tokens``; the pass stops after
     the last layer's."""
     info = describe(model)

@@ -6,8 +6,10 @@ output (``hook_z``) from one prompt of every pair into the other, per head (all 
 head x position, in either direction (``denoise``: run corrupted, patch in clean; ``noise``: the
 reverse), and says what fraction of the clean-corrupted gap each patch moves: exactly (the
 ablation sweep's batched replay with the ``patch`` ablation kind, journaled) or by attribution
-patching (one forward and backward). The result is a :class:`PatchScores`; :func:`agreement`
-compares an attribution ranking with the exact one.
+patching and EAP-IG (a few forwards and backwards). The result is a :class:`PatchScores`;
+:func:`agreement` compares an approximate ranking with the exact one. :func:`path_patch` (Wang et
+al.'s exact path patching, sender x receiver) and :func:`faithfulness_curves` (the top ``n`` heads of
+a ranking alone) sit beside it.
 
 Modules: :mod:`~interp.patching.metrics` (:data:`METRICS`), :mod:`~interp.patching.core` (the run
 set up, the result pooled: :data:`BY`), :mod:`~interp.patching.exact`,
@@ -19,6 +21,7 @@ from interp.patching.core import BY, DIRECTION_HELP, baselines
 from interp.patching.faithfulness import FaithfulnessCurves, faithfulness_curves
 from interp.patching.heads import METHODS, agreement, patch_heads
 from interp.patching.metrics import METRICS, task_metric
+from interp.patching.paths import PathScores, path_patch
 from interp.patching.result import PatchScores
 
 __all__ = [
@@ -28,9 +31,11 @@ __all__ = [
     "METHODS",
     "METRICS",
     "PatchScores",
+    "PathScores",
     "agreement",
     "baselines",
     "faithfulness_curves",
     "patch_heads",
+    "path_patch",
     "task_metric",
 ]

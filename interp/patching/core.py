@@ -151,7 +151,7 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
         num, den = values - base, torch.ones_like(values)
     cfg = run.config
     if run.normalised:
-        point, lo, hi = bootstrap_ratio(num.T, den.T, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+        point, lo, hi = pooled_ratio(num.T, den.T, cfg)
     else:
         point, lo, hi = bootstrap_mean(num.T, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     columns = {
@@ -201,6 +201,16 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
         shared = [" ".join(map(str, range(h * run.group, (h + 1) * run.group))) for h in table["head"]]
         table.insert(3, "query_heads", shared)
     return PatchScores(table, meta, pairs)
+
+
+def pooled_ratio(
+    num: Float[Tensor, "pair unit"], den: Float[Tensor, "pair unit"], config: RunConfig
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``sum(num) / sum(den)`` over pairs with its bootstrap CI (:func:`interp.scores.bootstrap_ratio`),
+    for a gap of either sign: when the clean run scores below the corrupted one, both are negated
+    (the ratio is the same) so that the bootstrap's denominators are positive."""
+    sign = 1.0 if float(den.sum()) >= 0 else -1.0
+    return bootstrap_ratio(sign * num, sign * den, n_boot=config.n_boot, level=config.level, seed=config.seed)
 
 
 def baselines(
