@@ -34,6 +34,8 @@ _API = {
     "repeated_tokens": "interp.probes",
     "random_tokens": "interp.probes",
     "text_probe": "interp.probes",
+    "TaskProbe": "interp.probes.task",
+    "task_probe": "interp.probes.task",
     # head scores
     "head_scores": "interp.heads",
     "uniform_baseline": "interp.heads",
@@ -62,6 +64,9 @@ _API = {
     "logit_diff": "interp.ablation",
     "Metric": "interp.ablation",
     "as_metric": "interp.ablation",
+    # activation patching on a task
+    "patch_heads": "interp.patching",
+    "PatchScores": "interp.patching",
     # figures and the atlas
     "heatmap": "interp.plots",
     "save_figure": "interp.plots",
@@ -103,6 +108,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.models import describe as describe
     from interp.models import from_hf_model as from_hf_model
     from interp.models import load_model as load_model
+    from interp.patching import PatchScores as PatchScores
+    from interp.patching import patch_heads as patch_heads
     from interp.plots import heatmap as heatmap
     from interp.plots import save_figure as save_figure
     from interp.plots import save_png as save_png
@@ -110,6 +117,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.probes import random_tokens as random_tokens
     from interp.probes import repeated_tokens as repeated_tokens
     from interp.probes import text_probe as text_probe
+    from interp.probes.task import TaskProbe as TaskProbe
+    from interp.probes.task import task_probe as task_probe
     from interp.report import Atlas as Atlas
     from interp.report import head_atlas as head_atlas
     from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap

@@ -21,6 +21,7 @@ from interp.ablation import (
     AblationError,
     HeadAblation,
     MeanAblation,
+    PatchAblation,
     PruningCurves,
     ResampleAblation,
     Sweeper,
@@ -71,8 +72,14 @@ def test_metrics_are_registered_once_with_their_direction_and_flatness(gpt2_tiny
 
 
 def test_ablation_kinds_are_small_registered_classes(gpt2_tiny, probe):
-    assert ABLATIONS.names() == ("zero", "mean", "resample", "window")
-    assert [ABLATIONS.get(n) for n in ABLATIONS] == [ZeroAblation, MeanAblation, ResampleAblation, WindowAblation]
+    assert ABLATIONS.names() == ("zero", "mean", "resample", "patch", "window")
+    assert [ABLATIONS.get(n) for n in ABLATIONS] == [
+        ZeroAblation,
+        MeanAblation,
+        ResampleAblation,
+        PatchAblation,
+        WindowAblation,
+    ]
     mean = HeadAblation.fit(gpt2_tiny, "mean", probe)
     assert isinstance(mean, MeanAblation) and isinstance(mean, HeadAblation) and mean.kind == "mean"
     assert torch.equal(mean.mean, MeanAblation.fit(gpt2_tiny, probe).mean)
@@ -82,7 +89,7 @@ def test_ablation_kinds_are_small_registered_classes(gpt2_tiny, probe):
     assert isinstance(resample, ResampleAblation) and resample.donors == derangement(4, 3).tolist()
     assert as_ablation(mean, gpt2_tiny, probe) is mean  # a fitted ablation is used as it is
     with pytest.raises(
-        AblationError, match=r"unknown ablation 'half': choose from \['zero', 'mean', 'resample', 'window'\]"
+        AblationError, match=r"unknown ablation 'half': choose from \['zero', 'mean', 'resample', 'patch', 'window'\]"
     ):
         as_ablation("half", gpt2_tiny, probe)
     with pytest.raises(AblationError, match="mean ablation needs a probe"):
@@ -98,10 +105,11 @@ def test_orders_and_replays_are_registered_once():
 
 def test_the_cli_takes_its_choices_and_help_from_the_registries():
     actions = {a.dest: a for a in build_parser()._actions}
-    assert list(actions["ablation"].choices) == list(ABLATIONS.names())
+    # a kind that needs paired prompts (patch: interp patch) is not an ablate choice
+    assert list(actions["ablation"].choices) == [n for n in ABLATIONS.names() if n != "patch"]
     assert list(actions["metric"].choices) == list(METRICS.names())
     assert list(actions["replay"].choices) == list(REPLAYS.names())
-    assert REPLAYS.help() in actions["replay"].help and ABLATIONS.help() in actions["ablation"].help
+    assert REPLAYS.help() in actions["replay"].help and ABLATIONS.doc("resample") in actions["ablation"].help
     assert METRICS.help() in actions["metric"].help and ORDERS.help() in actions["orders"].help
 
 

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     # entry points: `python -m interp`, `python -m interp.ablate`, ...
     "__main__": 13,
     "ablate": 13,
+    "patch": 13,
     "induction": 13,
     "patterns": 13,
     "report.__main__": 13,
@@ -43,6 +44,8 @@ LAYERS: dict[str, int] = {
     "sinks": 10,
     "ablation": 10,
     "retrieval": 10,
+    # task analyses built on the ablation replay (patching is an ablation kind run on task pairs)
+    "patching": 10.5,
     # the long-context machinery the analyses run on: capture, blockwise passes, driver, budget
     "stream": 9,
     # what the analyses run on: probes, and the texts they are drawn from

@@ -1,11 +1,13 @@
 """Head ablation: which heads matter for a metric, and how many can go.
 
-A head is *ablated* at its output before ``W_O`` (``blocks.{l}.attn.hook_z``), in one of three ways:
+A head is *ablated* at its output before ``W_O`` (``blocks.{l}.attn.hook_z``), in one of these ways:
 
 - ``zero``: the output is set to 0 (Michel et al. 2019's head mask);
 - ``mean``: set to the head's mean output over the probe (every sequence and position);
 - ``resample``: set to the head's output on another sequence of the probe (a seeded derangement
-  pairs each sequence with a donor; the donor's *clean* output is used).
+  pairs each sequence with a donor; the donor's *clean* output is used);
+- ``patch``: set to the head's output on the sequence's paired prompt (activation patching on a task
+  probe, :mod:`interp.patching`; not a choice of the ablation commands).
 
 A **metric** is a callable on ``(logits, tokens)`` returning one number per sequence; a
 :class:`Metric` also says which positions it reads (so only those are unembedded), whether it reads
@@ -72,6 +74,7 @@ from interp.ablation.modes import (
     ABLATIONS,
     HeadAblation,
     MeanAblation,
+    PatchAblation,
     ResampleAblation,
     WindowAblation,
     ZeroAblation,
@@ -96,6 +99,7 @@ __all__ = [
     "MeanAblation",
     "Metric",
     "MetricError",
+    "PatchAblation",
     "PruningCurves",
     "ResampleAblation",
     "Sweeper",

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -20,7 +22,7 @@ from interp.ablation.settings import checked
 from interp.adapters import HookedModel, run_with_reducers
 from interp.adapters.patch import by_head
 from interp.errors import AblationError
-from interp.hooks import pattern_hook, z_hook
+from interp.hooks import k_hook, pattern_hook, q_hook, v_hook, z_hook
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
 from interp.registry import Registry
@@ -90,6 +92,8 @@ class HeadAblation:
     """
 
     kind: ClassVar[str] = ""
+    paired: ClassVar[bool] = False  # takes its replacement from a paired prompt (a task probe only)
+    site: ClassVar[str] = "z"  # the activation replaced (see SITES); the replay's shortcuts need "z"
 
     @classmethod
     def fit(
@@ -112,17 +116,17 @@ class HeadAblation:
         self,
         z: Float[Tensor, "batch pos head d_head"],
         layer: int,
-        ablate: Bool[Tensor, "rep head"],
+        ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"],
         rows: Tensor | slice | None = None,
     ) -> Tensor:
-        """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``."""
-        rep, heads = ablate.shape
+        """``z`` with the heads in ``ablate`` replaced; the batch is ``rep`` copies of ``rows``. A mask
+        with a position axis (``[rep, head, pos]``) replaces those heads at those positions only."""
+        rep, heads = ablate.shape[:2]
         zh = by_head(z, heads)  # latent attention: TransformerLens's hook_z has the wrong head axis
         zz = zh.reshape(rep, z.shape[0] // rep, *zh.shape[1:])
         r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
         self._check_batch(r, zz.shape[1])
-        where = ablate.to(z.device)[:, None, None, :, None]
-        return torch.where(where, r, zz).reshape(z.shape)
+        return torch.where(_where(ablate.to(z.device)), r, zz).reshape(z.shape)
 
     def mix(
         self, z: Float[Tensor, "batch pos head d_head"], layer: int, gate: Tensor, rows: Tensor | slice | None = None
@@ -140,10 +144,16 @@ class HeadAblation:
                 f"{batch}: run it on the probe it was fitted on"
             )
 
+    def hook_name(self, layer: int) -> str:
+        """The hook point whose activation this kind replaces (``hook_z`` unless the kind says)."""
+        return z_hook(layer)
+
     def hooks(self, mask: Bool[Tensor, "layer head"], rows: Tensor | slice | None = None) -> list:
         """Forward hooks that ablate the heads in ``mask`` (for ``run_with_hooks`` / ``model.hooks``)."""
         return [
-            (z_hook(l), self.layer_hook(l, mask[l][None], rows)) for l in range(mask.shape[0]) if bool(mask[l].any())
+            (self.hook_name(l), self.layer_hook(l, mask[l][None], rows))
+            for l in range(mask.shape[0])
+            if bool(mask[l].any())
         ]
 
     def layer_hook(self, layer: int, ablate: Bool[Tensor, "rep head"], rows: Any) -> Callable:
@@ -153,7 +163,27 @@ class HeadAblation:
         return hook
 
 
+def _where(ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"]) -> Tensor:
+    """``ablate`` broadcast against ``[rep, batch, pos, head, d_head]``."""
+    if ablate.ndim == 3:
+        return rearrange(ablate, "r h p -> r 1 p h 1")
+    return rearrange(ablate, "r h -> r 1 1 h 1")
+
+
 ABLATIONS: Registry[type[HeadAblation]] = Registry("ablation")
+
+# the activations a patch may replace: name -> (hook of a layer, what it holds)
+SITES: Registry[Callable[[int], str]] = Registry("patching site")
+SITES.add("z", "each head's output before W_O (hook_z)", z_hook)
+SITES.add("q", "each head's queries (hook_q, before rotary)", q_hook)
+SITES.add("k", "the keys (hook_k, before rotary; on GQA/MQA a key head serves a group of query heads)", k_hook)
+SITES.add("v", "the values (hook_v; on GQA/MQA a value head serves a group of query heads)", v_hook)
+SITES.add("pattern", "each head's attention pattern (hook_pattern; per position: a query's row)", pattern_hook)
+
+
+def unpaired_ablations() -> tuple[str, ...]:
+    """The kinds that run on any probe (not :attr:`HeadAblation.paired`): the ablation commands' choices."""
+    return ABLATIONS.select(lambda e: not e.value.paired)
 
 
 def _probe_tokens(kind: str, probe: TokenProbe | Tensor | None) -> Tensor:
@@ -240,6 +270,80 @@ class ResampleAblation(HeadAblation):
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
         src = self.source[layer]
         return src if rows is None else src[rows]
+
+
+@ABLATIONS.register(
+    "patch",
+    "the head outputs its output on each sequence's paired prompt (activation patching: a task probe)",
+)
+@dataclass
+class PatchAblation(HeadAblation):
+    """The head's output is set to its output on the sequence's paired prompt: activation patching.
+
+    ``source`` holds, per layer, ``[batch, pos, head, d_head]``: each sequence's donor run (its own
+    pair's other prompt, e.g. the clean prompt when the corrupted one runs). Fitted on a probe that
+    carries its donors (:meth:`interp.probes.task.TaskProbe.run_probe`).
+    """
+
+    source: list[Tensor]
+    site: str = "z"  # type: ignore[misc]  # an instance's site (SITES), where the other kinds have "z"
+    kind: ClassVar[str] = "patch"
+    paired: ClassVar[bool] = True
+
+    @classmethod
+    def fit(  # type: ignore[override]
+        cls,
+        model: HookedModel,
+        probe: TokenProbe | Tensor | None = None,
+        *,
+        seed: int = 0,
+        minibatch: int | None = None,
+        site: str = "z",
+    ) -> PatchAblation:
+        """The donor run's activations at ``site`` (:data:`SITES`; default the head outputs). The
+        queries, keys and values of latent attention come from a shared latent, not per head: refused."""
+        donor = getattr(probe, "donor", None)
+        if donor is None:
+            raise AblationError(
+                "patch ablation takes each sequence's head outputs from its paired prompt: run it on a "
+                "task probe (interp.probes.task.TaskProbe.run_probe), e.g. with interp.patch_heads"
+            )
+        refuse_site(model, site, donor[:1])
+        return cls(clean_site(model, donor, minibatch, site), site)
+
+    def hook_name(self, layer: int) -> str:
+        return SITES.get(self.site)(layer)
+
+    def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
+        src = self.source[layer]
+        return src if rows is None else src[rows]
+
+    def patch(
+        self,
+        z: Tensor,
+        layer: int,
+        ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"],
+        rows: Tensor | slice | None = None,
+    ) -> Tensor:
+        """The site's activation with the masked heads' (at the masked positions) taken from the donor.
+        Keys and values of a grouped model have fewer heads: a group's key/value head is patched when
+        any query head of the group is masked."""
+        if self.site == "z":
+            return super().patch(z, layer, ablate, rows)
+        rep = ablate.shape[0]
+        zz = z.reshape(rep, z.shape[0] // rep, *z.shape[1:])
+        r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
+        ablate = ablate.to(z.device)
+        if self.site == "pattern":  # [batch, head, q, k]; a position is a query's row
+            where = (
+                rearrange(ablate, "r h p -> r 1 h p 1") if ablate.ndim == 3 else rearrange(ablate, "r h -> r 1 h 1 1")
+            )
+        else:  # [batch, pos, head, d]: query heads, or key/value heads on a grouped model
+            n = z.shape[2]
+            if ablate.shape[1] != n:
+                ablate = ablate.reshape(rep, n, -1, *ablate.shape[2:]).any(2)
+            where = _where(ablate)
+        return torch.where(where, r, zz).reshape(z.shape)
 
 
 @ABLATIONS.register(
@@ -344,22 +448,60 @@ def derangement(n: int, seed: int = 0) -> Int[Tensor, " n"]:
     return out
 
 
+def refuse_site(model: HookedModel, site: str, tokens: Tensor) -> None:
+    """Refuse a site the model has no per-head activation at (the queries, keys and values of latent
+    attention come from one shared latent), or whose hook the model's attention does not read back:
+    a value written into it on one of ``tokens`` must change the output (BERT's bridge forms its
+    pattern for the hook but attends with its own)."""
+    checked(SITES, site)
+    info = describe(model)
+    if site in ("q", "k", "v") and info.latent_attention:
+        raise AblationError(
+            f"latent attention computes its keys and values from one latent shared by every head: there is "
+            f"no per-head {site} to patch; patch the head outputs (site z) or patterns (site pattern)"
+        )
+    if site == "z":
+        return
+    first = info.attention_layers[0]
+
+    def scramble(x: Tensor, hook: Any) -> Tensor:
+        return x.flip(-1) * 2 + 1  # any other value: a model that reads it back changes its output
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a bridge warns that it discards the edit: what is tested here
+        plain = run_with_reducers(model, tokens, [])
+        written = run_with_reducers(model, tokens, [(SITES.get(site)(first), scramble)])
+    if torch.equal(plain, written):
+        raise AblationError(
+            f"this model's attention does not read back what is written into {SITES.get(site)(first)} (the "
+            f"hook shows the value but the attention uses its own): patching {site} cannot be done here; "
+            "patch the head outputs (site z)"
+        )
+
+
 def _clean_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
     """Every layer's clean ``hook_z`` on ``tokens``; the pass stops after the last layer's."""
+    return clean_site(model, tokens, minibatch, "z")
+
+
+def clean_site(model: HookedModel, tokens: Tensor, minibatch: int | None, site: str) -> list[Tensor]:
+    """Every layer's clean activation at ``site`` (:data:`SITES`) on ``tokens``; the pass stops after
+    the last layer's."""
     info = describe(model)
     layers = info.attention_layers
     parts: dict[int, list[Tensor]] = {l: [] for l in layers}
+    name = SITES.get(site)
 
     def grab(layer: int) -> Callable:
-        def hook(z: Tensor, hook: Any) -> None:
-            parts[layer].append(by_head(z.detach(), info.n_heads).clone())
+        def hook(x: Tensor, hook: Any) -> None:
+            parts[layer].append((by_head(x.detach(), info.n_heads) if site == "z" else x.detach()).clone())
 
         return hook
 
     step = minibatch or tokens.shape[0]
     for start in range(0, tokens.shape[0], step):
         run_with_reducers(
-            model, tokens[start : start + step], [(z_hook(l), grab(l)) for l in layers], stop_after=z_hook(layers[-1])
+            model, tokens[start : start + step], [(name(l), grab(l)) for l in layers], stop_after=name(layers[-1])
         )
     # a layer without attention gets zeros: no head of it can be named (see head_mask)
     shape = torch.cat(parts[layers[0]]).shape

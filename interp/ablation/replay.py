@@ -131,7 +131,8 @@ class Sweeper:
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
         # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
         self._trim = self.replay == "fast" and self._can_trim()
-        self._reuse = self.replay == "fast" and self._can_reuse()
+        # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
+        self._reuse = self.replay == "fast" and self.ablation.site == "z" and self._can_reuse()
         self._head_cache: tuple[Any, int, Any] = (None, -1, None)
         if self.replay == "fast":
             why = self._self_check()
@@ -188,13 +189,13 @@ class Sweeper:
             self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers, attention_mask=padding
         )
 
-    def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head"]) -> Tensor:
+    def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head *pos"]) -> Tensor:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
         rep, model, L, adapter = masks.shape[0], self.model, self.info.n_layers, self.adapter
         hidden = batch.resid[start].repeat(rep, 1, 1)
         reuse = self._reuse and batch.attn_out[start] is not None and batch.z[start] is not None
         hooks = [
-            (z_hook(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
+            (self.ablation.hook_name(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
             for l in range(start + 1 if reuse else start, L)
             if bool(masks[:, l].any())
         ]
@@ -203,7 +204,7 @@ class Sweeper:
             stack.enter_context(model.hooks(fwd_hooks=hooks))
             if reuse:
                 clean, n_out = batch.attn_out[start]
-                extra = masks[:, start] & ~self.base[start]
+                extra = masks[:, start] & ~_along(self.base, masks)[start]
                 stack.enter_context(adapter.reuse_attention(start, clean, n_out, self._per_head(batch, start), extra))
             if self._trim:
                 T = hidden.shape[1]
@@ -319,6 +320,9 @@ class Sweeper:
     ) -> Float[Tensor, "n batch"]:
         """The metric per sequence under each head set in ``masks`` (``[n, layer, head]``, added to base).
 
+        ``masks`` may have a position axis, ``[n, layer, head, pos]`` (``pos`` the probe's length): each
+        head is then ablated at the positions marked only (activation patching per position).
+
         On Ctrl-C the evaluation stops, :attr:`interrupted` is set, and the rows not reached are NaN.
 
         With a :attr:`journal`, each head set is a unit keyed ``(scope, base heads, its heads)``
@@ -335,20 +339,22 @@ class Sweeper:
         shared with the others first).
         """
         masks = torch.as_tensor(masks, dtype=torch.bool)
-        if masks.ndim != 3 or tuple(masks.shape[1:]) != (self.info.n_layers, self.info.n_heads):
+        L, H, T = self.info.n_layers, self.info.n_heads, self.probe.seq_len
+        if tuple(masks.shape[1:]) not in ((L, H), (L, H, T)):
             raise AblationError(
-                f"masks must have shape [n, {self.info.n_layers}, {self.info.n_heads}], got {list(masks.shape)}"
+                f"masks must have shape [n, {L}, {H}] (or [n, {L}, {H}, {T}] per position), got {list(masks.shape)}"
             )
         n = masks.shape[0]
         result = torch.full((n, self.probe.batch), float("nan"))
-        extra = masks & ~self.base
-        effective = masks | self.base
+        base = _along(self.base, masks)
+        extra = masks & ~base
+        effective = masks | base
         todo = []
         for i in range(n):
             if not bool(extra[i].any()):
                 result[i] = self.clean
             else:
-                todo.append((int(extra[i].any(-1).nonzero()[0]), i))
+                todo.append((int(extra[i].flatten(1).any(-1).nonzero()[0]), i))
         todo.sort()
         journal = self.journal
         keys: dict[int, Any] = {}
@@ -473,7 +479,7 @@ class Sweeper:
                 groups.append((start, [i]))
         return groups
 
-    def _evaluate_group(self, start: int, masks: Bool[Tensor, "rep layer head"]) -> Tensor:
+    def _evaluate_group(self, start: int, masks: Bool[Tensor, "rep layer head *pos"]) -> Tensor:
         rep = masks.shape[0]
         values = torch.empty(rep, self.probe.batch)
         for batch in self._batches:
@@ -484,6 +490,11 @@ class Sweeper:
             for r, out in enumerate(outs):
                 values[r, batch.rows] = self.metric(out, batch.tokens, batch.reference, batch.rows).cpu()
         return values
+
+
+def _along(base: Bool[Tensor, "layer head"], masks: Tensor) -> Tensor:
+    """``base`` with a position axis when ``masks`` has one (a base head is ablated everywhere)."""
+    return base[..., None] if masks.ndim == 4 else base
 
 
 def read_out(

@@ -145,7 +145,7 @@ class Adapter(Protocol):
         clean: Float[Tensor, "batch pos d_model"],
         n_outputs: int | None,
         per_head: Float[Tensor, "batch pos head d_model"],
-        ablate: Bool[Tensor, "rep head"],
+        ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"],
     ) -> AbstractContextManager[None]:
         """Layer ``layer``'s attention returns the clean output plus the ablated heads' change."""
         ...
@@ -285,7 +285,7 @@ class HookedAdapter:
         clean: Float[Tensor, "batch pos d_model"],
         n_outputs: int | None,
         per_head: Float[Tensor, "batch pos head d_model"],
-        ablate: Bool[Tensor, "rep head"],
+        ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"],
     ) -> Iterator[None]:
         with reused_attention(self.model.blocks[layer].attn, clean, n_outputs, per_head, ablate):
             yield

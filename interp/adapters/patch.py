@@ -152,12 +152,14 @@ def reused_attention(
     clean: Float[Tensor, "batch pos d_model"],
     n_outputs: int | None,
     per_head: Float[Tensor, "batch pos head d_model"],
-    ablate: Bool[Tensor, "rep head"],
+    ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"],
 ) -> Iterator[None]:
     """Inside the block ``attn`` returns ``clean + sum_h ablate[r, h] per_head[..., h, :]`` for each of
     ``rep`` batched copies, without computing anything (``n_outputs``: the length of the tuple the
-    module returns, its first item the output; ``None`` when it returns a tensor)."""
-    delta = einsum(ablate.to(per_head.dtype), per_head, "r h, b p h m -> r b p m")
+    module returns, its first item the output; ``None`` when it returns a tensor). A mask with a
+    position axis (``[rep, head, pos]``) adds each head's change at its masked positions only."""
+    pattern = "r h p, b p h m -> r b p m" if ablate.ndim == 3 else "r h, b p h m -> r b p m"
+    delta = einsum(ablate.to(per_head.dtype), per_head, pattern)
     new = (clean[None] + delta.to(clean.dtype)).flatten(0, 1)
 
     def forward(*args: Any, **kwargs: Any) -> Any:

@@ -24,6 +24,7 @@ COMMANDS.add("sinks", "attention sinks: first-token heads, sink tokens, massive 
 COMMANDS.add("ablate", "ablation sweeps: exact, gradient importance, pruning curves, L0 gates", "interp.cli.ablate")
 COMMANDS.add("patterns", "every head's attention on your own text, as one self-contained page", "interp.cli.patterns")
 COMMANDS.add("retrieval", "retrieval heads, streaming heads and copy distance on needle probes", "interp.cli.retrieval")
+COMMANDS.add("patch", "which heads matter for a task: activation patching on clean/corrupted pairs", "interp.cli.patch")
 COMMANDS.add(
     "report", "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns", "interp.cli.report"
 )

@@ -51,6 +51,7 @@ from interp.ablation import (
     pruning_curves,
     train_gates,
 )
+from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
 from interp.cli.common import (
     Unread,
@@ -114,9 +115,11 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
     p.add_argument(
         "--ablation",
-        choices=ABLATIONS.names(),
+        choices=unpaired_ablations(),
         default="mean",
-        help="what an ablated head outputs: " + ABLATIONS.help() + " (default: mean, as interp report)",
+        help="what an ablated head outputs: "
+        + "; ".join(f"{n}: {ABLATIONS.doc(n)}" for n in unpaired_ablations())
+        + " (default: mean, as interp report)",
     )
     p.add_argument(
         "--metric",

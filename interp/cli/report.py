@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from interp.ablation import ABLATIONS
+from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
 from interp.cli.common import Unread, add_resume_flags, base_parser, float_in, positive_int, run_cli
 from interp.models import describe
@@ -51,7 +51,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block of the score probe")
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
     p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
-    p.add_argument("--ablation", choices=list(ABLATIONS), default="mean", help="how heads are ablated")
+    p.add_argument("--ablation", choices=list(unpaired_ablations()), default="mean", help="how heads are ablated")
     p.add_argument(
         "--threshold",
         type=float_in(0, 1, low_open=True, high_open=True),

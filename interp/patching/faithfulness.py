@@ -1,0 +1,178 @@
+"""Faithfulness curves: how much of the answer the top ``n`` heads of a ranking carry on their own.
+
+For each ``n``, the clean prompt runs with the ``n`` highest-ranked heads left alone and every other
+head's output (``hook_z``) replaced: by its output on the pair's corrupted prompt (``to="corrupted"``)
+or by its mean output over the corrupted prompts (``to="mean"``). The metric, normalised so the
+corrupted run is 0 and the clean run is 1 (pooled over pairs), is plotted against ``n``; the smallest
+``n`` that reaches 0.8 and 0.9 of the clean metric is reported per ranking. Every point is one row of
+the ablation sweep's batched replay.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from interp._io import atomic_write, atomic_write_json
+from interp.ablation.metrics import Metric
+from interp.ablation.modes import MeanAblation, PatchAblation
+from interp.ablation.replay import Sweeper
+from interp.adapters import HookedModel
+from interp.config import RunConfig
+from interp.errors import UsageError
+from interp.patching.core import setup
+from interp.patching.result import PatchScores
+from interp.probes.task import TaskProbe
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+TARGETS = (0.8, 0.9)
+STEM = "faithfulness"
+
+
+@dataclass
+class FaithfulnessCurves:
+    """A row per (ranking, n): ``faithfulness`` (normalised metric) and ``heads`` kept."""
+
+    table: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def smallest(self, fraction: float) -> dict[str, int | None]:
+        """Per ranking, the smallest ``n`` whose faithfulness reaches ``fraction`` (None: never)."""
+        out: dict[str, int | None] = {}
+        for name, rows in self.table.groupby("ranking", sort=False):
+            hit = rows[rows["faithfulness"] >= fraction]
+            out[str(name)] = int(hit["n"].min()) if len(hit) else None
+        return out
+
+    def figure(self, title: str | None = None) -> go.Figure:
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for name, rows in self.table.groupby("ranking", sort=False):
+            fig.add_trace(go.Scatter(x=rows["n"], y=rows["faithfulness"], mode="lines+markers", name=str(name)))
+        for target in TARGETS:
+            fig.add_hline(y=target, line_dash="dot", annotation_text=f"{target:g}")
+        fig.update_layout(
+            title=title
+            or f"{self.meta.get('model', 'model')}: faithfulness of the top n heads ({self.meta.get('task')})",
+            xaxis_title="heads kept (n)",
+            yaxis_title="normalised metric (corrupted 0, clean 1)",
+        )
+        return fig
+
+    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
+        from interp.saving import claim, provenance
+
+        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
+        blob = {
+            "kind": STEM,
+            **provenance(),
+            "meta": self.meta,
+            "rows": json.loads(self.table.to_json(orient="records")),
+        }
+        return [atomic_write(csv_path, self.table.to_csv(index=False)), atomic_write_json(js_path, blob)]
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = STEM) -> FaithfulnessCurves:
+        path = Path(path)
+        path = path / f"{stem}.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"no saved faithfulness curves at {path}: pass the .json that save() wrote")
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+
+
+def faithfulness_curves(
+    model: HookedModel,
+    task: TaskProbe,
+    rankings: Mapping[str, PatchScores],
+    *,
+    to: str = "corrupted",
+    metric: str | Metric | Callable | None = None,
+    ns: list[int] | None = None,
+    config: RunConfig | None = None,
+) -> FaithfulnessCurves:
+    """The faithfulness of the top ``n`` heads of each ranking (per-head results of
+    :func:`~interp.patching.patch_heads`, any method, ranked by ``effect``), for ``n`` in ``ns``
+    (default every ``n`` from 0 to the number of heads). See the module docstring."""
+    if to not in ("corrupted", "mean"):
+        raise UsageError(f"to={to!r}: the other heads go to the 'corrupted' run or to its 'mean'")
+    if not rankings:
+        raise UsageError("give at least one ranking (a per-head result of patch_heads)")
+    run = setup(model, task, metric=metric, direction="noise", by="head", config=config)
+    if not run.normalised:
+        raise UsageError("a faithfulness curve is a normalised metric: use logit-diff, prob-diff or an as_metric")
+    info = run.info
+    orders = {name: _order(name, scores, run.heads) for name, scores in rankings.items()}
+    total = len(run.heads)
+    ns = list(range(total + 1)) if ns is None else sorted({int(n) for n in ns})
+    if any(n < 0 or n > total for n in ns):
+        raise UsageError(f"ns must lie in 0..{total} (the model's heads)")
+    if to == "corrupted":
+        ablation = PatchAblation.fit(model, run.probe, minibatch=run.config.minibatch)
+    else:
+        ablation = MeanAblation.fit(model, run.task.corrupted, minibatch=run.config.minibatch)
+    sweeper = Sweeper(model, run.probe, run.metric, ablation=ablation, config=run.config)
+    masks = torch.stack(
+        [_others(order[:n], run.heads, info.n_layers, info.n_heads) for order in orders.values() for n in ns]
+    )
+    values = sweeper.evaluate(masks, desc="faithfulness", scope=f"faithfulness-{to}")
+    num = (values - run.corrupted[None]).sum(1)
+    den = float((run.clean - run.corrupted).sum())
+    rows = []
+    for i, (name, order) in enumerate((name, order) for name, order in orders.items() for _ in ns):
+        n = ns[i % len(ns)]
+        kept = " ".join(f"{l}.{h}" for l, h in order[:n])
+        rows.append(
+            {
+                "ranking": name,
+                "n": n,
+                "faithfulness": float(num[i]) / den,
+                "metric": float(values[i].mean()),
+                "heads": kept,
+            }
+        )
+    meta = {
+        "model": info.name,
+        "task": task.name,
+        "n_pairs": task.n_pairs,
+        "to": to,
+        "metric": run.metric.name,
+        "clean_metric": float(run.clean.mean()),
+        "corrupted_metric": float(run.corrupted.mean()),
+        "replay": sweeper.replay,
+    }
+    curves = FaithfulnessCurves(pd.DataFrame(rows), meta)
+    curves.meta["smallest_n"] = {f"{t:g}": curves.smallest(t) for t in TARGETS}
+    return curves
+
+
+def _order(name: str, scores: PatchScores, heads: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The heads from most to least important by ``effect`` (ties: layer, then head)."""
+    if scores.by != "head" or scores.meta.get("site", "z") != "z":
+        raise UsageError(f"ranking {name!r} must be a per-head result of head outputs (by='head', site 'z')")
+    t = scores.table.sort_values(["effect", "layer", "head"], ascending=[False, True, True], kind="mergesort")
+    order = [(int(l), int(h)) for l, h in zip(t["layer"], t["head"])]
+    if sorted(order) != sorted(heads):
+        raise UsageError(f"ranking {name!r} does not rank this model's heads: run patch_heads on this model")
+    return order
+
+
+def _others(kept: list[tuple[int, int]], heads: list[tuple[int, int]], L: int, H: int) -> Bool[Tensor, "layer head"]:
+    """Every head but ``kept`` (the ones replaced)."""
+    mask = torch.zeros(L, H, dtype=torch.bool)
+    for l, h in heads:
+        mask[l, h] = True
+    for l, h in kept:
+        mask[l, h] = False
+    return mask

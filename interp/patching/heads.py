@@ -1,0 +1,121 @@
+"""``patch_heads``: every head (or head and position) patched alone, by the method asked for.
+
+:data:`METHODS` registers the methods: ``exact`` (:mod:`interp.patching.exact`, the batched replay)
+``attribution`` and ``eap-ig`` (:mod:`interp.patching.attribution`, one or a few forwards and backwards). :func:`agreement`
+says how well an approximate ranking agrees with the exact one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interp.ablation.metrics import Metric
+from interp.ablation.pruning import spearman
+from interp.adapters import HookedModel
+from interp.config import RunConfig
+from interp.errors import UsageError
+from interp.journal import Journal
+from interp.patching.attribution import attribution_values
+from interp.patching.core import result, setup
+from interp.patching.exact import exact_values
+from interp.patching.result import PatchScores
+from interp.probes.task import TaskProbe
+from interp.registry import Registry
+
+METHODS: Registry[Callable[..., Any]] = Registry("patching method")
+METHODS.add("exact", "every patch run: one row of a batched replay from the patched layer up", exact_values)
+METHODS.add(
+    "attribution",
+    "attribution patching: (donor - own activation) . gradient, one forward and backward; signed, approximate",
+    attribution_values,
+)
+METHODS.add(
+    "eap-ig",
+    "EAP-IG: the gradient averaged over steps between the two activations (default 5); signed, approximate",
+    attribution_values,
+)
+EXACT_ONLY = ("replay", "chunk", "journal")
+EAP_IG_STEPS = 5
+
+
+def patch_heads(
+    model: HookedModel,
+    task: TaskProbe | str | Path,
+    *,
+    method: str = "exact",
+    metric: str | Metric | Callable | None = None,
+    direction: str = "denoise",
+    by: str = "head",
+    n_pairs: int = 20,
+    replay: str | None = None,
+    chunk: int | None = None,
+    config: RunConfig | None = None,
+    journal: Journal | None = None,
+    site: str = "z",
+    steps: int | None = None,
+) -> PatchScores:
+    """Patch every head's output (``hook_z``) from each pair's other prompt, alone, and score it.
+
+    ``task``: a :class:`~interp.probes.task.TaskProbe`, a bundled task name (``repeat``, ``ioi``,
+    ``greater-than``: ``n_pairs`` pairs, seeded by ``config.seed``) or a JSONL/CSV file.
+    ``method``: ``exact`` (every patch run, on the ablation replay; ``replay``, ``chunk`` and
+    ``journal`` are its settings), ``attribution`` (the first-order estimate from one forward and
+    backward) or ``eap-ig`` (the gradient averaged over ``steps`` points between the donor's and the
+    run's own head outputs, default 5). ``metric``: a name of :data:`interp.patching.METRICS` (default: the task's own), a
+    :class:`~interp.ablation.Metric` or an :func:`interp.as_metric`. ``direction``: ``denoise`` (run
+    corrupted, patch in clean) or ``noise`` (run clean, patch in corrupted). ``by``: ``head`` (every
+    position at once) or ``position`` (each position alone; on a causal model positions after the
+    read position cannot reach it and are 0, not run). ``site`` (exact only, :data:`SITES`): what is
+    patched: the head outputs ``z`` (default), the queries ``q``, keys ``k``, values ``v`` (on GQA/MQA a
+    key or value head is one unit, patched for every query head of its group; the table's
+    ``query_heads`` says which) or the ``pattern`` (per position: a query's row).
+
+    The table's ``effect`` is, for a normalised metric, the fraction of the clean-corrupted gap the
+    patch moves: ``(patched - corrupted) / (clean - corrupted)`` denoising,
+    ``(clean - patched) / (clean - corrupted)`` noising, pooled over pairs (sums over pairs, then the
+    ratio), with a bootstrap CI over pairs; a head that carries the answer alone scores 1 both ways.
+    For a raw metric it is the change ``patched - unpatched``. ``metric_patched`` is the raw metric,
+    ``delta`` its change. :attr:`PatchScores.pairs` has the effect per pair.
+    """
+    METHODS.check(method)
+    if steps is not None and (method != "eap-ig" or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UsageError(
+            f"steps={steps!r}: the number of integration steps is an integer >= 1, read by method='eap-ig' only"
+        )
+    if method != "exact":
+        given = [name for name, value in zip(EXACT_ONLY, (replay, chunk, journal)) if value is not None]
+        if given:
+            raise UsageError(
+                f"method {method!r} does not read {', '.join(given)} (settings of method='exact'): drop "
+                f"{'it' if len(given) == 1 else 'them'}"
+            )
+        if site != "z":
+            raise UsageError(
+                f"method {method!r} gates the head outputs (site z): it does not patch site {site!r}; "
+                "use method='exact' for queries, keys, values and patterns"
+            )
+    run = setup(model, task, metric=metric, direction=direction, by=by, n_pairs=n_pairs, config=config, site=site)
+    if method == "exact":
+        values, facts = exact_values(run, replay=replay or "auto", chunk=chunk, journal=journal)
+    elif method == "eap-ig":
+        values, facts = attribution_values(run, steps=steps or EAP_IG_STEPS)
+    else:
+        values, facts = attribution_values(run)
+    return result(run, values, method, **facts)
+
+
+def agreement(exact: PatchScores, approx: PatchScores, *, k: int = 10, score: str = "effect") -> dict[str, float]:
+    """How well ``approx``'s ranking agrees with ``exact``'s over the same units: the Spearman
+    correlation of ``score``, and the fraction of exact's top ``k`` (by ``|score|``) in approx's."""
+    keys = ["layer", "head", *(["position"] if "position" in exact.table else [])]
+    both = exact.table.merge(approx.table, on=keys, suffixes=("_exact", "_approx"))
+    a, b = both[f"{score}_exact"].to_numpy(), both[f"{score}_approx"].to_numpy()
+    if len(both) != len(exact.table) or len(both) != len(approx.table):
+        raise UsageError("the two results patch different units: run both on the same task, by and model")
+    k = min(k, len(both))
+    top = lambda v: set(np.argsort(-np.abs(v), kind="stable")[:k].tolist())  # noqa: E731
+    return {"spearman": float(spearman(a, b)), "top_k_overlap": len(top(a) & top(b)) / k, "k": k}

@@ -1,0 +1,245 @@
+"""Path patching, exact (Wang et al. 2022's definition): how much of the answer flows from a sender
+head to a receiver, through that path alone.
+
+For each sender head, the prompts a patched run reads (the clean ones when noising) run once with
+the sender's output (``hook_z``) taken from the paired prompt and *every other head's* output
+frozen at its own run's value (MLPs and norms recompute). To the logits: that run's metric. To a
+receiver head's queries, keys or values: the receiver's ``hook_q`` / ``hook_k`` / ``hook_v`` is
+recorded in that run, and a second run, otherwise free, patches only it in. Plain hooked forwards,
+``1 + receivers`` per sender (not the batched replay). On GQA/MQA a key or value receiver is its
+key/value head, shared by its group.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from interp._io import atomic_write, atomic_write_json
+from interp.ablation.metrics import Metric
+from interp.ablation.modes import SITES, clean_site, head_mask
+from interp.adapters import HookedModel, run_with_reducers
+from interp.config import RunConfig
+from interp.errors import UsageError
+from interp.patching.core import Setup, pooled_ratio, setup
+from interp.probes.task import TaskProbe
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+LOGITS = "logits"
+STEM = "path_patching"
+
+
+@dataclass
+class PathScores:
+    """A row per (sender, receiver): ``effect`` (the fraction of the clean-corrupted gap the path
+    moves) with its bootstrap CI over pairs; ``.grid()`` is the sender x receiver matrix."""
+
+    table: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def grid(self, score: str = "effect") -> np.ndarray:
+        return (
+            self.table.pivot(index="sender", columns="receiver", values=score)
+            .loc[self.senders, self.receivers]
+            .to_numpy()
+        )
+
+    @property
+    def senders(self) -> list[str]:
+        return list(dict.fromkeys(self.table["sender"]))
+
+    @property
+    def receivers(self) -> list[str]:
+        return list(dict.fromkeys(self.table["receiver"]))
+
+    def figure(self, title: str | None = None) -> go.Figure:
+        """The sender x receiver grid, a diverging heatmap centred on 0."""
+        import plotly.graph_objects as go
+
+        z = self.grid()
+        bound = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
+        fig = go.Figure(
+            go.Heatmap(
+                z=z,
+                x=self.receivers,
+                y=self.senders,
+                zmin=-bound,
+                zmax=bound,
+                colorscale="RdBu_r",
+                colorbar={"title": "effect"},
+            )
+        )
+        site = self.meta.get("site")
+        fig.update_layout(
+            title=title or f"{self.meta.get('model', 'model')}: path patching, sender -> receiver {site}",
+            xaxis_title="receiver",
+            yaxis_title="sender",
+            yaxis_autorange="reversed",
+        )
+        return fig
+
+    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
+        from interp.saving import claim, provenance
+
+        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
+        blob = {
+            "kind": STEM,
+            **provenance(),
+            "meta": self.meta,
+            "rows": json.loads(self.table.to_json(orient="records")),
+        }
+        return [atomic_write(csv_path, self.table.to_csv(index=False)), atomic_write_json(js_path, blob)]
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = STEM) -> PathScores:
+        path = Path(path)
+        path = path / f"{stem}.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"no saved path patching at {path}: pass the .json that save() wrote")
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+
+
+def path_patch(
+    model: HookedModel,
+    task: TaskProbe,
+    *,
+    senders: Any = None,
+    receivers: Any = LOGITS,
+    site: str = "q",
+    direction: str = "noise",
+    metric: str | Metric | Callable | None = None,
+    config: RunConfig | None = None,
+) -> PathScores:
+    """Path patching from each sender head to each receiver (see the module docstring).
+
+    ``senders``: heads named any usual way (default every head); ``receivers``: ``"logits"`` or
+    heads, whose ``site`` (``q``, ``k`` or ``v``) receives the path. A sender must sit in an earlier
+    layer than every receiver head it is paired with: named explicitly, a later one is refused; by
+    default, such pairs are left out of the grid (NaN)."""
+    if site not in ("q", "k", "v"):
+        raise UsageError(
+            f"site={site!r}: a receiver head receives a path through its queries, keys or values (q, k, v)"
+        )
+    run = setup(model, task, metric=metric, direction=direction, by="head", config=config)
+    if not run.normalised:
+        raise UsageError("path patching reports the fraction of the clean-corrupted gap: use a normalised metric")
+    info = run.info
+    send = _heads(run, senders) if senders is not None else list(run.heads)
+    recv = LOGITS if receivers == LOGITS else _heads(run, receivers)
+    if senders is not None and recv != LOGITS:
+        late = [(s, r) for s in send for r in recv if s[0] >= r[0]]
+        if late:
+            (sl, sh), (rl, rh) = late[0]
+            raise UsageError(
+                f"sender {sl}.{sh} is not in an earlier layer than receiver {rl}.{rh}: a path runs from a head to "
+                "the heads of later layers"
+            )
+    tokens, donor = run.probe.tokens, run.probe.donor
+    mb = run.config.minibatch
+    own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
+    columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
+    values = torch.full((len(send), len(columns), tokens.shape[0]), float("nan"))
+    for i, (sl, sh) in enumerate(send):
+        frozen = [_freeze(l, own_z[l], donor_z[l] if l == sl else None, sh) for l in info.attention_layers]
+        if recv == LOGITS:
+            values[i, 0] = _metric(run, tokens, frozen)
+            continue
+        later = [(j, r) for j, r in enumerate(recv) if r[0] > sl]
+        if not later:
+            continue
+        seen: dict[int, Tensor] = {}
+        layers = sorted({r[0] for _, r in later})
+        grab = [(SITES.get(site)(l), _keep(seen, l)) for l in layers]
+        with torch.no_grad():
+            run_with_reducers(model, tokens, frozen + grab, stop_after=SITES.get(site)(layers[-1]))
+        for j, (rl, rh) in later:
+            values[i, j] = _metric(run, tokens, [(SITES.get(site)(rl), _swap(seen[rl], rh, info.n_heads))])
+    return _scores(run, send, columns, values, site if recv != LOGITS else LOGITS)
+
+
+def _heads(run: Setup, heads: Any) -> list[tuple[int, int]]:
+    mask = head_mask(run.info, heads)
+    return [tuple(p) for p in mask.nonzero().tolist()]  # type: ignore[misc]
+
+
+def _freeze(layer: int, own: Tensor, donor: Tensor | None, head: int) -> tuple[str, Callable]:
+    """``hook_z`` of ``layer`` set to its own run's value, the sender's head (if here) to the donor's."""
+    value = own.clone()
+    if donor is not None:
+        value[:, :, head] = donor[:, :, head]
+
+    def hook(z: Tensor, hook: Any) -> Tensor:
+        return value.to(device=z.device, dtype=z.dtype).reshape(z.shape)
+
+    return SITES.get("z")(layer), hook
+
+
+def _keep(seen: dict[int, Tensor], layer: int) -> Callable:
+    def hook(x: Tensor, hook: Any) -> None:
+        seen[layer] = x.detach().clone()
+
+    return hook
+
+
+def _swap(recorded: Tensor, head: int, n_heads: int) -> Callable:
+    """Replace one head's (or, on a grouped model, its key/value head's) activation by the recorded one."""
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        unit = head // (n_heads // x.shape[2])
+        x = x.clone()
+        x[:, :, unit] = recorded[:, :, unit].to(x.dtype)
+        return x
+
+    return hook
+
+
+def _metric(run: Setup, tokens: Tensor, hooks: Sequence) -> Tensor:
+    with torch.no_grad():
+        logits = run_with_reducers(run.model, tokens, list(hooks))
+    return run.metric(run.metric.read(logits), tokens, None, torch.arange(tokens.shape[0])).cpu()
+
+
+def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values: Tensor, site: str) -> PathScores:
+    clean, corrupted = run.clean[None, None], run.corrupted[None, None]
+    num = values - corrupted if run.direction == "denoise" else clean - values
+    den = (clean - corrupted).expand_as(num)
+    cfg = run.config
+    flat_num, flat_den = num.flatten(0, 1).T, den.flatten(0, 1).T  # [pair, sender * receiver]
+    point, lo, hi = pooled_ratio(torch.nan_to_num(flat_num), flat_den, cfg)
+    missing = torch.isnan(values[..., 0]).flatten()
+    rows = []
+    for k, ((sl, sh), receiver) in enumerate((s, r) for s in send for r in columns):
+        nan = bool(missing[k])
+        rows.append(
+            {
+                "sender": f"{sl}.{sh}",
+                "sender_layer": sl,
+                "sender_head": sh,
+                "receiver": receiver,
+                "effect": float("nan") if nan else float(point[k]),
+                "effect_lo": float("nan") if nan else float(lo[k]),
+                "effect_hi": float("nan") if nan else float(hi[k]),
+            }
+        )
+    meta = {
+        "model": run.info.name,
+        "task": run.task.name,
+        "n_pairs": run.task.n_pairs,
+        "direction": run.direction,
+        "site": site,
+        "metric": run.metric.name,
+        "clean_metric": float(run.clean.mean()),
+        "corrupted_metric": float(run.corrupted.mean()),
+    }
+    return PathScores(pd.DataFrame(rows), meta)

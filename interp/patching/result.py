@@ -1,0 +1,124 @@
+""":class:`PatchScores`: what activation patching found, per head or per head x position.
+
+A :class:`~interp.scores.HeadScores` whose table has a row per head (``by="head"``) or per head and
+position (``by="position"``: also ``position`` and ``token`` columns). ``effect`` is the fraction of
+the clean-corrupted gap a patch moves (denoising: how much patching in the clean activation
+restores; noising: how much patching in the corrupted one destroys), pooled over pairs, with a
+bootstrap CI over pairs (``effect_lo``, ``effect_hi``); a raw metric's ``effect`` is its change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from interp._io import atomic_write
+from interp.scores import HeadScores, file_frame, memory_frame
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+
+DIVERGING = "RdBu_r"  # red where a patch moves the metric toward the donor, blue against it; white at 0
+
+
+@dataclass
+class PatchScores(HeadScores):
+    """Activation patching's table: ``.table``, ``.grid``, ``.save``, ``.load``, ``.figure``.
+
+    :attr:`pairs` is the effect per pair (a row per pair and head[, position]): what the pooled
+    ``effect`` and its CI are drawn from. :meth:`save` writes it beside the table as
+    ``<stem>_pairs.csv``, and :meth:`load` reads it back.
+    """
+
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def by(self) -> str:
+        return "position" if "position" in self.table else "head"
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.table["position"].max()) + 1 if self.by == "position" else 1
+
+    @property
+    def score_names(self) -> list[str]:
+        return [c for c in super().score_names if c not in ("position", "token")]
+
+    def grid(self, score: str = "effect") -> np.ndarray:
+        """``[layer, head]`` per head; ``[layer, head, position]`` per position."""
+        if self.by == "head":
+            return super().grid(score)
+        self._check(score)
+        out = np.full((self.n_layers, self.n_heads, self.n_positions), np.nan)
+        t = self.table
+        out[t["layer"].to_numpy(), t["head"].to_numpy(), t["position"].to_numpy()] = t[score].to_numpy()
+        return out
+
+    def save(self, out_dir: str | Path, stem: str | None = None, *, overwrite: bool = False) -> list[Path]:
+        """``<stem>.csv``, ``<stem>.json`` (as :meth:`HeadScores.save`) and ``<stem>_pairs.csv``."""
+        from interp.saving import claim
+
+        stem = stem or self.kind
+        (pairs_path,) = claim(Path(out_dir), [f"{stem}_pairs.csv"], overwrite=overwrite)
+        written = super().save(out_dir, stem, overwrite=overwrite)
+        return [*written, atomic_write(pairs_path, file_frame(self.pairs).to_csv(index=False))]
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = "patch_head") -> PatchScores:
+        """Read back what :meth:`save` wrote (its ``.json``, or the folder with ``<stem>.json``)."""
+        scores = HeadScores.load(path, stem)
+        path = Path(path)
+        json_path = path / f"{stem}.json" if path.is_dir() else path
+        pairs_path = json_path.with_name(f"{json_path.stem}_pairs.csv")
+        pairs = memory_frame(pd.read_csv(pairs_path, dtype={"label": str})) if pairs_path.is_file() else pd.DataFrame()
+        return cls(scores.table, scores.meta, pairs)
+
+    def tokens(self) -> list[str]:
+        """The labels of the positions (the tokens of the first pair's patched prompt)."""
+        if self.by == "head":
+            return []
+        first = self.table.drop_duplicates("position").sort_values("position")
+        return [str(t) for t in first["token"]]
+
+    def figure(self, scores: Sequence[str] | None = None, *, title: str | None = None, **kwargs: Any) -> go.Figure:
+        """A diverging heatmap centred on 0: layer x head (the CIs in the hover; cells whose CI reaches 0
+        or whose size is under ``meta["noise_floor"]`` greyed), or per position head x position with
+        the tokens as column labels."""
+        score = (list(scores) if scores else ["effect"])[0]
+        values = self.grid(score)
+        finite = values[np.isfinite(values)]
+        bound = float(np.abs(finite).max()) if finite.size else 1.0
+        bound = bound or 1.0
+        what = f"{self.meta.get('direction', '')} patching, {self.meta.get('metric', '')}".strip(", ")
+        title = title or f"{self.meta.get('model', 'model')}: {score} of each head ({what})"
+        if self.by == "head":
+            floor = self.meta.get("noise_floor")
+            kwargs.setdefault("noise_floor", {score: floor} if floor is not None and self.has_ci(score) else {})
+            return super().figure(
+                [score], title=title, zmin=-bound, zmax=bound, colorscale=DIVERGING, value_name=score, **kwargs
+            )
+        import plotly.graph_objects as go
+
+        rows = [f"{l}.{h}" for l in range(self.n_layers) for h in range(self.n_heads)]
+        z = values.reshape(len(rows), self.n_positions)
+        labels = [f"{p}: {t}" for p, t in enumerate(self.tokens())]
+        fig = go.Figure(
+            go.Heatmap(
+                z=z,
+                x=labels,
+                y=rows,
+                zmin=-bound,
+                zmax=bound,
+                colorscale=DIVERGING,
+                colorbar={"title": score},
+                hovertemplate="head %{y}<br>position %{x}<br>" + score + " %{z:.4f}<extra></extra>",
+            )
+        )
+        fig.update_layout(title=title, xaxis_title="position (token)", yaxis_title="head", yaxis_autorange="reversed")
+        return fig

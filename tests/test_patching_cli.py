@@ -1,0 +1,161 @@
+"""``interp patch``: the files it writes, the result round trip, and bad input refused (exit 2,
+one line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import interp
+from interp.cli.patch import cli
+from interp.errors import ModelLoadError
+from interp.models import load_model
+from interp.patching import PatchScores
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def toy_or_skip():
+    try:
+        load_model("toy", device="cpu")
+    except ModelLoadError as e:
+        pytest.skip(f"no trained toy: {e}")
+
+
+def _refused(capsys, argv, out):
+    with pytest.raises(SystemExit) as e:
+        cli(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    results = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")] if out.exists() else []
+    assert results == []
+    return err[0]
+
+
+def test_patch_by_head_writes_the_result_and_it_loads_back(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli(["--model", "toy", "--device", "cpu", "--task", "repeat", "--batch", "6", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "task repeat: 6 pairs of 21 tokens, read at position 20" in text
+    assert "top 8 by effect (fraction of the clean-corrupted gap moved)" in text
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert names == ["patch_head.csv", "patch_head.html", "patch_head.json", "patch_head_pairs.csv"]
+    scores = PatchScores.load(out / "patch_head.json")
+    axis = scores.figure().layout.coloraxis
+    assert axis.cmin == -axis.cmax and axis.cmax > 0  # diverging, centred on 0
+    assert scores.grid("effect").shape == (2, 4) and scores.meta["direction"] == "denoise"
+    assert len(scores.pairs) == 6 * 8 and set(scores.pairs["label"]) == set(scores.table["label"])
+    # the pooled effect is the ratio of the pairs' sums, so it lies within the per-pair range
+    per_head = scores.pairs.groupby("label")["effect"]
+    row = scores.table.set_index("label")
+    assert ((row["effect_lo"] <= row["effect"]) & (row["effect"] <= row["effect_hi"])).all()
+    assert (per_head.min() <= row["effect"] + 1e-6).all() and (row["effect"] <= per_head.max() + 1e-6).all()
+    blob = json.loads((out / "patch_head.json").read_text())
+    assert blob["kind"] == "patch_head" and blob["meta"]["task"] == "repeat"
+
+
+def test_the_api_and_the_command_agree(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--by", "position", "--direction", "noise"]
+    assert cli([*argv, "--out", str(out)]) == 0
+    saved = PatchScores.load(out / "patch_position.json", stem="patch_position")
+    model = interp.load_model("toy", device="cpu")
+    direct = interp.patch_heads(model, "repeat", n_pairs=4, by="position", direction="noise")
+    np.testing.assert_allclose(saved.grid("effect"), direct.grid("effect"), atol=1e-6)
+    assert saved.grid("effect").shape == (2, 4, 21) and saved.tokens()[0] == "0"
+    fig = direct.figure()
+    assert fig.data[0].zmid is None and fig.data[0].zmin == -fig.data[0].zmax  # centred on 0
+
+
+def test_a_task_file_without_a_column_is_refused_before_the_model_loads(tmp_path, capsys):
+    bad = tmp_path / "task.csv"
+    bad.write_text("clean,corrupted,answer\na,b,c\n")
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "no/such-model", "--task", str(bad), "--out", str(out)], out)
+    assert line.endswith(
+        "task.csv: the header lacks the column wrong: a task file needs clean, corrupted, answer, wrong"
+    )
+
+
+def test_pairs_of_different_lengths_are_refused(toy_or_skip, tmp_path, capsys):
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"clean": [1, 2, 3], "corrupted": [4, 2, 3], "answer": 5, "wrong": 6}\n'
+        '{"clean": [1, 2, 3], "corrupted": [4, 2, 3, 7], "answer": 5, "wrong": 6}\n'
+    )
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "toy", "--device", "cpu", "--task", str(f), "--out", str(out)], out)
+    assert "pair 1: the clean prompt is 3 tokens and the corrupted one 4" in line
+
+
+def test_clean_equal_to_corrupted_is_refused_with_both_values(toy_or_skip, tmp_path, capsys):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"clean": [1, 2, 3], "corrupted": [1, 2, 3], "answer": 5, "wrong": 6}\n')
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "toy", "--device", "cpu", "--task", str(f), "--out", str(out)], out)
+    assert "the clean and corrupted prompts give the same logit-diff (clean " in line
+    assert "the normalised effect is undefined" in line
+
+
+def test_a_multi_token_answer_is_refused(gpt2_dir, tmp_path, capsys):
+    f = tmp_path / "t.csv"
+    f.write_text("clean,corrupted,answer,wrong\nw1 w2,w5 w2,w3 w4,w6\n")
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", str(gpt2_dir), "--device", "cpu", "--task", str(f), "--out", str(out)], out)
+    assert "pair 0: the answer 'w3 w4' is 2 tokens, not one: the tokenizer splits it as ['w3', 'w4']" in line
+
+
+def test_attribution_and_eap_ig_from_the_command(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--method", "attribution", "--out", str(out)]
+    assert cli(argv) == 0
+    assert "attribution patching: 1 forward(s) and backward(s) per minibatch" in capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert names == [f"patch_attribution_head{s}" for s in (".csv", ".html", ".json", "_pairs.csv")]
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--method", "eap-ig", "--steps", "3"]
+    assert cli([*argv, "--out", str(tmp_path / "ig")]) == 0
+    assert "eap-ig patching: 3 forward(s) and backward(s) per minibatch" in capsys.readouterr().out
+    assert (tmp_path / "ig" / "patch_eap_ig_head.csv").is_file()
+
+
+def test_a_flag_the_method_ignores_is_refused_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--model", "no/such-model", "--method", "attribution", "--replay", "loop", "--out", str(out)]
+    line = _refused(capsys, argv, out)
+    assert line.endswith("--method attribution does not read --replay (it applies to --method exact): drop it")
+    line = _refused(capsys, ["--model", "no/such-model", "--steps", "3", "--out", str(out)], out)
+    assert line.endswith("--method exact does not read --steps (it applies to --method eap-ig): drop it")
+    line = _refused(capsys, [*argv, "--site", "k"], out)
+    assert line.endswith("does not read --replay or --site (it applies to --method exact): drop them")
+
+
+def test_patching_keys_from_the_command(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli(["--model", "toy", "--device", "cpu", "--batch", "3", "--site", "k", "--out", str(out)]) == 0
+    scores = PatchScores.load(out / "patch_k_head.json", stem="patch_k_head")
+    assert scores.meta["site"] == "k" and list(scores.table["query_heads"])[:2] == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_under_torchrun_two_ranks_write_what_one_process_writes(toy_or_skip, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from tests.helpers import child_env
+    from tests.test_distributed import _free_port
+
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--by", "position", "--no-progress"]
+    assert cli([*argv, "--out", str(tmp_path / "one")]) == 0
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    launch += ["--master-port", str(_free_port()), "-m", "interp.patch", *argv, "--out", str(tmp_path / "two")]
+    done = subprocess.run(launch, env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("\nwrote:") == 1  # rank 0 alone speaks and writes
+    one = pd.read_csv(tmp_path / "one" / "patch_position.csv")
+    two = pd.read_csv(tmp_path / "two" / "patch_position.csv")
+    pd.testing.assert_frame_equal(one, two)
