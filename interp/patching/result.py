@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 
 DIVERGING = "RdBu_r"  # red where a patch moves the metric toward the donor, blue against it; white at 0
+# with a noise floor, grey (and white) must mean "inside the floor" only: interp.plots.DIVERGING has no white middle
 
 
 @dataclass
@@ -100,8 +101,11 @@ class PatchScores(HeadScores):
         if self.by == "head":
             floor = self.meta.get("noise_floor")
             kwargs.setdefault("noise_floor", {score: floor} if floor is not None and self.has_ci(score) else {})
+            from interp.plots import DIVERGING as NO_GREY
+
+            scale = NO_GREY if kwargs["noise_floor"] else DIVERGING
             return super().figure(
-                [score], title=title, zmin=-bound, zmax=bound, colorscale=DIVERGING, value_name=score, **kwargs
+                [score], title=title, zmin=-bound, zmax=bound, colorscale=scale, value_name=score, **kwargs
             )
         import plotly.graph_objects as go
 
