@@ -37,6 +37,8 @@ LAYERS: dict[str, int] = {
     "cli": 12,
     # the atlas: it reads every analysis
     "report": 11,
+    # what heads write and read: reuses the head scores' registry and reductions
+    "circuits": 10.5,
     # the analyses
     "heads": 10,
     "sinks": 10,
