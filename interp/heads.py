@@ -208,24 +208,29 @@ def attention_scores(
     minibatch: int | None = None,
     progress: bool = False,
     engine: Literal["pattern", "stream"] = "pattern",
+    registry: Registry[HeadScore] = SCORES,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Per-sequence numerators and denominators of the attention scores, for every head.
 
     Only ``blocks.{l}.attn.hook_pattern`` is captured; each pattern is reduced to ``[batch, head]``
     numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
     gathers the same weights from q, k and the log-sum-exp instead (:func:`stream_attention_scores`).
+    ``registry``: where the score names are looked up (another analysis's own :class:`HeadScore`
+    registrations, e.g. :mod:`interp.circuits.encoder`'s).
     """
-    scores = SCORES.check_all(scores)
+    scores = registry.check_all(scores)
     if queries not in ("targets", "all"):
         raise UsageError(f"queries must be 'targets' or 'all', got {queries!r}")
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     if engine == "stream":
-        return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
+        return stream_attention_scores(
+            model, probe, scores, queries, minibatch=minibatch, progress=progress, registry=registry
+        )
     if engine != "pattern":
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
-    targets = {name: SCORES.get(name).mask(probe, queries).float() for name in SCORES if name in scores}
+    targets = {name: registry.get(name).mask(probe, queries).float() for name in registry if name in scores}
     counts = _query_counts(targets, queries, probe.seq_len)  # a score no query has a target for: 0 / 0
     L, H, B = info.n_layers, info.n_heads, probe.batch
     real = probe.real_mask()  # padded query rows are dropped before any reduction
@@ -270,6 +275,7 @@ def stream_attention_scores(
     queries: Queries,
     minibatch: int | None = None,
     progress: bool = False,
+    registry: Registry[HeadScore] = SCORES,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Numerators and denominators of :func:`attention_scores`, pattern-free: each layer's row pass
     gives the log-sum-exp, and the weights at each score's target pairs are gathered from it.
@@ -278,7 +284,7 @@ def stream_attention_scores(
     target pairs never touch padding, and ``queries="all"`` counts each row's real queries."""
     info = describe(model)
     B, L, H = probe.batch, info.n_layers, info.n_heads
-    pairs = {name: SCORES.get(name).pairs(probe, queries) for name in scores}
+    pairs = {name: registry.get(name).pairs(probe, queries) for name in scores}
     den: dict[str, Tensor] = {}
     for name, p in pairs.items():
         if queries == "all":  # detect_head divides by the pattern's total mass: a row of mass 1 per real query

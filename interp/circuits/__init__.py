@@ -5,11 +5,25 @@ encoder-head and entropy scores (patterns), and direct logit attribution (one cl
   random-matrix baseline and z-score;
 - :mod:`interp.circuits.ov`: OV circuit roles from weights (copy suppression, successor heads), each
   registered in :data:`~interp.circuits.ov.OV_SCORES` with its chance level;
+- :mod:`interp.circuits.encoder`: Clark et al.'s encoder-head scores (attention on [CLS], [SEP],
+  punctuation, previous/own/next token), entropy, Voita et al.'s positional and rare-word heads,
+  and a Jensen-Shannon map of heads;
 """
 
 from __future__ import annotations
 
 from interp.circuits.composition import KINDS, Compositions, composition_scores
+from interp.circuits.encoder import ENCODER_SCORES, HeadMap, encoder_scores, head_map
 from interp.circuits.ov import OV_SCORES, ov_scores
 
-__all__ = ["KINDS", "OV_SCORES", "Compositions", "composition_scores", "ov_scores"]
+__all__ = [
+    "ENCODER_SCORES",
+    "KINDS",
+    "OV_SCORES",
+    "Compositions",
+    "HeadMap",
+    "composition_scores",
+    "encoder_scores",
+    "head_map",
+    "ov_scores",
+]
