@@ -37,6 +37,7 @@ class HeadWeights:
     W_O: Float[Tensor, "layer head d_head d_model"]
     W_E: Float[Tensor, "d_vocab d_model"]
     W_U: Float[Tensor, "d_model d_vocab"]
+    b_U: Float[Tensor, " d_vocab"]  # zeros for a model without an unembedding bias
     group: int  # query heads per key-value head (1: multi-head attention)
     rotary: bool  # queries and keys are rotated by position before they meet
 
@@ -88,9 +89,11 @@ def read_head_weights(model: Any, info: ModelInfo, what: str) -> HeadWeights:
             full = t.new_full((info.n_layers, *t.shape[1:]), float("nan"))
             full[list(info.attention_layers)] = t
             per_head[k] = full
+    b_U = getattr(model, "b_U", None)
+    b_U = w["W_U"].new_zeros(w["W_U"].shape[1]) if b_U is None else b_U.detach().to(dev, torch.float64)
     cfg = model.cfg
     rotary = str(getattr(cfg, "positional_embedding_type", "standard")) == "rotary"
-    return HeadWeights(**per_head, W_E=w["W_E"], W_U=w["W_U"], group=group, rotary=rotary)
+    return HeadWeights(**per_head, W_E=w["W_E"], W_U=w["W_U"], b_U=b_U, group=group, rotary=rotary)
 
 
 def _per_query_head(w: Tensor, n_heads: int) -> Tensor:
@@ -122,4 +125,55 @@ def first_mlp(model: Any, resid: Float[Tensor, "n d_model"], chunk: int = 2048) 
     return torch.cat(out)
 
 
-__all__ = ["HeadWeights", "first_mlp", "latent_refusal", "read_head_weights"]
+@dataclass(frozen=True)
+class NormSite:
+    """Where a normalization's input, scale and output are hooked: ``output = P(input) / scale * w + b``,
+    ``P`` the centering when ``centered`` (LayerNorm), the identity otherwise (RMSNorm)."""
+
+    input: str
+    scale: str
+    output: str
+    centered: bool
+
+
+def final_norm_site(model: Any) -> NormSite | None:
+    """The final norm's hooks (``None``: the model has no final norm)."""
+    kind = str(getattr(model.cfg, "normalization_type", None))
+    if kind == "None" or "ln_final.hook_scale" not in model.hook_dict:
+        return None
+    centered = kind.startswith("LN")
+    if "ln_final.hook_in" in model.hook_dict:  # a bridge
+        return NormSite("ln_final.hook_in", "ln_final.hook_scale", "ln_final.hook_out", centered)
+    last = len(model.blocks) - 1  # the toy: its final norm reads the last block's output
+    return NormSite(f"blocks.{last}.hook_resid_post", "ln_final.hook_scale", "ln_final.hook_normalized", centered)
+
+
+def post_attention_norm_site(model: Any, layer: int) -> NormSite | None:
+    """The norm between layer ``layer``'s attention output and the residual (Gemma 2's
+    ``post_attention_layernorm``), ``None`` where the attention output is added as it is."""
+    prefix = f"blocks.{layer}.ln1_post"
+    if f"{prefix}.hook_in" not in model.hook_dict:
+        return None
+    centered = str(getattr(model.cfg, "normalization_type", None)).startswith("LN")
+    return NormSite(f"{prefix}.hook_in", f"{prefix}.hook_scale", f"{prefix}.hook_out", centered)
+
+
+def final_softcap(model: Any) -> float | None:
+    """The cap ``c`` of the final logits, ``c * tanh(logit / c)`` (Gemma 2), ``None`` when uncapped."""
+    for name in ("output_logits_soft_cap", "final_logit_softcapping"):
+        value = getattr(model.cfg, name, None)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    return None
+
+
+__all__ = [
+    "HeadWeights",
+    "final_softcap",
+    "NormSite",
+    "final_norm_site",
+    "first_mlp",
+    "latent_refusal",
+    "post_attention_norm_site",
+    "read_head_weights",
+]

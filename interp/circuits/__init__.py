@@ -8,12 +8,15 @@ encoder-head and entropy scores (patterns), and direct logit attribution (one cl
 - :mod:`interp.circuits.encoder`: Clark et al.'s encoder-head scores (attention on [CLS], [SEP],
   punctuation, previous/own/next token), entropy, Voita et al.'s positional and rare-word heads,
   and a Jensen-Shannon map of heads;
+- :mod:`interp.circuits.logit`: direct logit attribution per head and per head x position, through
+  the final norm with its scale frozen, the parts adding up to the model's logit difference.
 """
 
 from __future__ import annotations
 
 from interp.circuits.composition import KINDS, Compositions, composition_scores
 from interp.circuits.encoder import ENCODER_SCORES, HeadMap, encoder_scores, head_map
+from interp.circuits.logit import LogitAttribution, logit_attribution
 from interp.circuits.ov import OV_SCORES, ov_scores
 
 __all__ = [
@@ -22,8 +25,10 @@ __all__ = [
     "OV_SCORES",
     "Compositions",
     "HeadMap",
+    "LogitAttribution",
     "composition_scores",
     "encoder_scores",
     "head_map",
+    "logit_attribution",
     "ov_scores",
 ]
