@@ -102,7 +102,10 @@ def test_bad_ids_are_refused_saying_what():
         logit_attribution(averaging_model(), torch.tensor([[1, 2]]), [1, 2])
     with pytest.raises(UsageError, match="wrongs: token id 99 is outside the model's vocabulary of 16"):
         logit_attribution(averaging_model(), torch.tensor([[1, 2]]), [1], [99])
-    with pytest.raises(UsageError, match=r"positions must hold one position in 0..1 per prompt \(1\), got \[5\]"):
+    with pytest.raises(
+        UsageError,
+        match=r"positions must hold one position per prompt \(1\), each inside its prompt \(lengths \[2\]\), got \[5\]",
+    ):
         logit_attribution(averaging_model(), torch.tensor([[1, 2]]), [1], positions=[5])
 
 
@@ -115,3 +118,12 @@ def test_saves(tmp_path):
         "logit_attribution_heads.json",
         "logit_attribution_parts.csv",
     ]
+
+
+def test_prompts_of_different_lengths_run_each_length_as_its_batch():
+    model = averaging_model()
+    r = logit_attribution(model, [[3, 5, 5], [4, 4, 9, 2]], [5, 4], [3, 2], n_boot=10)
+    np.testing.assert_allclose(np.nansum(r.per_position[:, 0, 0], -1), [(2 - 1) / 3, (2 - 1) / 4], atol=1e-6)
+    assert np.isnan(r.per_position[0, 0, 0, 3])  # past the first prompt's end
+    alone = logit_attribution(model, [[4, 4, 9, 2]], [4], [2], n_boot=10)
+    np.testing.assert_allclose(r.parts.loc[1, "total"], alone.parts.loc[0, "total"])

@@ -121,7 +121,7 @@ def _frozen(site: NormSite, grabbed: dict[str, Tensor], at: Tensor) -> _FrozenNo
 
 def logit_attribution(
     model: HookedModel,
-    tokens: Int[Tensor, "batch pos"],
+    tokens: Int[Tensor, "batch pos"] | Sequence[Sequence[int]],
     answers: Int[Tensor, " batch"] | Sequence[int],
     wrongs: Int[Tensor, " batch"] | Sequence[int] | None = None,
     *,
@@ -131,21 +131,71 @@ def logit_attribution(
     seed: int = 0,
 ) -> LogitAttribution:
     """Direct logit attribution of every head (and every other part of the residual) to each
-    prompt's ``logit[answer] - logit[wrong]`` at ``positions`` (default: the last), see the module
-    docstring. ``wrongs=None`` attributes the answer's logit itself."""
+    prompt's ``logit[answer] - logit[wrong]`` at ``positions`` (default: each prompt's last), see
+    the module docstring. ``wrongs=None`` attributes the answer's logit itself. ``tokens`` is
+    ``[batch, pos]`` or a list of prompts of any lengths (each length runs as its own batch;
+    ``per_position`` is NaN past a prompt's end)."""
     info = describe(model)
-    tokens = torch.as_tensor(tokens).long()
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    B, T = tokens.shape
+    rows = _rows(tokens, info.d_vocab)
+    B = len(rows)
     answers = _ids(answers, B, info.d_vocab, "answers")
     wrongs = None if wrongs is None else _ids(wrongs, B, info.d_vocab, "wrongs")
-    at = torch.full((B,), T - 1) if positions is None else torch.as_tensor(positions).long().flatten()
-    if len(at) != B or bool(((at < 0) | (at >= T)).any()):
-        raise UsageError(f"positions must hold one position in 0..{T - 1} per prompt ({B}), got {at.tolist()}")
-    if T > info.n_ctx:
-        raise UsageError(f"prompts of {T} tokens are longer than the model's context of {info.n_ctx}")
+    lengths = torch.tensor([len(r) for r in rows])
+    at = lengths - 1 if positions is None else torch.as_tensor(positions).long().flatten()
+    if len(at) != B or bool(((at < 0) | (at >= lengths)).any()):
+        raise UsageError(
+            f"positions must hold one position per prompt ({B}), each inside its prompt "
+            f"(lengths {lengths.tolist()}), got {at.tolist()}"
+        )
+    if int(lengths.max()) > info.n_ctx:
+        raise UsageError(f"a prompt of {int(lengths.max())} tokens is longer than the model's context of {info.n_ctx}")
     w = read_head_weights(model, info, "direct logit attribution")
+    T = int(lengths.max())
+    per_pos = torch.full((B, info.n_layers, info.n_heads, T), float("nan"), dtype=torch.float64)
+    columns: dict[str, Tensor] = {}
+    for n in sorted(set(lengths.tolist())):
+        idx = torch.nonzero(lengths == n).flatten()
+        group = torch.tensor([rows[i] for i in idx.tolist()], dtype=torch.long)
+        got = _attribute(model, info, w, group, answers[idx], None if wrongs is None else wrongs[idx], at[idx])
+        per_pos[idx, :, :, :n] = got.pop("per_position")
+        for name, values in got.items():
+            columns.setdefault(name, torch.full((B,), float("nan"), dtype=torch.float64))[idx] = values
+    head_terms = per_pos.nansum(-1)
+    head_terms[:, list(info.absent_layers)] = float("nan")
+    frame = pd.DataFrame({k: v.numpy() for k, v in columns.items()})
+    frame.insert(0, "prompt", np.arange(B))
+    softcap = final_softcap(model)
+    point, lo, hi = bootstrap_mean(head_terms, n_boot=n_boot, level=level, seed=seed)
+    final = final_norm_site(model)
+    meta = run_header(info, kind="logit_attribution", n_boot=n_boot, ci_level=level, seed=seed)
+    meta.update(
+        n_prompts=B,
+        direction="answer - wrong" if wrongs is not None else "answer",
+        softcap=(
+            f"the final logits are capped, {softcap} * tanh(logit / {softcap}); the attribution is of the "
+            "pre-cap logit difference (column 'model'; the capped one is 'model_capped')"
+            if softcap
+            else None
+        ),
+        max_error=float((columns["total"] - columns["model"]).abs().max()),
+        notes=[f"final norm: {_norm_name(final)}, its scale frozen at the clean run"],
+    )
+    heads = HeadScores.from_grids({"dla": point, "dla_lo": lo, "dla_hi": hi}, {**meta, "ci_sequences": {"dla": B}})
+    return LogitAttribution(heads, per_pos.numpy(), frame, meta)
+
+
+def _attribute(
+    model: HookedModel,
+    info: Any,
+    w: Any,
+    tokens: Int[Tensor, "batch pos"],
+    answers: Int[Tensor, " batch"],
+    wrongs: Int[Tensor, " batch"] | None,
+    at: Int[Tensor, " batch"],
+) -> dict[str, Tensor]:
+    """One batch of prompts of one length: every part's term per prompt, the heads' terms per
+    source position (``per_position``), the total and the model's own difference."""
+    B, T = tokens.shape
     final = final_norm_site(model)
     posts = {l: post_attention_norm_site(model, l) for l in info.attention_layers}
     L, H = info.n_layers, info.n_heads
@@ -188,9 +238,8 @@ def logit_attribution(
     parts: dict[str, Tensor] = {"embed": dot(resid("blocks.0.hook_resid_pre"))}
     per_pos = torch.full((B, L, H, T), float("nan"), dtype=torch.float64)
     for l in range(L):
-        write = resid(f"blocks.{l}.hook_resid_mid") - (
-            resid("blocks.0.hook_resid_pre") if l == 0 else resid(f"blocks.{l - 1}.hook_resid_post")
-        )
+        before = resid("blocks.0.hook_resid_pre") if l == 0 else resid(f"blocks.{l - 1}.hook_resid_post")
+        write = resid(f"blocks.{l}.hook_resid_mid") - before
         if l in posts:
             head_u = u if posts[l] is None else _frozen(posts[l], grabbed, at).pullback(u)
             A = grabbed[pattern_hook(l)][batch, :, at]  # [batch, head, key]
@@ -198,44 +247,37 @@ def logit_attribution(
             v = v.repeat_interleave(H // v.shape[2], dim=2) if v.shape[2] != H else v  # [batch, key, head, d]
             ov = torch.einsum("bkhd,hde,be->bhk", v, w.W_O[l].cpu(), head_u)  # each key's value, projected
             per_pos[:, l] = A * ov
-            heads = per_pos[:, l].sum(-1)
-            parts[f"attn_other.{l}"] = dot(write) - heads.sum(-1)
+            parts[f"attn_other.{l}"] = dot(write) - per_pos[:, l].sum((-1, -2))
         parts[f"mlp.{l}"] = dot(resid(f"blocks.{l}.hook_resid_post") - resid(f"blocks.{l}.hook_resid_mid"))
     final_resid = resid(final.input) if final is not None else resid(f"blocks.{L - 1}.hook_resid_post")
     parts["rest"] = dot(final_resid - resid(f"blocks.{L - 1}.hook_resid_post"))
     parts["bias"] = const
-    head_terms = per_pos.sum(-1)  # [batch, layer, head]
-    total = sum(parts.values()) + torch.nan_to_num(head_terms).sum((1, 2))
+    parts["heads"] = torch.nan_to_num(per_pos).sum((1, 2, 3))
+    parts["total"] = sum(parts.values())
 
     softcap = final_softcap(model)
     own = logits[batch, at]  # [batch, vocab]
     raw = softcap * torch.atanh(own / softcap) if softcap else own
-    model_diff = raw[batch, answers] - (raw[batch, wrongs] if wrongs is not None else 0)
-    frame = pd.DataFrame({k: v.numpy() for k, v in parts.items()})
-    frame.insert(0, "prompt", np.arange(B))
-    frame["heads"] = torch.nan_to_num(head_terms).sum((1, 2)).numpy()
-    frame["total"] = total.numpy()
-    frame["model"] = model_diff.numpy()
+    parts["model"] = raw[batch, answers] - (raw[batch, wrongs] if wrongs is not None else 0)
     if softcap:
-        capped = own[batch, answers] - (own[batch, wrongs] if wrongs is not None else 0)
-        frame["model_capped"] = capped.numpy()
+        parts["model_capped"] = own[batch, answers] - (own[batch, wrongs] if wrongs is not None else 0)
+    parts["per_position"] = per_pos
+    return parts
 
-    point, lo, hi = bootstrap_mean(head_terms, n_boot=n_boot, level=level, seed=seed)
-    meta = run_header(info, kind="logit_attribution", n_boot=n_boot, ci_level=level, seed=seed)
-    meta.update(
-        n_prompts=B,
-        direction="answer - wrong" if wrongs is not None else "answer",
-        softcap=(
-            f"the final logits are capped, {softcap} * tanh(logit / {softcap}); the attribution is of the "
-            "pre-cap logit difference (column 'model'; the capped one is 'model_capped')"
-            if softcap
-            else None
-        ),
-        max_error=float((total - model_diff).abs().max()),
-        notes=[f"final norm: {_norm_name(final)}, its scale frozen at the clean run"],
-    )
-    heads = HeadScores.from_grids({"dla": point, "dla_lo": lo, "dla_hi": hi}, {**meta, "ci_sequences": {"dla": B}})
-    return LogitAttribution(heads, per_pos.numpy(), frame, meta)
+
+def _rows(tokens: Any, vocab: int) -> list[list[int]]:
+    """The prompts as lists of ids: a ``[batch, pos]`` (or ``[pos]``) tensor or a list of sequences."""
+    if isinstance(tokens, Tensor):
+        t = tokens.long().cpu()
+        rows = (t[None] if t.ndim == 1 else t).tolist()
+    else:
+        rows = [list(map(int, r)) for r in tokens]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise UsageError("tokens must hold at least one non-empty prompt")
+    bad = [t for r in rows for t in r if not 0 <= t < vocab]
+    if bad:
+        raise UsageError(f"token id {bad[0]} is outside the model's vocabulary of {vocab}")
+    return rows
 
 
 def _norm_name(site: NormSite | None) -> str:
