@@ -128,3 +128,11 @@ def test_decoder_next_token_is_nan_saying_why():
         "next: no query of this probe sees such a key (a causal model never sees the next token)" in s.meta["notes"][0]
     )
     assert s.grid("own").min() > 0
+
+
+def test_roles_are_named_from_the_encoder_scores(setup):
+    from interp.report.roles import role_table
+
+    _, _, s = setup
+    roles = role_table(s, s.meta["baselines"]).set_index("label")["role"]
+    assert roles.to_dict() == {"0.0": "[SEP]", "0.1": "next-token, positional", "0.2": ""}

@@ -107,3 +107,10 @@ def test_copy_suppression_through_the_first_mlp():
     cfg = ToyConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=50, n_ctx=8, attn_only=False)
     s = ov_scores(ToyTransformer(cfg).eval(), ["copy_suppression"], k=3, n_boot=50)
     assert "W_E + MLP0(W_E)" in s.meta["notes"][0]
+
+
+def test_roles_are_named_from_the_ov_scores(scores):
+    from interp.report.roles import role_table
+
+    roles = role_table(scores, scores.meta["baselines"]).set_index("label")["role"]
+    assert roles.to_dict() == {"0.0": "copy-suppression", "0.1": "successor", "1.0": "", "1.1": ""}

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "__main__": 13,
     "ablate": 13,
     "induction": 13,
+    "roles": 13,
     "report.__main__": 13,
     "sinks.__main__": 13,
     "retrieval.__main__": 13,
