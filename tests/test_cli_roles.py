@@ -45,7 +45,9 @@ def test_successor_is_skipped_saying_why_without_sequences(tmp_path, capsys):
     out = tmp_path / "res"
     assert cli(["--out", str(out), "--analyses", "ov", "--device", "cpu", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "skipped successor: the successor score needs ordinal sequences of tokens, and toy has no tokenizer" in printed
+    assert (
+        "skipped successor: the successor score needs ordinal sequences of tokens, and toy has no tokenizer" in printed
+    )
     assert "copy_suppression" in pd.read_csv(out / "ov_scores.csv").columns
 
 
