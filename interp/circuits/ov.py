@@ -46,7 +46,7 @@ from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_mean
 
 K_LOWEST = 10
-MAX_TOKENS = 2000
+MAX_TOKENS = 500
 MIN_SUCCESSOR_PAIRS = 10
 ORDINALS: dict[str, list[str]] = {
     "numbers": [str(i) for i in range(1, 101)],
@@ -102,7 +102,9 @@ def effective_embedding(model: HookedModel, w: HeadWeights) -> tuple[Float[Tenso
 # copy suppression
 
 
-def _copy_suppression_hits(ctx: OVContext, chunk: int = 256) -> Tensor:
+def _copy_suppression_hits(ctx: OVContext, budget: int = 1 << 28) -> Tensor:
+    w = ctx.weights
+    chunk = max(1, min(256, budget // (4 * w.W_V.shape[0] * w.W_V.shape[1] * ctx.info.d_vocab)))  # rows per pass
     out = []
     for start in range(0, len(ctx.tokens), chunk):
         rows = ctx.tokens[start : start + chunk]
