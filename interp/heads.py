@@ -52,6 +52,7 @@ from torch import Tensor
 
 import interp.distributed as distributed
 from interp.adapters import AttentionInputs, HookedModel, ModelInfo, describe, run_with_reducers
+from interp.adapters.weights import per_query_head
 from interp.config import RunConfig, run_header
 from interp.errors import InterpError, NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
@@ -359,8 +360,8 @@ def copying_scores(model: HookedModel) -> Float[Tensor, "layer head"]:
     with torch.no_grad():
         dev = weights[0].device  # a model spread over devices: the embedding's (the unembedding may be elsewhere)
         W_E, W_U, W_V, W_O = (w.detach().to(dev).double() for w in weights)
-        W_V = _per_query_head(W_V, info.n_heads)  # [attention layer, head, d_model, d_head]
-        W_O = _per_query_head(W_O, info.n_heads)  # [attention layer, head, d_head, d_model]
+        W_V = per_query_head(W_V, info.n_heads)  # [attention layer, head, d_model, d_head]
+        W_O = per_query_head(W_O, info.n_heads)  # [attention layer, head, d_head, d_model]
         vocab = min(W_E.shape[0], W_U.shape[1])
         UE = W_U[:, :vocab] @ W_E[:vocab]  # [d_model, d_model]
         small = W_O @ UE @ W_V  # [layer, head, d_head, d_head]: same non-zero spectrum as F
@@ -385,13 +386,6 @@ def _no_copying(info: ModelInfo) -> str:
         f"the copying score reads each head's W_V and W_O, and {info.name} has multi-head latent attention "
         "(values come out of a shared compressed projection, no per-head W_V)"
     )
-
-
-def _per_query_head(w: Tensor, n_heads: int) -> Tensor:
-    """Expand grouped (GQA/MQA) K/V weights to one slice per query head, by index."""
-    if w.shape[1] == n_heads:
-        return w
-    return w.repeat_interleave(n_heads // w.shape[1], dim=1)
 
 
 def head_scores(

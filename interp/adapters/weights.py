@@ -83,7 +83,7 @@ def read_head_weights(model: Any, info: ModelInfo, what: str) -> HeadWeights:
     group = H // w["W_K"].shape[1] if w["W_K"].shape[1] != H else 1
     if w["W_V"].shape[1] != H and H // w["W_V"].shape[1] != group:
         raise UsageError(f"{what}: W_K and W_V of {info.name} are grouped differently; cannot read per-head weights")
-    per_head = {k: _per_query_head(w[k], H) for k in ("W_Q", "W_K", "W_V", "W_O")}
+    per_head = {k: per_query_head(w[k], H) for k in ("W_Q", "W_K", "W_V", "W_O")}
     if per_head["W_Q"].shape[0] != info.n_layers:  # a hybrid model: attention layers only, stacked
         for k, t in per_head.items():
             full = t.new_full((info.n_layers, *t.shape[1:]), float("nan"))
@@ -96,7 +96,7 @@ def read_head_weights(model: Any, info: ModelInfo, what: str) -> HeadWeights:
     return HeadWeights(**per_head, W_E=w["W_E"], W_U=w["W_U"], b_U=b_U, group=group, rotary=rotary)
 
 
-def _per_query_head(w: Tensor, n_heads: int) -> Tensor:
+def per_query_head(w: Tensor, n_heads: int) -> Tensor:
     """Grouped (GQA/MQA) K/V weights expanded to one slice per query head (query head ``h`` reads
     key-value head ``h // group``, as Hugging Face and TransformerLens do)."""
     if w.shape[1] == n_heads:
@@ -174,6 +174,7 @@ __all__ = [
     "final_norm_site",
     "first_mlp",
     "latent_refusal",
+    "per_query_head",
     "post_attention_norm_site",
     "read_head_weights",
 ]
