@@ -48,14 +48,20 @@ def induction_pair() -> ToyTransformer:
     return model.eval()
 
 
-def test_equals_transformer_lens_all_composition_scores_on_gpt2():
-    bridge = interp.models.from_hf_model(gpt2_model(n_layer=3), word_tokenizer())
+@pytest.mark.parametrize("family", ["gpt2", "llama"])  # llama: rotary, 2 key-value heads for 4 query heads
+def test_equals_transformer_lens_all_composition_scores(family):
+    if family == "gpt2":
+        bridge, pairs = interp.models.from_hf_model(gpt2_model(n_layer=3), word_tokenizer()), 3
+    else:
+        from tests.conformance import build
+
+        bridge, pairs = interp.models.from_hf_model(*build(family)), 1
     ours = composition_scores(bridge, n_random=20)
     for kind in "QKV":
         ref = bridge.all_composition_scores(kind).scores.detach().double()  # [layer, head, layer, head]
         grid = torch.from_numpy(ours.grid(kind)).reshape(ref.shape)
         scored = ~torch.isnan(grid)
-        assert int(scored.sum()) == 3 * 16  # 3 layer pairs x 4 x 4 heads
+        assert int(scored.sum()) == pairs * 16  # layer pairs x 4 x 4 heads
         assert ref[scored].abs().min() > 0.05  # the comparison is of real numbers, not zeros
         assert (grid[scored] - ref[scored]).abs().max() < 1e-5
         assert (ref[~scored] == 0).all()  # TransformerLens writes 0 where we leave the pair out

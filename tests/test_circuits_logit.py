@@ -30,7 +30,7 @@ def with_norm_weights(model):
     return model
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "gpt_neox"])  # gpt_neox: parallel blocks
 def test_parts_add_up_to_the_models_own_logit_difference(family):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, 300, (4, 10), generator=g)
@@ -127,3 +127,17 @@ def test_prompts_of_different_lengths_run_each_length_as_its_batch():
     assert np.isnan(r.per_position[0, 0, 0, 3])  # past the first prompt's end
     alone = logit_attribution(model, [[4, 4, 9, 2]], [4], [2], n_boot=10)
     np.testing.assert_allclose(r.parts.loc[1, "total"], alone.parts.loc[0, "total"])
+
+
+def test_gated_attention_is_refused_saying_why():
+    hf, tok = build("qwen3_next")
+    model = interp.models.from_hf_model(hf, tok)
+    with pytest.raises(UsageError, match=r"in layers \[1\] multiplies each head's output by a sigmoid gate first"):
+        logit_attribution(model, torch.tensor([[1, 2, 3]]), [4], [5])
+
+
+def test_encoders_are_refused_saying_why():
+    hf, tok = build("bert")
+    model = interp.models.from_hf_model(hf, tok)
+    with pytest.raises(UsageError, match="is an encoder: its blocks normalise after adding"):
+        logit_attribution(model, torch.tensor([[5, 6, 7]]), [8], [9])

@@ -67,3 +67,15 @@ def test_unknown_analysis_is_refused():
     with pytest.raises(SystemExit) as e:
         cli(["--analyses", "nope"])
     assert e.value.code == 2
+
+
+def test_prompt_ids_outside_the_vocabulary_exit_2_before_anything_is_written(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps([{"tokens": [0, 1, 2], "answer": 100000}]))
+    out = tmp_path / "res"
+    with pytest.raises(SystemExit) as e:
+        cli(["--out", str(out), "--prompts", str(bad), "--device", "cpu", "--no-progress"])
+    assert e.value.code == 2
+    assert "answers: token id 100000 is outside the model's vocabulary of 512" in capsys.readouterr().err
+    written = [p.name for p in out.iterdir() if not p.name.startswith(".")] if out.exists() else []
+    assert written == []  # the lock file aside

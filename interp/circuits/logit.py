@@ -11,8 +11,13 @@ For each prompt, at its answer position ``q``, the logit difference ``logit[answ
   that norm's scale is frozen too. Per head x source position: ``A[q, k] v_k W_O``, which sums
   over ``k`` to the head's term;
 - ``attn_other`` per layer: the attention's write to the residual minus its heads' (the output
-  bias ``b_O``, a post-norm's bias);
-- ``mlp`` per layer: the MLP's write (``resid_post - resid_mid``);
+  bias ``b_O``, a post-norm's bias; a linear-attention layer's whole write);
+- ``mlp`` per layer: the MLP's write (``resid_post - resid_mid``; in a parallel block, where
+  attention and MLP read the same input, the block's write minus the attention's);
+
+Attention with a sigmoid output gate per head (Qwen3-Next) is refused: the head's output is not
+its pattern times its values through ``W_O``. Encoders are refused: post-LayerNorm blocks and a
+masked-LM head with a dense layer and an activation make no head's write a term of the logits.
 - ``rest``: the final residual minus the last block's output (zero for these architectures);
 - ``bias``: the final norm's bias and the unembedding bias on the direction.
 
@@ -44,6 +49,7 @@ from torch import Tensor
 
 from interp._io import atomic_write, atomic_write_json
 from interp.adapters import HookedModel, describe, run_with_reducers
+from interp.adapters.bridge import gated_attention_modules
 from interp.adapters.weights import (
     NormSite,
     final_norm_site,
@@ -149,7 +155,20 @@ def logit_attribution(
         )
     if int(lengths.max()) > info.n_ctx:
         raise UsageError(f"a prompt of {int(lengths.max())} tokens is longer than the model's context of {info.n_ctx}")
+    if info.is_encoder:
+        raise UsageError(
+            f"direct logit attribution splits a decoder's residual stream into terms of the logits, and {info.name} "
+            "is an encoder: its blocks normalise after adding (post-LayerNorm) and its masked-LM head has a dense "
+            "layer and an activation before the unembedding, so a head's write is not a term of the logits: refused"
+        )
     w = read_head_weights(model, info, "direct logit attribution")
+    gated = sorted(gated_attention_modules(model))
+    if gated:
+        raise UsageError(
+            f"direct logit attribution reads each head's output as its pattern times its values through W_O, and "
+            f"{info.name}'s attention in layers {gated} multiplies each head's output by a sigmoid gate first, "
+            "which it does not read: refused"
+        )
     T = int(lengths.max())
     per_pos = torch.full((B, info.n_layers, info.n_heads, T), float("nan"), dtype=torch.float64)
     columns: dict[str, Tensor] = {}
@@ -208,9 +227,13 @@ def _attribute(
 
         return keep
 
+    parallel = "blocks.0.hook_resid_mid" not in model.hook_dict  # attention and MLP read the same input
     names = ["blocks.0.hook_resid_pre"]
     for l in range(L):
-        names += [f"blocks.{l}.hook_resid_mid", f"blocks.{l}.hook_resid_post"]
+        names += [
+            f"blocks.{l}.hook_attn_out" if parallel else f"blocks.{l}.hook_resid_mid",
+            f"blocks.{l}.hook_resid_post",
+        ]
     for l in info.attention_layers:
         names += [pattern_hook(l), f"blocks.{l}.attn.hook_v"]
         if posts[l] is not None:
@@ -239,8 +262,11 @@ def _attribute(
     per_pos = torch.full((B, L, H, T), float("nan"), dtype=torch.float64)
     for l in range(L):
         before = resid("blocks.0.hook_resid_pre") if l == 0 else resid(f"blocks.{l - 1}.hook_resid_post")
-        write = resid(f"blocks.{l}.hook_resid_mid") - before
-        if l in posts:
+        mid = before + resid(f"blocks.{l}.hook_attn_out") if parallel else resid(f"blocks.{l}.hook_resid_mid")
+        write = mid - before
+        if l not in posts:  # a layer without softmax attention (linear attention): its whole write
+            parts[f"attn_other.{l}"] = dot(write)
+        else:
             head_u = u if posts[l] is None else _frozen(posts[l], grabbed, at).pullback(u)
             A = grabbed[pattern_hook(l)][batch, :, at]  # [batch, head, key]
             v = grabbed[f"blocks.{l}.attn.hook_v"]
@@ -248,7 +274,7 @@ def _attribute(
             ov = torch.einsum("bkhd,hde,be->bhk", v, w.W_O[l].cpu(), head_u)  # each key's value, projected
             per_pos[:, l] = A * ov
             parts[f"attn_other.{l}"] = dot(write) - per_pos[:, l].sum((-1, -2))
-        parts[f"mlp.{l}"] = dot(resid(f"blocks.{l}.hook_resid_post") - resid(f"blocks.{l}.hook_resid_mid"))
+        parts[f"mlp.{l}"] = dot(resid(f"blocks.{l}.hook_resid_post") - mid)
     final_resid = resid(final.input) if final is not None else resid(f"blocks.{L - 1}.hook_resid_post")
     parts["rest"] = dot(final_resid - resid(f"blocks.{L - 1}.hook_resid_post"))
     parts["bias"] = const

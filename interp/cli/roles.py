@@ -3,7 +3,8 @@
 A thin layer over :mod:`interp.circuits`: Q/K/V composition between heads (with z-scores against
 random heads), OV roles from weights (copy suppression, successor), encoder-head and entropy scores
 and Voita's positional / rare-word heads on a text probe, the Jensen-Shannon map of heads, and,
-given ``--prompts``, direct logit attribution. It prints each analysis's strongest heads and the
+given ``--prompts``, direct logit attribution (run first: prompts it cannot attribute end the run
+with exit 2 before anything is written). It prints each analysis's strongest heads and the
 heads named for a role, and writes under ``--out``:
 
 - ``composition.{csv,json,html}``; ``ov_scores.{csv,json}``; ``encoder_heads.{csv,json}``;
@@ -167,6 +168,9 @@ def prompt_ids(
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     prompts = prompt_ids(model, info, args.prompt_rows) if args.prompt_rows is not None else None
+    dla = None
+    if "dla" in args.analyses and prompts is not None:  # first: bad prompts end the run before any write
+        dla = logit_attribution(model, *prompts, level=args.ci, seed=args.seed)
     print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
     written: list[Path] = []
     tables: list[HeadScores] = []
@@ -223,16 +227,14 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         written += m.save(out)
         written += save_figure(m.figure(), out, "head_map")
 
-    if "dla" in todo and prompts is not None:
-        tokens, answers, wrongs = prompts
-        dla = logit_attribution(model, tokens, answers, wrongs, level=args.ci, seed=args.seed)
+    if dla is not None:
         written += dla.save(out)
         ranked = dla.heads.table.reindex(dla.heads.table["dla"].abs().sort_values(ascending=False).index).head(args.top)
         print(
-            f"\ndirect logit attribution ({dla.meta['direction']}, {len(tokens)} prompts; "
+            f"\ndirect logit attribution ({dla.meta['direction']}, {dla.meta['n_prompts']} prompts; "
             f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
         )
-        print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=len(tokens)))
+        print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))
         if dla.meta["softcap"]:
             print(f"  note: {dla.meta['softcap']}")
 
