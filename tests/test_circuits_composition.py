@@ -124,3 +124,14 @@ def test_latent_attention_is_refused_saying_why():
 def test_unknown_kind_is_refused():
     with pytest.raises(UsageError, match=r"unknown composition kind\(s\) \['X'\]: choose from \['Q', 'K', 'V'\]"):
         composition_scores(induction_pair(), kinds=["X"])
+
+
+def test_pair_scores_block_by_block_equal_all_at_once():
+    from interp.circuits.composition import pair_scores
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 4, 32, 8, generator=g, dtype=torch.float64)
+    B = torch.randn(3, 4, 8, 32, generator=g, dtype=torch.float64)
+    whole = pair_scores(A, B, A, B)
+    assert whole.shape == (3, 4, 3, 4)
+    torch.testing.assert_close(pair_scores(A, B, A, B, budget=1), whole, rtol=0, atol=0)  # one right head a pass

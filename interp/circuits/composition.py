@@ -77,35 +77,45 @@ def pair_scores(
     B: Float[Tensor, "*left d1 d_model"],
     C: Float[Tensor, "*right d_model d2"],
     D: Float[Tensor, "*right d2 d_model"],
+    *,
+    budget: int = 1 << 28,
 ) -> Float[Tensor, "*left *right"]:
-    """``||A B C D||_F / (||A B||_F ||C D||_F)`` for every (left, right) pair of leading indices."""
+    """``||A B C D||_F / (||A B||_F ||C D||_F)`` for every (left, right) pair of leading indices;
+    the ``[left, right, d1, d2]`` products are formed a block of right heads at a time, each within
+    ``budget`` bytes."""
     RA, RD = _r(A), _r(D.transpose(-1, -2))
     left = RA @ B  # [*left, d1, d_model]
     right = C @ RD.transpose(-1, -2)  # [*right, d_model, d2]
     nl, nr = left.shape[:-2], right.shape[:-2]
-    L = left.reshape(-1, *left.shape[-2:])
-    R = right.reshape(-1, *right.shape[-2:])
-    prod = torch.einsum("aim,bmj->abij", L, R)  # one batched GEMM over all pairs
-    score = prod.flatten(-2).norm(dim=-1) / L.flatten(-2).norm(dim=-1)[:, None] / R.flatten(-2).norm(dim=-1)[None]
+    Lf = left.reshape(-1, *left.shape[-2:])
+    Rf = right.reshape(-1, *right.shape[-2:])
+    step = max(1, budget // (Lf.element_size() * Lf.shape[0] * Lf.shape[1] * Rf.shape[-1]))
+    norms = []
+    for start in range(0, Rf.shape[0], step):  # one batched GEMM over all pairs of this block
+        norms.append(torch.einsum("aim,bmj->abij", Lf, Rf[start : start + step]).flatten(-2).norm(dim=-1))
+    prod = torch.cat(norms, dim=1)
+    score = prod / Lf.flatten(-2).norm(dim=-1)[:, None] / Rf.flatten(-2).norm(dim=-1)[None]
     return score.reshape(*nl, *nr)
 
 
 def random_baseline(
-    d_model: int, d_left: int, d_right: int, kind: str, *, n_random: int = N_RANDOM, seed: int = 0
+    d_model: int, d_left: int, d_right: int, kind: str, *, n_random: int = N_RANDOM, seed: int = 0, chunk: int = 16
 ) -> Float[Tensor, " n_random"]:
-    """The composition score of ``n_random`` pairs of random Gaussian heads of the given shapes."""
+    """The composition score of ``n_random`` pairs of random Gaussian heads of the given shapes
+    (drawn ``chunk`` pairs at a time)."""
     g = torch.Generator().manual_seed(seed + "QKV".index(kind))
-    shape = lambda *s: torch.randn(n_random, *s, generator=g, dtype=torch.float64)  # noqa: E731
-    A, B = shape(d_model, d_left), shape(d_left, d_model)
     d2 = d_left if kind == "V" else d_right
-    C, D = shape(d_model, d2), shape(d2, d_model)
-    RA, RD = _r(A), _r(D.transpose(-1, -2))
-    prod = RA @ B @ C @ RD.transpose(-1, -2)
-    return (
-        prod.flatten(-2).norm(dim=-1)
-        / (RA @ B).flatten(-2).norm(dim=-1)
-        / (C @ RD.transpose(-1, -2)).flatten(-2).norm(dim=-1)
-    )
+    out = []
+    for start in range(0, n_random, chunk):
+        n = min(chunk, n_random - start)
+        draw = lambda *s: torch.randn(n, *s, generator=g, dtype=torch.float64)  # noqa: E731
+        A, B, C, D = draw(d_model, d_left), draw(d_left, d_model), draw(d_model, d2), draw(d2, d_model)
+        RA, RD = _r(A), _r(D.transpose(-1, -2))
+        left, right = RA @ B, C @ RD.transpose(-1, -2)
+        out.append(
+            (left @ right).flatten(-2).norm(dim=-1) / left.flatten(-2).norm(dim=-1) / right.flatten(-2).norm(dim=-1)
+        )
+    return torch.cat(out)
 
 
 def composition_grid(w: HeadWeights, kind: str) -> Float[Tensor, "layer head layer head"]:
