@@ -275,6 +275,7 @@ def encoder_scores(
     pooled = sums.offsets.sum(0) / queries.sum(0)[..., None]  # [layer, head, offset]
     best = torch.nan_to_num(pooled, nan=-1).argmax(-1)
     chosen = sums.offsets.gather(-1, best[None, ..., None].expand(probe.batch, -1, -1, 1))[..., 0]
+    chosen[:, list(info.absent_layers)] = float("nan")  # no pattern: no score
     ci = bootstrap_ratio(chosen, queries, n_boot=n_boot, level=level, seed=seed)
     offset = torch.tensor(OFFSETS, dtype=torch.float)[best]
     offset[list(info.absent_layers)] = float("nan")
