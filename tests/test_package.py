@@ -280,7 +280,7 @@ def test_results_probes_and_atlas_import_only_downward():
     ]:
         assert reaches(high, low), (high, low)
         assert not reaches(low, high), f"{low} imports {high}, which sits above it"
-    entry_points = {m for m in graph if m.endswith("__main__")} | {"interp.induction", "interp.ablate"}
+    entry_points = {m for m in graph if m.endswith("__main__")} | {"interp.induction", "interp.ablate", "interp.roles"}
     library = [m for m in graph if not m.startswith("interp.cli") and m not in entry_points]
     assert not [(m, d) for m in library for d in deps[m] if d.startswith("interp.cli")]
 
