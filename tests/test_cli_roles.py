@@ -79,3 +79,12 @@ def test_prompt_ids_outside_the_vocabulary_exit_2_before_anything_is_written(tmp
     assert "answers: token id 100000 is outside the model's vocabulary of 512" in capsys.readouterr().err
     written = [p.name for p in out.iterdir() if not p.name.startswith(".")] if out.exists() else []
     assert written == []  # the lock file aside
+
+
+def test_text_attributes_its_last_tokens_logit(gpt2_dir, tmp_path, capsys):
+    out = tmp_path / "res"
+    argv = ["--model", str(gpt2_dir), "--out", str(out), "--analyses", "dla", "--device", "cpu", "--no-progress"]
+    assert cli([*argv, "--text", "w5 w6 w7 w8", "--text", "w9 w10 w11"]) == 0
+    assert "direct logit attribution (answer, 2 prompts; parts add up" in capsys.readouterr().out
+    parts = pd.read_csv(out / "logit_attribution_parts.csv")
+    assert len(parts) == 2 and (parts["total"] - parts["model"]).abs().max() < 1e-4

@@ -17,7 +17,8 @@ the successor score) is skipped with its reason printed; the rest run.
 
 ``--prompts FILE`` is JSON (a list) or JSON lines, one object per prompt: ``{"prompt": "...",
 "answer": " Mary", "wrong": " John"}`` (answer and wrong single tokens of the model's tokenizer;
-``wrong`` optional) or ``{"tokens": [ids], "answer": id, "wrong": id}``.
+``wrong`` optional) or ``{"tokens": [ids], "answer": id, "wrong": id}``. ``--text "..."`` (repeatable)
+attributes a text's last token's logit at the position before it.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
     p.add_argument(
         "--prompts", default=None, help="direct logit attribution: JSON or JSON lines of prompts (see the module help)"
     )
+    p.add_argument(
+        "--text",
+        action="append",
+        default=None,
+        help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable",
+    )
     p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
     p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
     return p
@@ -120,11 +127,17 @@ def check(args: argparse.Namespace) -> None:
         args.frequency_table = None if freq is None else {int(k): float(v) for k, v in dict(freq).items()}
     except (TypeError, ValueError):
         raise UsageError('--frequencies must be a JSON object {"token id": count, ...}') from None
+    if args.prompts is not None and args.text:
+        raise UsageError("give --prompts or --text, not both")
     args.prompt_rows = _read_json(args.prompts, "--prompts")
+    if args.text:
+        args.prompt_rows = [{"text": t} for t in args.text]
     rows = args.prompt_rows
     if rows is not None and (not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows)):
         raise UsageError("--prompts must hold a non-empty list of objects, one per prompt")
     for i, r in enumerate(rows or []):
+        if "text" in r:
+            continue
         if ("prompt" in r) == ("tokens" in r) or "answer" not in r:
             raise UsageError(f'--prompts: prompt {i} needs "answer" and one of "prompt" (text) or "tokens" (ids)')
 
@@ -151,6 +164,21 @@ def prompt_ids(
 
     tokens, answers, wrongs = [], [], []
     for i, r in enumerate(rows):
+        if "text" in r:  # --text: the text's last token, predicted at the position before it
+            if tok is None:
+                raise UsageError(
+                    f"--text needs the model's tokenizer, and {info.name} has none: use --prompts with ids"
+                )
+            ids = list(tok.encode(r["text"], add_special_tokens=False))
+            bos = [] if info.bos_token_id is None else [info.bos_token_id]
+            if len(bos + ids) < 2:
+                raise UsageError(
+                    f"--text {i}: {r['text']!r} has fewer than two tokens: nothing to predict its last from"
+                )
+            tokens.append((bos + ids)[:-1])
+            answers.append(ids[-1])
+            wrongs.append(None)
+            continue
         if "tokens" in r:
             tokens.append([int(t) for t in r["tokens"]])
         elif tok is None:
