@@ -114,3 +114,13 @@ def test_roles_are_named_from_the_ov_scores(scores):
 
     roles = role_table(scores, scores.meta["baselines"]).set_index("label")["role"]
     assert roles.to_dict() == {"0.0": "copy-suppression", "0.1": "successor", "1.0": "", "1.1": ""}
+
+
+def test_an_mlp_that_cannot_run_alone_falls_back_to_the_embedding_saying_so():
+    """A BERT bridge's MLP wraps its whole layer and refuses to run on its own: W_E alone, noted."""
+    import interp
+    from tests.conformance import build
+
+    s = ov_scores(interp.models.from_hf_model(*build("bert")), ["copy_suppression"], n_boot=20)
+    assert s.meta["notes"][0].startswith("effective embedding: W_E (block 0's MLP cannot run on its own here")
+    assert s.table["copy_suppression"].notna().all()

@@ -105,24 +105,31 @@ def per_query_head(w: Tensor, n_heads: int) -> Tensor:
 
 
 @torch.no_grad()
-def first_mlp(model: Any, resid: Float[Tensor, "n d_model"], chunk: int = 2048) -> Float[Tensor, "n d_model"] | None:
-    """Block 0's MLP, after its own norm, on each row of ``resid``; ``None`` when block 0 has no MLP
-    (an attention-only model). Rows run in chunks of ``chunk``, in the MLP's dtype."""
+def first_mlp(
+    model: Any, resid: Float[Tensor, "n d_model"], chunk: int = 2048
+) -> tuple[Float[Tensor, "n d_model"] | None, str]:
+    """Block 0's MLP, after its own norm, on each row of ``resid`` (rows in chunks of ``chunk``, in
+    the MLP's dtype), and a line saying what ran; ``None`` when block 0 has no MLP (an
+    attention-only model) or its MLP cannot run on its own (a bridge whose MLP wraps its whole
+    layer, as BERT's does)."""
     blocks = getattr(model, "blocks", None)
     block = blocks[0] if blocks is not None and len(blocks) else None
     mlp, norm = getattr(block, "mlp", None), getattr(block, "ln2", None)
     if not isinstance(mlp, torch.nn.Module):
-        return None
+        return None, "block 0 has no MLP"
     param = next(mlp.parameters())
     out = []
-    for start in range(0, resid.shape[0], chunk):
-        x = resid[start : start + chunk][None].to(param.device, param.dtype)
-        if isinstance(norm, torch.nn.Module):
-            x = norm(x)
-        y = mlp(x)
-        y = y[0] if isinstance(y, tuple) else y
-        out.append(y[0].to(resid.device, resid.dtype))
-    return torch.cat(out)
+    try:
+        for start in range(0, resid.shape[0], chunk):
+            x = resid[start : start + chunk][None].to(param.device, param.dtype)
+            if isinstance(norm, torch.nn.Module):
+                x = norm(x)
+            y = mlp(x)
+            y = y[0] if isinstance(y, tuple) else y
+            out.append(y[0].to(resid.device, resid.dtype))
+    except (RuntimeError, TypeError, ValueError) as e:  # TransformerLens refuses to run a containerless MLP
+        return None, f"block 0's MLP cannot run on its own here ({str(e).splitlines()[0][:120]})"
+    return torch.cat(out), "block 0's MLP after its norm"
 
 
 @dataclass(frozen=True)

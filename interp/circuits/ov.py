@@ -92,10 +92,10 @@ class OVContext:
 def effective_embedding(model: HookedModel, w: HeadWeights) -> tuple[Float[Tensor, "d_vocab d_model"], str]:
     """``W_E + MLP0(W_E)`` (McDougall et al.), or ``W_E`` for a model whose block 0 has no MLP;
     with a line saying which."""
-    mlp = first_mlp(model, w.W_E)
+    mlp, how = first_mlp(model, w.W_E)
     if mlp is None:
-        return w.W_E, "effective embedding: W_E (block 0 has no MLP)"
-    return w.W_E + mlp, "effective embedding: W_E + MLP0(W_E) (block 0's MLP after its norm, attention left out)"
+        return w.W_E, f"effective embedding: W_E ({how})"
+    return w.W_E + mlp, f"effective embedding: W_E + MLP0(W_E) ({how}, attention left out)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _successor_setup(ctx: OVContext) -> tuple[Tensor, Tensor, list[list[int]]]:
         raise UsageError(
             f"the successor score needs at least {MIN_SUCCESSOR_PAIRS} ordinal tokens whose successor is also a "
             f"single token (numbers 1-100, days, months, letters), and this tokenizer holds {len(src)}: "
-            "pass sequences={name: [token ids in order]} of your own"
+            "pass sequences={name: [token ids in order]} of your own (command line: --sequences FILE.json)"
         )
     return src, dst, cands
 
