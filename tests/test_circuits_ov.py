@@ -124,3 +124,19 @@ def test_an_mlp_that_cannot_run_alone_falls_back_to_the_embedding_saying_so():
     s = ov_scores(interp.models.from_hf_model(*build("bert")), ["copy_suppression"], n_boot=20)
     assert s.meta["notes"][0].startswith("effective embedding: W_E (block 0's MLP cannot run on its own here")
     assert s.table["copy_suppression"].notna().all()
+
+
+def test_first_mlp_equals_hugging_faces_own_block_0_mlp():
+    import interp
+    from interp.adapters.weights import first_mlp
+    from tests.conformance import build
+
+    reference = build("gpt2")[0].transformer.h[0]
+    bridge = interp.models.from_hf_model(*build("gpt2"))
+    W_E = bridge.W_E.detach()[:20]
+    ours, how = first_mlp(bridge, W_E)
+    with torch.no_grad():
+        want = reference.mlp(reference.ln_2(W_E))
+    assert how == "block 0's MLP after its norm"
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
