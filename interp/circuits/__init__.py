@@ -9,11 +9,14 @@ encoder-head and entropy scores (patterns), and direct logit attribution (one cl
   punctuation, previous/own/next token), entropy, Voita et al.'s positional and rare-word heads,
   and a Jensen-Shannon map of heads;
 - :mod:`interp.circuits.logit`: direct logit attribution per head and per head x position, through
-  the final norm with its scale frozen, the parts adding up to the model's logit difference.
+  the final norm with its scale frozen, the parts adding up to the model's logit difference;
+- :mod:`interp.circuits.card`: one head's card (scores, the tokens it writes and suppresses, its
+  strongest compositions in and out, a pattern thumbnail) as plain data, for a page to show.
 """
 
 from __future__ import annotations
 
+from interp.circuits.card import head_card
 from interp.circuits.composition import KINDS, Compositions, composition_scores
 from interp.circuits.encoder import ENCODER_SCORES, HeadMap, encoder_scores, head_map
 from interp.circuits.logit import LogitAttribution, logit_attribution
@@ -28,6 +31,7 @@ __all__ = [
     "LogitAttribution",
     "composition_scores",
     "encoder_scores",
+    "head_card",
     "head_map",
     "logit_attribution",
     "ov_scores",
