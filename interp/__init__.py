@@ -46,6 +46,12 @@ _API = {
     "SinkReport": "interp.sinks",
     # retrieval and streaming heads
     "retrieval_scores": "interp.retrieval",
+    # what heads write and read
+    "composition_scores": "interp.circuits",
+    "ov_scores": "interp.circuits",
+    "encoder_scores": "interp.circuits",
+    "head_map": "interp.circuits",
+    "logit_attribution": "interp.circuits",
     # ablation
     "ablated": "interp.ablation",
     "exact_sweep": "interp.ablation",
@@ -99,6 +105,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.ablation import pruning_curve as pruning_curve
     from interp.ablation import pruning_curves as pruning_curves
     from interp.ablation import train_gates as train_gates
+    from interp.circuits import composition_scores as composition_scores
+    from interp.circuits import encoder_scores as encoder_scores
+    from interp.circuits import head_map as head_map
+    from interp.circuits import logit_attribution as logit_attribution
+    from interp.circuits import ov_scores as ov_scores
     from interp.config import RunConfig as RunConfig
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores

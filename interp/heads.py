@@ -52,6 +52,7 @@ from torch import Tensor
 
 import interp.distributed as distributed
 from interp.adapters import AttentionInputs, HookedModel, ModelInfo, describe, run_with_reducers
+from interp.adapters.weights import per_query_head
 from interp.config import RunConfig, run_header
 from interp.errors import InterpError, NonFiniteAttentionError, UsageError
 from interp.hooks import layer_of, pattern_hook
@@ -208,24 +209,29 @@ def attention_scores(
     minibatch: int | None = None,
     progress: bool = False,
     engine: Literal["pattern", "stream"] = "pattern",
+    registry: Registry[HeadScore] = SCORES,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Per-sequence numerators and denominators of the attention scores, for every head.
 
     Only ``blocks.{l}.attn.hook_pattern`` is captured; each pattern is reduced to ``[batch, head]``
     numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
     gathers the same weights from q, k and the log-sum-exp instead (:func:`stream_attention_scores`).
+    ``registry``: where the score names are looked up (another analysis's own :class:`HeadScore`
+    registrations, e.g. :mod:`interp.circuits.encoder`'s).
     """
-    scores = SCORES.check_all(scores)
+    scores = registry.check_all(scores)
     if queries not in ("targets", "all"):
         raise UsageError(f"queries must be 'targets' or 'all', got {queries!r}")
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
     if engine == "stream":
-        return stream_attention_scores(model, probe, scores, queries, minibatch=minibatch, progress=progress)
+        return stream_attention_scores(
+            model, probe, scores, queries, minibatch=minibatch, progress=progress, registry=registry
+        )
     if engine != "pattern":
         raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
-    targets = {name: SCORES.get(name).mask(probe, queries).float() for name in SCORES if name in scores}
+    targets = {name: registry.get(name).mask(probe, queries).float() for name in registry if name in scores}
     counts = _query_counts(targets, queries, probe.seq_len)  # a score no query has a target for: 0 / 0
     L, H, B = info.n_layers, info.n_heads, probe.batch
     real = probe.real_mask()  # padded query rows are dropped before any reduction
@@ -271,6 +277,7 @@ def stream_attention_scores(
     queries: Queries,
     minibatch: int | None = None,
     progress: bool = False,
+    registry: Registry[HeadScore] = SCORES,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Numerators and denominators of :func:`attention_scores`, pattern-free: each layer's row pass
     gives the log-sum-exp, and the weights at each score's target pairs are gathered from it.
@@ -279,7 +286,7 @@ def stream_attention_scores(
     target pairs never touch padding, and ``queries="all"`` counts each row's real queries."""
     info = describe(model)
     B, L, H = probe.batch, info.n_layers, info.n_heads
-    pairs = {name: SCORES.get(name).pairs(probe, queries) for name in scores}
+    pairs = {name: registry.get(name).pairs(probe, queries) for name in scores}
     den: dict[str, Tensor] = {}
     for name, p in pairs.items():
         if queries == "all":  # detect_head divides by the pattern's total mass: a row of mass 1 per real query
@@ -354,8 +361,8 @@ def copying_scores(model: HookedModel) -> Float[Tensor, "layer head"]:
     with torch.no_grad():
         dev = weights[0].device  # a model spread over devices: the embedding's (the unembedding may be elsewhere)
         W_E, W_U, W_V, W_O = (w.detach().to(dev).double() for w in weights)
-        W_V = _per_query_head(W_V, info.n_heads)  # [attention layer, head, d_model, d_head]
-        W_O = _per_query_head(W_O, info.n_heads)  # [attention layer, head, d_head, d_model]
+        W_V = per_query_head(W_V, info.n_heads)  # [attention layer, head, d_model, d_head]
+        W_O = per_query_head(W_O, info.n_heads)  # [attention layer, head, d_head, d_model]
         vocab = min(W_E.shape[0], W_U.shape[1])
         UE = W_U[:, :vocab] @ W_E[:vocab]  # [d_model, d_model]
         small = W_O @ UE @ W_V  # [layer, head, d_head, d_head]: same non-zero spectrum as F
@@ -380,13 +387,6 @@ def _no_copying(info: ModelInfo) -> str:
         f"the copying score reads each head's W_V and W_O, and {info.name} has multi-head latent attention "
         "(values come out of a shared compressed projection, no per-head W_V)"
     )
-
-
-def _per_query_head(w: Tensor, n_heads: int) -> Tensor:
-    """Expand grouped (GQA/MQA) K/V weights to one slice per query head, by index."""
-    if w.shape[1] == n_heads:
-        return w
-    return w.repeat_interleave(n_heads // w.shape[1], dim=1)
 
 
 def head_scores(

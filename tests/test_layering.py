@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "patch": 13,
     "induction": 13,
     "patterns": 13,
+    "roles": 13,
     "report.__main__": 13,
     "sinks.__main__": 13,
     "retrieval.__main__": 13,
@@ -39,6 +40,8 @@ LAYERS: dict[str, int] = {
     "cli": 12,
     # the atlas: it reads every analysis
     "report": 11,
+    # what heads write and read: reuses the head scores' registry and reductions
+    "circuits": 10.5,
     # the analyses
     "heads": 10,
     "sinks": 10,

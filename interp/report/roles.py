@@ -4,7 +4,8 @@ A head earns a role label only when its score for that role clears what a head a
 uniformly over the keys it may see would score (the *uniform baseline*) beyond its bootstrap CI,
 that is ``lo > baseline``, and carries at least ``threshold`` (default 0.3, Gu et al.'s Sink^eps
 epsilon) of its attention there: a head that puts 15% on the previous token, three times the
-uniform share, is recorded in the table but not named a previous-token head. The copying score has
+uniform share, is recorded in the table but not named a previous-token head. A role may register
+its own bar (``threshold``): the positional role's is Voita et al.'s 0.9. The copying score has
 no CI and no uniform baseline (a random OV circuit scores near 0 with a spread that depends on
 the model's width), so it is shown but never a label.
 """
@@ -28,6 +29,22 @@ ROLES.add("previous-token", "attends to the previous position", column="prev_tok
 ROLES.add("current-token", "attends to its own position", column="current")
 ROLES.add("duplicate-token", "attends to earlier copies of the current token", column="duplicate")
 ROLES.add("sink", "parks its attention on the first token", column="first_mass")
+# what heads write and read (interp.circuits): OV roles from weights, encoder heads from patterns
+ROLES.add(
+    "copy-suppression", "lowers the logit of the token it attends to (McDougall et al.)", column="copy_suppression"
+)
+ROLES.add("successor", "writes the next item of an ordinal sequence (Gould et al.)", column="successor")
+ROLES.add("[CLS]", "attends to [CLS] (Clark et al.)", column="cls")
+ROLES.add("[SEP]", "attends to [SEP] (Clark et al.)", column="sep")
+ROLES.add("punctuation", "attends to punctuation (Clark et al.)", column="punct")
+ROLES.add("next-token", "attends to the next position (Clark et al.)", column="next")
+ROLES.add(
+    "positional",
+    "its largest weight falls on one relative position at least 90% of the time (Voita et al.)",
+    column="positional",
+    threshold=0.9,
+)
+ROLES.add("rare-word", "its largest weight falls on the rarest token it sees (Voita et al.)", column="rare_word")
 THRESHOLD = 0.3
 
 
@@ -66,7 +83,8 @@ def role_table(
         base = baselines.get(col)
         if col not in table or f"{col}_lo" not in table or base is None:
             continue
-        clears = (table[f"{col}_lo"] > base) & (table[col] >= threshold)
+        at_least = ROLES.info(role, "threshold", None) or threshold  # a role's own bar (Voita's 0.9)
+        clears = (table[f"{col}_lo"] > base) & (table[col] >= at_least)
         for i in clears.to_numpy().nonzero()[0]:
             labels[i].append(role)
     table.insert(3, "role", [", ".join(r) for r in labels])

@@ -1,0 +1,323 @@
+"""Direct logit attribution: what each head writes onto the answer-minus-wrong logit direction.
+
+For each prompt, at its answer position ``q``, the logit difference ``logit[answer] - logit[wrong]``
+(or the answer's logit alone when no wrong token is given) is read from the final residual
+``x = sum of parts`` through the final norm with its scale *frozen at the clean run's value*:
+``N(x) = P(x) / s * w + b`` (``P``: centering for LayerNorm, identity for RMSNorm) is then linear in
+``x``, so the difference splits exactly into one term per part plus a constant:
+
+- ``embed``: the residual entering block 0 (token and position embeddings);
+- each head ``layer.head``: its output ``z W_O`` at ``q``; through a post-attention norm (Gemma 2)
+  that norm's scale is frozen too. Per head x source position: ``A[q, k] v_k W_O``, which sums
+  over ``k`` to the head's term;
+- ``attn_other`` per layer: the attention's write to the residual minus its heads' (the output
+  bias ``b_O``, a post-norm's bias; a linear-attention layer's whole write);
+- ``mlp`` per layer: the MLP's write (``resid_post - resid_mid``; in a parallel block, where
+  attention and MLP read the same input, the block's write minus the attention's);
+
+Attention with a sigmoid output gate per head (Qwen3-Next) is refused: the head's output is not
+its pattern times its values through ``W_O``. Encoders are refused: post-LayerNorm blocks and a
+masked-LM head with a dense layer and an activation make no head's write a term of the logits.
+- ``rest``: the final residual minus the last block's output (zero for these architectures);
+- ``bias``: the final norm's bias and the unembedding bias on the direction.
+
+The parts add up to the model's own logit difference (to float rounding). Gemma 2 caps its final
+logits, ``c * tanh(logit / c)``: the attribution is of the *pre-cap* logit difference (the cap is
+not linear); ``meta["softcap"]`` says so and the table gives both.
+
+The norm's gain and bias are read from the clean run itself (a least-squares fit of the hooked
+output on ``P(input) / scale`` over every position, exact for an elementwise affine map), so no
+architecture's parameter convention (Gemma's ``1 + w``) needs knowing.
+
+Inputs are plain token ids, answer ids and wrong ids (one each per prompt); the per-head table
+carries a bootstrap CI over prompts (:func:`interp.scores.bootstrap_mean`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp._io import atomic_write, atomic_write_json
+from interp.adapters import HookedModel, describe, run_with_reducers
+from interp.adapters.bridge import gated_attention_modules
+from interp.adapters.weights import (
+    NormSite,
+    final_norm_site,
+    final_softcap,
+    post_attention_norm_site,
+    read_head_weights,
+)
+from interp.config import run_header
+from interp.errors import UsageError
+from interp.hooks import pattern_hook
+from interp.scores import HeadScores, bootstrap_mean
+
+STEM = "logit_attribution"
+
+
+@dataclass
+class LogitAttribution:
+    """Per prompt, each part's share of the logit difference; per head with CIs, per head x position."""
+
+    heads: HeadScores  # columns dla, dla_lo, dla_hi: mean over prompts
+    per_position: Float[np.ndarray, "batch layer head pos"]  # each head's term split by source position
+    parts: pd.DataFrame  # a row per prompt: every non-head part, the heads' sum, the total, the model's
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
+        """``<stem>_heads.csv/json`` (the head table), ``<stem>_parts.csv`` and ``<stem>.json``
+        (parts, per-position means and meta), each written atomically."""
+        from interp.saving import claim, provenance
+
+        out = Path(out_dir)
+        files = self.heads.save(out, f"{stem}_heads", overwrite=overwrite)
+        parts_path, js_path = claim(out, [f"{stem}_parts.csv", f"{stem}.json"], overwrite=overwrite)
+        files.append(atomic_write(parts_path, self.parts.to_csv(index=False)))
+        blob = {
+            "kind": STEM,
+            **provenance(),
+            "meta": self.meta,
+            "parts": json.loads(self.parts.to_json(orient="records")),
+            "per_position_mean": np.nanmean(self.per_position, 0).tolist(),
+        }
+        files.append(atomic_write_json(js_path, blob))
+        return files
+
+
+def _affine_fit(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Per column, ``w`` and ``b`` with ``y = x * w + b`` over the rows (least squares)."""
+    xm, ym = x.mean(0), y.mean(0)
+    var = ((x - xm) ** 2).sum(0)
+    w = torch.where(var > 0, ((x - xm) * (y - ym)).sum(0) / var.clamp_min(1e-300), torch.ones_like(var))
+    return w, ym - w * xm
+
+
+@dataclass
+class _FrozenNorm:
+    """A norm with its scale frozen at each prompt's answer position: ``x -> P(x) / s * w + b``."""
+
+    scale: Tensor  # [batch]
+    w: Tensor  # [d_model]
+    b: Tensor  # [d_model]
+    centered: bool
+
+    def pullback(self, v: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_model"]:
+        """The vector ``u`` with ``N(x) . v = x . u + b . v`` (the norm's linear part, transposed)."""
+        u = v * self.w / self.scale[:, None]
+        return u - u.mean(-1, keepdim=True) if self.centered else u
+
+
+def _frozen(site: NormSite, grabbed: dict[str, Tensor], at: Tensor) -> _FrozenNorm:
+    x, s, y = (grabbed[n].double() for n in (site.input, site.scale, site.output))
+    xhat = (x - x.mean(-1, keepdim=True) if site.centered else x) / s
+    w, b = _affine_fit(xhat.reshape(-1, xhat.shape[-1]), y.reshape(-1, y.shape[-1]))
+    batch = torch.arange(x.shape[0])
+    return _FrozenNorm(s[batch, at, 0], w, b, site.centered)
+
+
+def logit_attribution(
+    model: HookedModel,
+    tokens: Int[Tensor, "batch pos"] | Sequence[Sequence[int]],
+    answers: Int[Tensor, " batch"] | Sequence[int],
+    wrongs: Int[Tensor, " batch"] | Sequence[int] | None = None,
+    *,
+    positions: Int[Tensor, " batch"] | Sequence[int] | None = None,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> LogitAttribution:
+    """Direct logit attribution of every head (and every other part of the residual) to each
+    prompt's ``logit[answer] - logit[wrong]`` at ``positions`` (default: each prompt's last), see
+    the module docstring. ``wrongs=None`` attributes the answer's logit itself. ``tokens`` is
+    ``[batch, pos]`` or a list of prompts of any lengths (each length runs as its own batch;
+    ``per_position`` is NaN past a prompt's end)."""
+    info = describe(model)
+    rows = _rows(tokens, info.d_vocab)
+    B = len(rows)
+    answers = _ids(answers, B, info.d_vocab, "answers")
+    wrongs = None if wrongs is None else _ids(wrongs, B, info.d_vocab, "wrongs")
+    lengths = torch.tensor([len(r) for r in rows])
+    at = lengths - 1 if positions is None else torch.as_tensor(positions).long().flatten()
+    if len(at) != B or bool(((at < 0) | (at >= lengths)).any()):
+        raise UsageError(
+            f"positions must hold one position per prompt ({B}), each inside its prompt "
+            f"(lengths {lengths.tolist()}), got {at.tolist()}"
+        )
+    if int(lengths.max()) > info.n_ctx:
+        raise UsageError(f"a prompt of {int(lengths.max())} tokens is longer than the model's context of {info.n_ctx}")
+    if info.is_encoder:
+        raise UsageError(
+            f"direct logit attribution splits a decoder's residual stream into terms of the logits, and {info.name} "
+            "is an encoder: its blocks normalise after adding (post-LayerNorm) and its masked-LM head has a dense "
+            "layer and an activation before the unembedding, so a head's write is not a term of the logits: refused"
+        )
+    w = read_head_weights(model, info, "direct logit attribution")
+    gated = sorted(gated_attention_modules(model))
+    if gated:
+        raise UsageError(
+            f"direct logit attribution reads each head's output as its pattern times its values through W_O, and "
+            f"{info.name}'s attention in layers {gated} multiplies each head's output by a sigmoid gate first, "
+            "which it does not read: refused"
+        )
+    T = int(lengths.max())
+    per_pos = torch.full((B, info.n_layers, info.n_heads, T), float("nan"), dtype=torch.float64)
+    columns: dict[str, Tensor] = {}
+    for n in sorted(set(lengths.tolist())):
+        idx = torch.nonzero(lengths == n).flatten()
+        group = torch.tensor([rows[i] for i in idx.tolist()], dtype=torch.long)
+        got = _attribute(model, info, w, group, answers[idx], None if wrongs is None else wrongs[idx], at[idx])
+        per_pos[idx, :, :, :n] = got.pop("per_position")
+        for name, values in got.items():
+            columns.setdefault(name, torch.full((B,), float("nan"), dtype=torch.float64))[idx] = values
+    head_terms = per_pos.nansum(-1)
+    head_terms[:, list(info.absent_layers)] = float("nan")
+    frame = pd.DataFrame({k: v.numpy() for k, v in columns.items()})
+    frame.insert(0, "prompt", np.arange(B))
+    softcap = final_softcap(model)
+    point, lo, hi = bootstrap_mean(head_terms, n_boot=n_boot, level=level, seed=seed)
+    final = final_norm_site(model)
+    meta = run_header(info, kind="logit_attribution", n_boot=n_boot, ci_level=level, seed=seed)
+    meta.update(
+        n_prompts=B,
+        direction="answer - wrong" if wrongs is not None else "answer",
+        softcap=(
+            f"the final logits are capped, {softcap} * tanh(logit / {softcap}); the attribution is of the "
+            "pre-cap logit difference (column 'model'; the capped one is 'model_capped')"
+            if softcap
+            else None
+        ),
+        max_error=float((columns["total"] - columns["model"]).abs().max()),
+        notes=[f"final norm: {_norm_name(final)}, its scale frozen at the clean run"],
+    )
+    heads = HeadScores.from_grids({"dla": point, "dla_lo": lo, "dla_hi": hi}, {**meta, "ci_sequences": {"dla": B}})
+    return LogitAttribution(heads, per_pos.numpy(), frame, meta)
+
+
+def _attribute(
+    model: HookedModel,
+    info: Any,
+    w: Any,
+    tokens: Int[Tensor, "batch pos"],
+    answers: Int[Tensor, " batch"],
+    wrongs: Int[Tensor, " batch"] | None,
+    at: Int[Tensor, " batch"],
+) -> dict[str, Tensor]:
+    """One batch of prompts of one length: every part's term per prompt, the heads' terms per
+    source position (``per_position``), the total and the model's own difference."""
+    B, T = tokens.shape
+    final = final_norm_site(model)
+    posts = {l: post_attention_norm_site(model, l) for l in info.attention_layers}
+    L, H = info.n_layers, info.n_heads
+    batch = torch.arange(B)
+    grabbed: dict[str, Tensor] = {}
+
+    def grab(name: str) -> Any:  # keyed by the name asked for: a bridge's hook may carry its alias's
+        def keep(t: Tensor, hook: Any) -> None:
+            grabbed[name] = t.detach().double().cpu()
+
+        return keep
+
+    parallel = "blocks.0.hook_resid_mid" not in model.hook_dict  # attention and MLP read the same input
+    names = ["blocks.0.hook_resid_pre"]
+    for l in range(L):
+        names += [
+            f"blocks.{l}.hook_attn_out" if parallel else f"blocks.{l}.hook_resid_mid",
+            f"blocks.{l}.hook_resid_post",
+        ]
+    for l in info.attention_layers:
+        names += [pattern_hook(l), f"blocks.{l}.attn.hook_v"]
+        if posts[l] is not None:
+            names += [posts[l].input, posts[l].scale, posts[l].output]
+    if final is not None:
+        names += [final.input, final.scale, final.output]
+    logits = run_with_reducers(model, tokens.to(info.device), [(n, grab(n)) for n in dict.fromkeys(names)])
+    logits = logits.detach().double().cpu()
+
+    # the direction on the final residual, pulled back through the frozen final norm
+    d = w.W_U.cpu()[:, answers].T  # [batch, d_model]
+    const = w.b_U.cpu()[answers]
+    if wrongs is not None:
+        d = d - w.W_U.cpu()[:, wrongs].T
+        const = const - w.b_U.cpu()[wrongs]
+    if final is not None:
+        norm = _frozen(final, grabbed, at)
+        const = const + d @ norm.b
+        u = norm.pullback(d)
+    else:
+        u = d
+    resid = lambda name: grabbed[name][batch, at]  # noqa: E731  [batch, d_model] at the answer position
+    dot = lambda x: (x * u).sum(-1)  # noqa: E731
+
+    parts: dict[str, Tensor] = {"embed": dot(resid("blocks.0.hook_resid_pre"))}
+    per_pos = torch.full((B, L, H, T), float("nan"), dtype=torch.float64)
+    for l in range(L):
+        before = resid("blocks.0.hook_resid_pre") if l == 0 else resid(f"blocks.{l - 1}.hook_resid_post")
+        mid = before + resid(f"blocks.{l}.hook_attn_out") if parallel else resid(f"blocks.{l}.hook_resid_mid")
+        write = mid - before
+        if l not in posts:  # a layer without softmax attention (linear attention): its whole write
+            parts[f"attn_other.{l}"] = dot(write)
+        else:
+            head_u = u if posts[l] is None else _frozen(posts[l], grabbed, at).pullback(u)
+            A = grabbed[pattern_hook(l)][batch, :, at]  # [batch, head, key]
+            v = grabbed[f"blocks.{l}.attn.hook_v"]
+            v = v.repeat_interleave(H // v.shape[2], dim=2) if v.shape[2] != H else v  # [batch, key, head, d]
+            ov = torch.einsum("bkhd,hde,be->bhk", v, w.W_O[l].cpu(), head_u)  # each key's value, projected
+            per_pos[:, l] = A * ov
+            parts[f"attn_other.{l}"] = dot(write) - per_pos[:, l].sum((-1, -2))
+        parts[f"mlp.{l}"] = dot(resid(f"blocks.{l}.hook_resid_post") - mid)
+    final_resid = resid(final.input) if final is not None else resid(f"blocks.{L - 1}.hook_resid_post")
+    parts["rest"] = dot(final_resid - resid(f"blocks.{L - 1}.hook_resid_post"))
+    parts["bias"] = const
+    parts["heads"] = torch.nan_to_num(per_pos).sum((1, 2, 3))
+    parts["total"] = sum(parts.values())
+
+    softcap = final_softcap(model)
+    own = logits[batch, at]  # [batch, vocab]
+    raw = softcap * torch.atanh(own / softcap) if softcap else own
+    parts["model"] = raw[batch, answers] - (raw[batch, wrongs] if wrongs is not None else 0)
+    if softcap:
+        parts["model_capped"] = own[batch, answers] - (own[batch, wrongs] if wrongs is not None else 0)
+    parts["per_position"] = per_pos
+    return parts
+
+
+def _rows(tokens: Any, vocab: int) -> list[list[int]]:
+    """The prompts as lists of ids: a ``[batch, pos]`` (or ``[pos]``) tensor or a list of sequences."""
+    if isinstance(tokens, Tensor):
+        t = tokens.long().cpu()
+        rows = (t[None] if t.ndim == 1 else t).tolist()
+    else:
+        rows = [list(map(int, r)) for r in tokens]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise UsageError("tokens must hold at least one non-empty prompt")
+    bad = [t for r in rows for t in r if not 0 <= t < vocab]
+    if bad:
+        raise UsageError(f"token id {bad[0]} is outside the model's vocabulary of {vocab}")
+    return rows
+
+
+def _norm_name(site: NormSite | None) -> str:
+    return "none" if site is None else "LayerNorm" if site.centered else "RMSNorm"
+
+
+def _ids(ids: Any, n: int, vocab: int, what: str) -> Tensor:
+    t = torch.as_tensor(ids).long().flatten()
+    if len(t) != n:
+        raise UsageError(f"{what} must hold one token id per prompt ({n}), got {len(t)}")
+    bad = t[(t < 0) | (t >= vocab)]
+    if len(bad):
+        raise UsageError(f"{what}: token id {int(bad[0])} is outside the model's vocabulary of {vocab}")
+    return t
+
+
+__all__ = ["STEM", "LogitAttribution", "logit_attribution"]

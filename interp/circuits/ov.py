@@ -1,0 +1,272 @@
+"""OV circuit roles from weights: copy suppression and successor heads.
+
+Both read a head's *effective* OV circuit, from a token to the logits the head writes when it
+attends to that token: ``F = W_EE W_V W_O W_U`` (``d_vocab x d_vocab``), where ``W_EE`` is the
+effective embedding of McDougall et al. 2023, ``W_E + MLP0(W_E)`` (block 0's MLP after its own
+norm, attention left out; ``W_E`` alone for an attention-only model). LayerNorm centering and gains
+at the head's input and before the unembedding are not folded in (as in the copying score); a
+row's positive scale never changes a rank, and the unembedding bias adds the same to every row.
+
+- **copy suppression** (McDougall et al. 2023): the share of tokens whose own logit is among the
+  ``k`` lowest of their row of ``F`` (the head, attending to a token, pushes that token down).
+  Baseline: a random OV circuit ranks a token's own logit uniformly, so it scores ``k / V``.
+- **successor** (Gould et al. 2023): over ordinal sequences the tokenizer holds as single tokens
+  (numbers 1-100, days, months, letters, each with and without a leading space), the share of
+  tokens whose row of ``F``, restricted to the tokens of their sequence, ranks the successor
+  first. Baseline: a random ranking picks the successor ``1 / n`` of the time for a sequence of
+  ``n`` single tokens, averaged over the scored pairs. Refused, saying so, when the tokenizer holds
+  fewer than :data:`MIN_SUCCESSOR_PAIRS` such pairs (pass ``sequences`` of token ids instead).
+
+Ties never count: a token's own logit is among the ``k`` lowest only when fewer than ``k`` other
+tokens score as low or lower, and the successor ranks first only when it beats every other
+candidate (a row of zeros is neither).
+
+Each is registered in :data:`OV_SCORES`; :func:`ov_scores` computes any of them as a
+:class:`~interp.scores.HeadScores` with a bootstrap interval over tokens and the baselines in
+``meta["baselines"]``. Tokens are sampled (``max_tokens``, seeded) when the vocabulary is larger.
+"""
+
+from __future__ import annotations
+
+import calendar
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.adapters import HookedModel, ModelInfo, describe
+from interp.adapters.weights import HeadWeights, first_mlp, read_head_weights
+from interp.config import run_header
+from interp.errors import UsageError
+from interp.registry import Registry
+from interp.scores import HeadScores, bootstrap_mean
+
+K_LOWEST = 10
+MAX_TOKENS = 500
+MIN_SUCCESSOR_PAIRS = 10
+ORDINALS: dict[str, list[str]] = {
+    "numbers": [str(i) for i in range(1, 101)],
+    "days": list(calendar.day_name),
+    "months": list(calendar.month_name)[1:],
+    "letters": list(string.ascii_uppercase),
+}
+
+
+@dataclass(frozen=True)
+class OVScore:
+    """A head role read from the effective OV circuit: per (unit, head) hits, and the chance level."""
+
+    hits: Callable[[OVContext], Float[Tensor, "unit layer head"]]
+    baseline: Callable[[OVContext], float]
+    unit: str  # what the score averages over (the bootstrap resamples these)
+
+
+OV_SCORES: Registry[OVScore] = Registry("OV score")
+
+
+@dataclass
+class OVContext:
+    """What the OV scores share: the weights, the effective embedding, the settings."""
+
+    info: ModelInfo
+    weights: HeadWeights
+    embedding: Float[Tensor, "d_vocab d_model"]
+    tokenizer: Any
+    k: int
+    tokens: Int[Tensor, " n"]  # the tokens copy suppression scores
+    sequences: Mapping[str, Sequence[int]] | None
+
+    def image(self, rows: Int[Tensor, " n"], columns: Int[Tensor, " m"] | None = None) -> Tensor:
+        """``F[rows][:, columns]`` for every head: ``[layer, head, n, m]`` (NaN for absent layers)."""
+        w = self.weights
+        x = self.embedding[rows].float()  # [n, d_model]
+        U = w.W_U.float() if columns is None else w.W_U[:, columns].float()
+        xv = torch.einsum("nd,lhde->lhne", x, w.W_V.float())
+        return torch.einsum("lhne,lhem,mv->lhnv", xv, w.W_O.float(), U)
+
+
+def effective_embedding(model: HookedModel, w: HeadWeights) -> tuple[Float[Tensor, "d_vocab d_model"], str]:
+    """``W_E + MLP0(W_E)`` (McDougall et al.), or ``W_E`` for a model whose block 0 has no MLP;
+    with a line saying which."""
+    mlp, how = first_mlp(model, w.W_E)
+    if mlp is None:
+        return w.W_E, f"effective embedding: W_E ({how})"
+    return w.W_E + mlp, f"effective embedding: W_E + MLP0(W_E) ({how}, attention left out)"
+
+
+# --------------------------------------------------------------------------------------------
+# copy suppression
+
+
+def _copy_suppression_hits(ctx: OVContext, budget: int = 1 << 28) -> Tensor:
+    w = ctx.weights
+    chunk = max(1, min(256, budget // (4 * w.W_V.shape[0] * w.W_V.shape[1] * ctx.info.d_vocab)))  # rows per pass
+    out = []
+    for start in range(0, len(ctx.tokens), chunk):
+        rows = ctx.tokens[start : start + chunk]
+        F = ctx.image(rows)  # [layer, head, n, V]
+        own = F.gather(-1, rows.to(F.device)[None, None, :, None].expand(*F.shape[:3], 1))
+        # how many other tokens the head pushes as far down or further: a tie is never "among the lowest"
+        below = (F <= own).sum(-1).float() - 1
+        hit = (below < ctx.k).float()
+        hit[torch.isnan(F[..., 0])] = float("nan")
+        out.append(hit.permute(2, 0, 1).cpu())
+    return torch.cat(out)
+
+
+OV_SCORES.add(
+    "copy_suppression",
+    "share of tokens whose own logit is among the k lowest of the head's effective OV row (McDougall et al.)",
+    OVScore(hits=_copy_suppression_hits, baseline=lambda ctx: ctx.k / ctx.info.d_vocab, unit="token"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# successor heads
+
+
+def ordinal_sequences(tokenizer: Any, d_vocab: int) -> dict[str, list[int]]:
+    """The ordinal sequences of :data:`ORDINALS` as token ids, one per spelling (with and without a
+    leading space); an item the tokenizer splits, or reads as a special (unknown) token, is ``-1``
+    (its neighbours then do not pair)."""
+    special = {int(t) for t in (getattr(tokenizer, "all_special_ids", None) or [])}
+    found: dict[str, list[int]] = {}
+    for name, words in ORDINALS.items():
+        for prefix in ("", " "):
+            ids = []
+            for word in words:
+                enc = tokenizer.encode(prefix + word, add_special_tokens=False)
+                single = len(enc) == 1 and 0 <= int(enc[0]) < d_vocab and int(enc[0]) not in special
+                ids.append(int(enc[0]) if single else -1)
+            found[f"{name}{' (leading space)' if prefix else ''}"] = ids
+    return found
+
+
+def successor_pairs(
+    sequences: Mapping[str, Sequence[int]],
+) -> tuple[Int[Tensor, " n"], Int[Tensor, " n"], Bool[Tensor, "n d_vocab"] | list[list[int]]]:
+    """``(token, successor, candidates)`` for every consecutive pair of single tokens (``-1``: not
+    a single token); the candidates are the single tokens of the pair's sequence."""
+    src, dst, cands = [], [], []
+    seen = set()
+    for ids in sequences.values():
+        members = sorted({int(t) for t in ids if int(t) >= 0})
+        for a, b in zip(ids, ids[1:]):
+            if int(a) < 0 or int(b) < 0 or (int(a), int(b)) in seen or a == b:
+                continue
+            seen.add((int(a), int(b)))
+            src.append(int(a))
+            dst.append(int(b))
+            cands.append(members)
+    return torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), cands
+
+
+def _successor_setup(ctx: OVContext) -> tuple[Tensor, Tensor, list[list[int]]]:
+    if ctx.sequences is not None:
+        sequences = ctx.sequences
+    elif ctx.tokenizer is None:
+        raise UsageError(
+            f"the successor score needs ordinal sequences of tokens, and {ctx.info.name} has no tokenizer: "
+            "pass sequences={name: [token ids in order]} (command line: --sequences)"
+        )
+    else:
+        sequences = ordinal_sequences(ctx.tokenizer, ctx.info.d_vocab)
+    src, dst, cands = successor_pairs(sequences)
+    if len(src) < MIN_SUCCESSOR_PAIRS:
+        raise UsageError(
+            f"the successor score needs at least {MIN_SUCCESSOR_PAIRS} ordinal tokens whose successor is also a "
+            f"single token (numbers 1-100, days, months, letters), and this tokenizer holds {len(src)}: "
+            "pass sequences={name: [token ids in order]} of your own (command line: --sequences FILE.json)"
+        )
+    return src, dst, cands
+
+
+def _successor_hits(ctx: OVContext) -> Tensor:
+    src, dst, cands = _successor_setup(ctx)
+    out = []
+    for a, b, members in zip(src.tolist(), dst.tolist(), cands):
+        F = ctx.image(torch.tensor([a]), torch.tensor(members))[:, :, 0].cpu()  # [layer, head, m]
+        succ = F[..., members.index(b)]
+        hit = ((F >= succ[..., None]).sum(-1) == 1).float()  # strictly first: a tie is no hit
+        hit[torch.isnan(F[..., 0]).cpu()] = float("nan")
+        out.append(hit)
+    return torch.stack(out)
+
+
+def _successor_baseline(ctx: OVContext) -> float:
+    _, _, cands = _successor_setup(ctx)
+    return float(sum(1 / len(m) for m in cands) / len(cands))
+
+
+OV_SCORES.add(
+    "successor",
+    "share of ordinal tokens whose effective OV row ranks their successor first in their sequence (Gould et al.)",
+    OVScore(hits=_successor_hits, baseline=_successor_baseline, unit="ordinal pair"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# together
+
+
+def ov_scores(
+    model: HookedModel,
+    scores: Sequence[str] = ("copy_suppression", "successor"),
+    *,
+    k: int = K_LOWEST,
+    max_tokens: int = MAX_TOKENS,
+    sequences: Mapping[str, Sequence[int]] | None = None,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> HeadScores:
+    """The registered OV scores of every head, each with a bootstrap CI over its units (tokens,
+    ordinal pairs) and its chance level in ``meta["baselines"]`` (see the module docstring).
+
+    ``sequences``: ``{name: [token ids in order]}`` to score successors on instead of the
+    tokenizer's ordinals (``-1`` marks an item that is not one token)."""
+    scores = OV_SCORES.check_all(scores)
+    info = describe(model)
+    if not 1 <= k < info.d_vocab:
+        raise UsageError(f"k must be between 1 and the vocabulary size - 1 ({info.d_vocab - 1}), got {k}")
+    w = read_head_weights(model, info, "the OV scores")
+    embedding, how = effective_embedding(model, w)
+    ordinary = torch.tensor([t for t in range(info.d_vocab) if t not in info.special_token_ids])
+    gen = torch.Generator().manual_seed(seed)
+    sampled = len(ordinary) > max_tokens
+    tokens = ordinary[torch.randperm(len(ordinary), generator=gen)[:max_tokens].sort().values] if sampled else ordinary
+    ctx = OVContext(info, w, embedding, getattr(model, "tokenizer", None), k, tokens, sequences)
+    grids: dict[str, Tensor] = {}
+    baselines: dict[str, float] = {}
+    units: dict[str, int] = {}
+    with torch.no_grad():
+        for name in scores:
+            reg = OV_SCORES.get(name)
+            hits = reg.hits(ctx)
+            point, lo, hi = bootstrap_mean(hits, n_boot=n_boot, level=level, seed=seed)
+            grids.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
+            baselines[name] = reg.baseline(ctx)
+            units[name] = int(hits.shape[0])
+    notes = [how, "LayerNorm centering and gains are not folded in", *w.notes()]
+    if sampled:
+        notes.append(f"copy suppression over {len(tokens)} tokens sampled (seed {seed}) of {len(ordinary)}")
+    meta = run_header(info, kind="ov_scores", k=k, n_boot=n_boot, ci_level=level, seed=seed)
+    meta.update(baselines=baselines, ci_units=units, notes=notes)
+    return HeadScores.from_grids(grids, meta)
+
+
+__all__ = [
+    "K_LOWEST",
+    "MIN_SUCCESSOR_PAIRS",
+    "ORDINALS",
+    "OVScore",
+    "OV_SCORES",
+    "effective_embedding",
+    "ordinal_sequences",
+    "ov_scores",
+    "successor_pairs",
+]

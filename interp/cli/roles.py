@@ -1,0 +1,304 @@
+"""``python -m interp.roles`` / ``interp roles``: what each head writes and reads.
+
+A thin layer over :mod:`interp.circuits`: Q/K/V composition between heads (with z-scores against
+random heads), OV roles from weights (copy suppression, successor), encoder-head and entropy scores
+and Voita's positional / rare-word heads on a text probe, the Jensen-Shannon map of heads, and,
+given ``--prompts``, direct logit attribution (run first: prompts it cannot attribute end the run
+with exit 2 before anything is written). It prints each analysis's strongest heads and the
+heads named for a role, and writes under ``--out``:
+
+- ``composition.{csv,json,html}``; ``ov_scores.{csv,json}``; ``encoder_heads.{csv,json}``;
+  ``head_map.{json,html}``; ``logit_attribution*.{csv,json}`` (with ``--prompts``);
+- ``roles.csv``: the per-head scores of the weight and pattern analyses and each head's roles
+  (:func:`interp.report.roles.role_table`).
+
+An analysis a model cannot have (latent attention's composition, a tokenizer without ordinals for
+the successor score) is skipped with its reason printed; the rest run.
+
+``--prompts FILE`` is JSON (a list) or JSON lines, one object per prompt: ``{"prompt": "...",
+"answer": " Mary", "wrong": " John"}`` (answer and wrong single tokens of the model's tokenizer;
+``wrong`` optional) or ``{"tokens": [ids], "answer": id, "wrong": id}``. ``--text "..."`` (repeatable)
+attributes a text's last token's logit at the position before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from interp._io import atomic_write
+from interp.adapters import HookedModel, ModelInfo
+from interp.circuits import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
+from interp.circuits.composition import N_RANDOM
+from interp.circuits.ov import K_LOWEST, OV_SCORES
+from interp.cli.common import base_parser, float_in, positive_int, run_cli
+from interp.errors import UsageError
+from interp.models import describe
+from interp.plots import save_figure, short_name
+from interp.probes import text_probe
+from interp.registry import Registry
+from interp.report.roles import THRESHOLD, role_columns, role_table
+from interp.scores import HeadScores, format_table
+
+STEM = "roles"
+ANALYSES: Registry[str] = Registry("roles analysis")
+ANALYSES.add("composition", "Q/K/V composition between every pair of heads, with z-scores")
+ANALYSES.add("ov", "OV roles from weights: copy suppression and successor heads")
+ANALYSES.add("encoder", "attention on [CLS]/[SEP]/punctuation/neighbours, entropy, positional and rare-word heads")
+ANALYSES.add("map", "the Jensen-Shannon map of heads by their patterns")
+ANALYSES.add("dla", "direct logit attribution on --prompts")
+
+
+def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParser:
+    p = base_parser(
+        prog,
+        "What each head writes and reads: composition between heads, copy suppression and successor heads "
+        "(weights), encoder heads, entropy, positional and rare-word heads (patterns), and direct logit "
+        "attribution on your prompts.",
+    )
+    p.set_defaults(batch=8)
+    p.add_argument(
+        "--analyses",
+        type=_names,
+        default=list(ANALYSES.names()),
+        help=f"comma-separated, from: {ANALYSES.help()} (default: all; dla runs only with --prompts)",
+    )
+    p.add_argument("--seq-len", type=positive_int, default=32, help="body tokens per text-probe sequence")
+    p.add_argument("--k", type=positive_int, default=K_LOWEST, help="copy suppression: the lowest k logits")
+    p.add_argument("--n-random", type=positive_int, default=N_RANDOM, help="composition: random heads per baseline")
+    p.add_argument(
+        "--sequences",
+        default=None,
+        help="successor: JSON {name: [token ids in order]} instead of the tokenizer's ordinals",
+    )
+    p.add_argument(
+        "--frequencies", default=None, help="rare-word: JSON {token id: count} (default: the bundled text's counts)"
+    )
+    p.add_argument(
+        "--prompts", default=None, help="direct logit attribution: JSON or JSON lines of prompts (see the module help)"
+    )
+    p.add_argument(
+        "--text",
+        action="append",
+        default=None,
+        help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable",
+    )
+    p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
+    p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
+    return p
+
+
+def _names(text: str) -> list[str]:
+    try:
+        return ANALYSES.check_all([t.strip() for t in text.split(",") if t.strip()])
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _read_json(path: str | None, what: str) -> Any:
+    if path is None:
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{what}: no such file {path}")
+    text = file.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{what}: {path} is neither JSON nor JSON lines ({e.msg}, line {e.lineno})") from None
+
+
+def check(args: argparse.Namespace) -> None:
+    """Read the JSON inputs before the model loads: a bad file ends the run with nothing written."""
+    args.sequence_ids = _read_json(args.sequences, "--sequences")
+    if args.sequence_ids is not None and not (
+        isinstance(args.sequence_ids, dict) and all(isinstance(v, list) for v in args.sequence_ids.values())
+    ):
+        raise UsageError('--sequences must be a JSON object {"name": [token ids in order], ...}')
+    freq = _read_json(args.frequencies, "--frequencies")
+    try:
+        args.frequency_table = None if freq is None else {int(k): float(v) for k, v in dict(freq).items()}
+    except (TypeError, ValueError):
+        raise UsageError('--frequencies must be a JSON object {"token id": count, ...}') from None
+    if args.prompts is not None and args.text:
+        raise UsageError("give --prompts or --text, not both")
+    args.prompt_rows = _read_json(args.prompts, "--prompts")
+    if args.text:
+        args.prompt_rows = [{"text": t} for t in args.text]
+    rows = args.prompt_rows
+    if rows is not None and (not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows)):
+        raise UsageError("--prompts must hold a non-empty list of objects, one per prompt")
+    for i, r in enumerate(rows or []):
+        if "text" in r:
+            continue
+        if ("prompt" in r) == ("tokens" in r) or "answer" not in r:
+            raise UsageError(f'--prompts: prompt {i} needs "answer" and one of "prompt" (text) or "tokens" (ids)')
+
+
+def prompt_ids(
+    model: HookedModel, info: ModelInfo, rows: list[dict]
+) -> tuple[list[list[int]], list[int], list[int] | None]:
+    """Token ids, answer ids and wrong ids (``None`` when no prompt gives one) of ``--prompts``."""
+    tok = getattr(model, "tokenizer", None)
+
+    def one(value: Any, i: int, what: str) -> int:
+        if isinstance(value, int):
+            return value
+        if tok is None:
+            raise UsageError(
+                f"--prompts: prompt {i}'s {what} is text, and {info.name} has no tokenizer: give token ids"
+            )
+        ids = tok.encode(str(value), add_special_tokens=False)
+        if len(ids) != 1:
+            raise UsageError(
+                f"--prompts: prompt {i}'s {what} {value!r} is {len(ids)} tokens; give a single-token {what}"
+            )
+        return int(ids[0])
+
+    tokens, answers, wrongs = [], [], []
+    for i, r in enumerate(rows):
+        if "text" in r:  # --text: the text's last token, predicted at the position before it
+            if tok is None:
+                raise UsageError(
+                    f"--text needs the model's tokenizer, and {info.name} has none: use --prompts with ids"
+                )
+            ids = list(tok.encode(r["text"], add_special_tokens=False))
+            bos = [] if info.bos_token_id is None else [info.bos_token_id]
+            if len(bos + ids) < 2:
+                raise UsageError(
+                    f"--text {i}: {r['text']!r} has fewer than two tokens: nothing to predict its last from"
+                )
+            tokens.append((bos + ids)[:-1])
+            answers.append(ids[-1])
+            wrongs.append(None)
+            continue
+        if "tokens" in r:
+            tokens.append([int(t) for t in r["tokens"]])
+        elif tok is None:
+            raise UsageError(f'--prompts: prompt {i} is text, and {info.name} has no tokenizer: give "tokens" (ids)')
+        else:
+            bos = [] if info.bos_token_id is None else [info.bos_token_id]
+            tokens.append(bos + list(tok.encode(r["prompt"], add_special_tokens=False)))
+        answers.append(one(r["answer"], i, "answer"))
+        wrongs.append(one(r["wrong"], i, "wrong") if "wrong" in r else None)
+    if any(w is None for w in wrongs) and not all(w is None for w in wrongs):
+        raise UsageError('--prompts: give "wrong" for every prompt or for none')
+    return tokens, answers, None if wrongs[0] is None else wrongs
+
+
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
+    info = describe(model)
+    prompts = prompt_ids(model, info, args.prompt_rows) if args.prompt_rows is not None else None
+    dla = None
+    if "dla" in args.analyses and prompts is not None:  # first: bad prompts end the run before any write
+        dla = logit_attribution(model, *prompts, level=args.ci, seed=args.seed)
+    print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
+    written: list[Path] = []
+    tables: list[HeadScores] = []
+    baselines: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    todo = args.analyses
+
+    if "composition" in todo:
+        try:
+            comp = composition_scores(model, n_random=args.n_random, seed=args.seed)
+        except UsageError as e:
+            skipped["composition"] = str(e)
+        else:
+            written += comp.save(out)
+            written += save_figure(
+                comp.figure(title=f"{short_name(info.name)}: composition scores"), out, "composition"
+            )
+            print(f"\ncomposition (z against {args.n_random} random head pairs of the same shapes):")
+            for kind in ("Q", "K", "V"):
+                top = comp.table[comp.table["kind"] == kind].nlargest(min(args.top, 5), "z")
+                shown = ", ".join(
+                    f"{s}->{d} {v:.3f} (z {z:.1f})"
+                    for s, d, v, z in zip(top["src"], top["dst"], top["score"], top["z"])
+                )
+                print(f"  {kind}: {shown}")
+            for note in comp.meta["notes"]:
+                print(f"  note: {note}")
+
+    if "ov" in todo:
+        done = []
+        for name in OV_SCORES:
+            try:
+                s = ov_scores(model, [name], k=args.k, sequences=args.sequence_ids, level=args.ci, seed=args.seed)
+            except UsageError as e:
+                skipped[name] = str(e)
+                continue
+            done.append(s)
+        if done:
+            ov = _merge(done)
+            tables.append(ov)
+            baselines.update(ov.meta["baselines"])
+            written += ov.save(out, "ov_scores")
+
+    probe = None
+    if "encoder" in todo or "map" in todo:
+        probe = text_probe(model, batch=args.batch, seq_len=min(args.seq_len, info.n_ctx - 2), seed=args.seed)
+    if "encoder" in todo:
+        enc = encoder_scores(model, probe, frequencies=args.frequency_table, level=args.ci, seed=args.seed)
+        tables.append(enc)
+        baselines.update(enc.meta["baselines"])
+        written += enc.save(out, "encoder_heads")
+    if "map" in todo:
+        m = head_map(model, probe, seed=args.seed)
+        written += m.save(out)
+        written += save_figure(m.figure(), out, "head_map")
+
+    if dla is not None:
+        written += dla.save(out)
+        ranked = dla.heads.table.reindex(dla.heads.table["dla"].abs().sort_values(ascending=False).index).head(args.top)
+        print(
+            f"\ndirect logit attribution ({dla.meta['direction']}, {dla.meta['n_prompts']} prompts; "
+            f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
+        )
+        print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))
+        if dla.meta["softcap"]:
+            print(f"  note: {dla.meta['softcap']}")
+
+    if tables:
+        merged = _merge(tables)
+        roles = role_table(merged, baselines, threshold=args.threshold)
+        written.append(atomic_write(out / f"{STEM}.csv", roles.to_csv(index=False)))
+        cols = [c for c in role_columns() if c in roles and roles[c].notna().any()]
+        print("\nchance levels: " + ", ".join(f"{c} {baselines[c]:.3f}" for c in cols if c in baselines))
+        named = roles[roles["role"] != ""]
+        if len(named):
+            print(f"heads with a role ({len(named)} of {len(roles)}; score [{args.ci:.0%} CI]):")
+            table = format_table(named.head(args.top), cols, ci=[c for c in cols if f"{c}_lo" in roles])
+            lines = table.splitlines()
+            print("\n".join(f"{line}  {role}" for line, role in zip(lines, ["role", *named["role"].head(args.top)])))
+        else:
+            print(f"no head's CI clears its chance level with a score of at least {args.threshold:g}: no role named")
+    for what, why in skipped.items():
+        print(f"\nskipped {what}: {why}")
+    return written
+
+
+def _merge(tables: list[HeadScores]) -> HeadScores:
+    """One per-head table from several (columns side by side; ``meta`` of the first)."""
+    frame = tables[0].table
+    for t in tables[1:]:
+        keep = [c for c in t.table.columns if c not in frame.columns or c in ("layer", "head")]
+        frame = frame.merge(t.table[keep], on=["layer", "head"], how="left")
+    meta = dict(tables[0].meta)
+    meta["baselines"] = {k: v for t in tables for k, v in (t.meta.get("baselines") or {}).items()}
+    return HeadScores(frame, meta)
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM, check=check)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
