@@ -59,5 +59,6 @@ def test_head_scores_take_a_run_config(gpt2_tiny):
         assert a.meta == other.meta
         assert a.table.equals(other.table)
     assert list(a.meta) == [
-        "model", "n_layers", "n_heads", "causal", "probe", "queries", "ci_level", "n_boot", "seed", "engine", "engine_reason", "baselines",
+        "model", "n_layers", "n_heads", "causal", "probe", "queries", "ci_level", "n_boot", "seed", "engine", "engine_reason", "ci_sequences",
+        "baselines",
     ]  # fmt: skip

@@ -43,6 +43,7 @@ from interp.probes import text_probe
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
 from interp.scores import HeadScores, format_table
+from interp.texts import BYTES_NOTE
 
 STEM = "roles"
 ANALYSES: Registry[str] = Registry("roles analysis")
@@ -85,7 +86,8 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         "--text",
         action="append",
         default=None,
-        help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable",
+        help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable; "
+        f"{BYTES_NOTE}",
     )
     p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
     p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
