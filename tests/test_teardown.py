@@ -4,9 +4,9 @@ Each run (tests/teardown_worker.py) is one life of the ranks as a command lives 
 group, exchange, reach :func:`interp.distributed.stop` out of step (rank 1 late, as when rank 0 has
 written every output first; rank 0 late; or neither), and exit through the interpreter's normal
 shutdown. Two torchrun launches go at once, each with ``RUNS`` forked runs and one of its own,
-while busy loops keep the CPUs loaded. Every run must exit 0 with no abort on any
-rank, rank 0 must leave the group only after every other rank has, and no thread of the group may
-outlive ``stop()``.
+while busy loops keep the CPUs loaded. Every run must exit 0 with no abort on any rank, rank 0
+must leave the group only after every other rank has, and no thread of the group may outlive
+``stop()``.
 """
 
 from __future__ import annotations
