@@ -40,7 +40,8 @@ from interp.errors import InterpError, RankFailedError
 
 T = TypeVar("T")
 _STARTED_HERE = False
-_STORE: dist.Store | None = None  # the launcher's store (this attempt's keys), kept for stop()
+_STORE: dist.Store | None = None  # the launcher's store (this group's keys), kept for stop()
+_GROUPS = 0  # groups this process has started (each keeps its keys apart on the store)
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def start(device: str | torch.device | None = None) -> bool:
     The backend follows ``device``: ``"cpu:gloo,cuda:nccl"`` when this rank computes on CUDA (CUDA
     tensors over nccl, the CPU-side results over gloo), plain ``gloo`` otherwise.
     """
-    global _STARTED_HERE, _STORE
+    global _STARTED_HERE, _STORE, _GROUPS
     if not launched() or (dist.is_available() and dist.is_initialized()):
         return False
     if not dist.is_available():
@@ -115,12 +116,14 @@ def start(device: str | torch.device | None = None) -> bool:
     if on_cuda:
         torch.cuda.set_device(torch.device(dev))
     backend = "cpu:gloo,cuda:nccl" if on_cuda else "gloo"
-    # torchrun's store outlives a restart (--max-restarts): keys of this attempt under their own
-    # prefix, or a restarted rank may read a dead rank's address left by the attempt before. The
-    # store is kept: :func:`stop` meets the other ranks on it to leave the group in order.
+    # torchrun's store outlives a restart (--max-restarts): keys of this attempt (and of this
+    # process's n-th group) under their own prefix, or a rank may read a dead rank's address left
+    # by the attempt before. The store is kept: :func:`stop` meets the other ranks on it to leave
+    # the group in order.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _GROUPS += 1
     store, r, w = next(dist.rendezvous("env://"))
-    _STORE = dist.PrefixStore(f"interp/attempt-{attempt}/", store)
+    _STORE = dist.PrefixStore(f"interp/attempt-{attempt}/group-{_GROUPS}/", store)
     dist.init_process_group(backend=backend, store=_STORE, rank=r, world_size=w)
     _STARTED_HERE = True
     return True
@@ -162,8 +165,10 @@ def _leave_in_order(store: dist.Store, me: int, world: int) -> None:
         if me == 0:
             store.wait([f"leave/left-{r}" for r in range(1, world)], LEAVE_TIMEOUT)
             return
-        dist.destroy_process_group()
-        store.set(f"leave/left-{me}", "1")
+        try:
+            dist.destroy_process_group()
+        finally:
+            store.set(f"leave/left-{me}", "1")
     except RuntimeError:  # the store's timeout or a lost store: a rank is gone, leave anyway
         pass
 
