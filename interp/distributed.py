@@ -29,6 +29,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -39,6 +40,8 @@ from interp.errors import InterpError, RankFailedError
 
 T = TypeVar("T")
 _STARTED_HERE = False
+_STORE: dist.Store | None = None  # the launcher's store (this group's keys), kept for stop()
+_GROUPS = 0  # groups this process has started (each keeps its keys apart on the store)
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,7 +106,7 @@ def start(device: str | torch.device | None = None) -> bool:
     The backend follows ``device``: ``"cpu:gloo,cuda:nccl"`` when this rank computes on CUDA (CUDA
     tensors over nccl, the CPU-side results over gloo), plain ``gloo`` otherwise.
     """
-    global _STARTED_HERE
+    global _STARTED_HERE, _STORE, _GROUPS
     if not launched() or (dist.is_available() and dist.is_initialized()):
         return False
     if not dist.is_available():
@@ -113,25 +116,61 @@ def start(device: str | torch.device | None = None) -> bool:
     if on_cuda:
         torch.cuda.set_device(torch.device(dev))
     backend = "cpu:gloo,cuda:nccl" if on_cuda else "gloo"
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        dist.init_process_group(backend=backend)
-    else:
-        # torchrun's store outlives a restart (--max-restarts): keys of this attempt under their own
-        # prefix, or a restarted rank may read a dead rank's address left by the attempt before
-        store, r, w = next(dist.rendezvous("env://"))
-        prefixed = dist.PrefixStore(f"interp/attempt-{attempt}/", store)
-        dist.init_process_group(backend=backend, store=prefixed, rank=r, world_size=w)
+    # torchrun's store outlives a restart (--max-restarts): keys of this attempt (and of this
+    # process's n-th group) under their own prefix, or a rank may read a dead rank's address left
+    # by the attempt before. The store is kept: :func:`stop` meets the other ranks on it to leave
+    # the group in order.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _GROUPS += 1
+    store, r, w = next(dist.rendezvous("env://"))
+    _STORE = dist.PrefixStore(f"interp/attempt-{attempt}/group-{_GROUPS}/", store)
+    dist.init_process_group(backend=backend, store=_STORE, rank=r, world_size=w)
     _STARTED_HERE = True
     return True
 
 
 def stop() -> None:
-    """Leave the process group :func:`start` made (a group made by someone else is left alone)."""
-    global _STARTED_HERE
-    if _STARTED_HERE and dist.is_initialized():
-        dist.destroy_process_group()
-    _STARTED_HERE = False
+    """Leave the process group :func:`start` made (a group made by someone else is left alone).
+
+    The ranks leave in a fixed order, and only once every one is done with the group: they meet at
+    a barrier on the launcher's store (not on the group, so it holds for any backend), then every
+    rank but 0 destroys its end of the group and says so on the store, and rank 0 destroys its end
+    last, once all the others have. No rank closes its connections while another is still inside a
+    collective or tearing its own end down, and the group's threads (gloo's I/O loop and workers)
+    are joined here, before the interpreter's own shutdown. A rank that is gone (killed) costs the
+    others at most :data:`LEAVE_TIMEOUT` before they leave anyway.
+    """
+    global _STARTED_HERE, _STORE
+    started, store = _STARTED_HERE, _STORE
+    _STARTED_HERE, _STORE = False, None
+    if not (started and dist.is_initialized()):
+        return
+    try:
+        if store is not None and active():
+            _leave_in_order(store, dist.get_rank(), dist.get_world_size())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+LEAVE_TIMEOUT = timedelta(seconds=60)
+
+
+def _leave_in_order(store: dist.Store, me: int, world: int) -> None:
+    """Every rank but 0 leaves the group once all have arrived here; rank 0 waits for them to have left."""
+    try:
+        if store.add("leave/arrived", 1) == world:  # the last to arrive lets everyone go
+            store.set("leave/all-arrived", "1")
+        store.wait(["leave/all-arrived"], LEAVE_TIMEOUT)
+        if me == 0:
+            store.wait([f"leave/left-{r}" for r in range(1, world)], LEAVE_TIMEOUT)
+            return
+        try:
+            dist.destroy_process_group()
+        finally:
+            store.set(f"leave/left-{me}", "1")
+    except RuntimeError:  # the store's timeout or a lost store: a rank is gone, leave anyway
+        pass
 
 
 @contextmanager
