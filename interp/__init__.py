@@ -60,6 +60,9 @@ _API = {
     "logit_diff": "interp.ablation",
     "Metric": "interp.ablation",
     "as_metric": "interp.ablation",
+    # heads over training
+    "checkpoint_scores": "interp.checkpoints",
+    "CheckpointScores": "interp.checkpoints",
     # figures and the atlas
     "heatmap": "interp.plots",
     "save_figure": "interp.plots",
@@ -89,6 +92,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.ablation import pruning_curve as pruning_curve
     from interp.ablation import pruning_curves as pruning_curves
     from interp.ablation import train_gates as train_gates
+    from interp.checkpoints import CheckpointScores as CheckpointScores
+    from interp.checkpoints import checkpoint_scores as checkpoint_scores
     from interp.config import RunConfig as RunConfig
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores

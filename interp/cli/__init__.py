@@ -25,6 +25,11 @@ COMMANDS.add("ablate", "ablation sweeps: exact, gradient importance, pruning cur
 COMMANDS.add("patterns", "every head's attention on your own text, as one self-contained page", "interp.cli.patterns")
 COMMANDS.add("retrieval", "retrieval heads, streaming heads and copy distance on needle probes", "interp.cli.retrieval")
 COMMANDS.add(
+    "checkpoints",
+    "heads over training: every head score and the in-context score at each checkpoint",
+    "interp.cli.checkpoints",
+)
+COMMANDS.add(
     "report", "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns", "interp.cli.report"
 )
 
