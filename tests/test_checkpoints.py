@@ -126,6 +126,34 @@ def test_handoff_names_the_step_range_where_the_induction_role_moves_from_1_0_to
     assert prev["head"].tolist() == ["0.1"] * 4 and "previous-token" not in set(moves["role"])
 
 
+def _heads(scores: dict[int, dict[str, tuple[float, float, float]]]) -> pd.DataFrame:
+    """A sweep's long table by hand: {step: {head label: (induction, lo, hi)}}."""
+    rows = []
+    for step, heads in scores.items():
+        for label, (score, lo, hi) in heads.items():
+            layer, head = map(int, label.split("."))
+            rows.append(dict(revision=f"step{step}", step=step, layer=layer, head=head, label=label,
+                             induction=score, induction_lo=lo, induction_hi=hi))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_a_near_tie_inside_the_holders_ci_is_not_a_handoff_a_clear_lead_is():
+    from interp.checkpoints import roles
+
+    heads = _heads(
+        {
+            0: {"1.0": (0.50, 0.45, 0.55), "1.2": (0.49, 0.44, 0.54)},
+            10: {"1.0": (0.51, 0.46, 0.56), "1.2": (0.52, 0.47, 0.57)},  # 1.2 leads inside 1.0's CI
+            20: {"1.0": (0.50, 0.45, 0.55), "1.2": (0.70, 0.65, 0.75)},  # a clear lead
+        }
+    )
+    base = {"induction": 0.05}
+    held = roles.holders(heads, base)
+    assert held[held["role"] == "induction"]["head"].tolist() == ["1.0", "1.0", "1.2"]
+    moves = roles.handoffs(heads, held)
+    assert moves[["from_step", "to_step", "from_head", "to_head"]].values.tolist() == [[10, 20, "1.0", "1.2"]]
+
+
 def test_every_revision_is_scored_on_the_same_probe_with_cis_and_an_icl_score(handoff):
     t = handoff.table
     assert len(t) == 4 * 8 and set(t["revision"]) == {"step0", "step10", "step20", "step30"}
@@ -181,6 +209,26 @@ def test_two_checkpoint_folders_holding_the_same_weights_are_flagged_and_left_ou
     assert result.holders()["step"].unique().tolist() == [200, 300]
     assert result.handoffs()[["from_head", "to_head"]].values.tolist() == [["1.2", "1.0"]]
     assert 100 not in list(result.figure().data[-1].x)
+
+
+def test_one_model_is_in_memory_at_a_time(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    folders = save_steps(tmp_path, {0: only_head(1, 0), 10: only_head(1, 1), 20: only_head(1, 2)})
+    alive_at_load, loaded = [], []
+    real = Revision.load
+
+    def load(self, **kw):
+        gc.collect()
+        alive_at_load.append(sum(ref() is not None for ref in loaded))
+        model = real(self, **kw)
+        loaded.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(Revision, "load", load)
+    checkpoint_scores([str(f) for f in folders], **SMALL)
+    assert alive_at_load == [0, 0, 0]  # each revision's model is gone before the next one loads
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A head *holds* a role at a step when it passes the atlas's role rule there (its CI's lower bound
 above the uniform baseline and a score of at least 0.3, :mod:`interp.report.roles`) and scores
-highest among the heads that pass. A *handoff* is a pair of consecutive steps where the holder
+highest among the heads that pass; the holder keeps the role while it passes and the leader's score
+stays inside its CI (a near tie between two heads is not a change). A *handoff* is a pair of consecutive steps where the holder
 changes from one head to another (steps between where no head holds it lie inside the range). Revisions flagged as duplicates (weights equal to another's) are
 left out: they are not a step of training.
 
@@ -31,25 +32,34 @@ def holders(heads: pd.DataFrame, baselines: Mapping[str, float], threshold: floa
     """A row per (step, role): the head holding it (``""`` for none) and its score.
 
     ``heads``: the sweep's long table (``step``, ``revision``, ``label``, score columns with CIs),
-    duplicates already left out."""
+    duplicates already left out. The holder is the passing head with the highest score, except
+    that the previous step's holder keeps the role while it still passes and the leader's score is
+    inside its CI: a near tie is not a change of holder."""
     rows = []
-    for (step, revision), table in heads.groupby(["step", "revision"], sort=True):
-        for role in ROLES:
-            column = ROLES.info(role, "column")
-            if column not in table:
-                continue
+    steps = list(heads.groupby(["step", "revision"], sort=True))
+    for role in ROLES:
+        column = ROLES.info(role, "column")
+        if column not in heads:
+            continue
+        previous = ""
+        for (step, revision), table in steps:
             ok = table[_passes(table, column, baselines.get(column), threshold)]
-            best = ok.sort_values([column, "layer", "head"], ascending=[False, True, True]).head(1)
-            rows.append(
-                {
-                    "step": step,
-                    "revision": revision,
-                    "role": role,
-                    "head": best["label"].iloc[0] if len(best) else "",
-                    "score": float(best[column].iloc[0]) if len(best) else float("nan"),
-                }
-            )
-    return pd.DataFrame(rows, columns=["step", "revision", "role", "head", "score"])
+            ok = ok.sort_values([column, "layer", "head"], ascending=[False, True, True])
+            holder = ok["label"].iloc[0] if len(ok) else ""
+            if previous and previous in set(ok["label"]):
+                kept = ok[ok["label"] == previous].iloc[0]
+                if ok[column].iloc[0] <= kept[f"{column}_hi"]:
+                    holder = previous
+            score = float(ok.loc[ok["label"] == holder, column].iloc[0]) if holder else float("nan")
+            rows.append({"step": step, "revision": revision, "role": role, "head": holder, "score": score})
+            previous = holder or previous
+    frame = pd.DataFrame(rows, columns=["step", "revision", "role", "head", "score"])
+    return frame.sort_values(["step", "role"], kind="mergesort", key=_role_order).reset_index(drop=True)
+
+
+def _role_order(column: pd.Series) -> pd.Series:
+    order = {role: i for i, role in enumerate(ROLES)}
+    return column.map(order) if column.name == "role" else column
 
 
 def handoffs(heads: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
