@@ -344,6 +344,26 @@ def test_flags_that_do_not_go_together_are_refused_with_one_line(flags, message,
     assert not (tmp_path / "o").exists()
 
 
+def test_the_readmes_pythia_command_parses_and_offline_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # whatever this machine holds
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("interp checkpoints --model EleutherAI/pythia-70m")
+    line = text[start : text.index("\n```", start)].replace("\\\n", " ")
+    argv = shlex.split(line)[2:]
+    args = cli_checkpoints.build_parser().parse_args(argv)
+    cli_checkpoints.check(args)
+    names = parse_revisions(args.revisions)
+    assert len(names) == 154 and names[:3] == ["step0", "step1", "step2"] and names[-1] == "step143000"
+    code, _, err = _cli([*argv, "--out", str(tmp_path / "o")], capsys)  # tests never reach the network
+    assert code == 1 and err.startswith(f"{PROG}: error: revision 'step0' of model 'EleutherAI/pythia-70m' is not")
+    assert len(err.splitlines()) == 1
+
+
 def test_the_command_is_registered():
     from interp.cli import COMMANDS
 
