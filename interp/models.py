@@ -128,6 +128,8 @@ def load_model(
             )
     dev = resolve_device(device)
     spec_str = os.fspath(spec)
+    if revision is not None and (spec_str in (TOY, PLANTED) or spec_str.startswith(PLANTED + ":")):
+        raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str!r} is bundled")
     if spec_str == PLANTED or spec_str.startswith(PLANTED + ":"):  # the known-answer long-context toy
         return _load_planted(spec_str, dev, dt)
     if spec_str == TOY:

@@ -71,6 +71,17 @@ def test_the_in_context_score_reads_olssons_tokens_or_their_scaled_places():
     assert icl_positions(256) == (25, 250)
 
 
+def test_load_model_reads_a_toy_checkpoint_folder_and_refuses_a_revision_of_a_local_or_bundled_model(tmp_path):
+    toy = load_toy()
+    toy.save_pretrained(tmp_path / "step5")
+    back = load_model(tmp_path / "step5", device="cpu")
+    assert isinstance(back, ToyTransformer) and weights_fingerprint(back) == weights_fingerprint(toy)
+    with pytest.raises(UsageError, match=r"^a revision \('step1'\) names a Hub model's version: .*step5 is a local"):
+        load_model(tmp_path / "step5", revision="step1")
+    with pytest.raises(UsageError, match=r"^a revision \('step1'\) names a Hub model's version: 'toy' is bundled$"):
+        load_model("toy", revision="step1")
+
+
 # --------------------------------------------------------------------------------------------
 # hand-set checkpoints: the induction role moves from head 1.0 to head 1.2
 

@@ -42,6 +42,7 @@ from interp.journal import run_arguments
 from interp.lock import out_lock
 from interp.models import resolve_device, resolve_dtype
 from interp.saving import cli_owned
+from interp.threads import choose_threads
 
 STEM = "checkpoints"
 PROG = "python -m interp.checkpoints"
@@ -160,9 +161,14 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
 
     device = resolve_device(args.device)
     trains = args.model == TOY_TRAINING and args.checkpoints is None
-    threads = args.threads or (1 if trains or args.checkpoints else torch.get_num_threads())
+    if args.threads:
+        threads, why = args.threads, "--threads"
+    elif trains:
+        threads, why = 1, "the toy trains deterministically and as fast on one thread"
+    else:  # the size of the models to come is unknown here: the machine decides
+        threads, why = choose_threads(None)
     torch.set_num_threads(threads)
-    print(f"threads: {threads} ({'--threads' if args.threads else 'default'})", flush=True)
+    print(f"threads: {threads} ({why})", flush=True)
     checkpoints = args.checkpoints
     if trains:
         plan = plan_of(args)
