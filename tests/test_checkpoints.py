@@ -267,14 +267,21 @@ def stand_in_cache(cache: Path, name: str, seeds: dict[str, int]) -> Path:
     return repo
 
 
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("built") / "hub"
+    stand_in_cache(cache, "interp-test/tiny", {"step0": 0, "step10": 1, "step20": 0})
+    return cache
+
+
 @pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
+def hub_cache(built_cache, tmp_path, monkeypatch):
+    """A copy of the stand-in cache (a test may evict from it), made the Hugging Face cache."""
     from huggingface_hub import constants
 
-    cache = tmp_path / "hub"
+    cache = shutil.copytree(built_cache, tmp_path / "hub", symlinks=True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    stand_in_cache(cache, "interp-test/tiny", {"step0": 0, "step10": 1, "step20": 0})
     return cache
 
 
