@@ -181,6 +181,14 @@ def test_every_revision_is_scored_on_the_same_probe_with_cis_and_an_icl_score(ha
     assert (revs["icl"] == revs["icl_loss_late"] - revs["icl_loss_early"]).all()
 
 
+def test_one_revisions_scores_are_a_head_scores_table(handoff):
+    grid = handoff.grid("induction", "step20")
+    assert grid.shape == (2, 4) and grid[1, 2] > 0.5 > grid[1, 0]
+    assert (handoff.at(20).grid("induction") == grid).all()
+    with pytest.raises(UsageError, match=r"^no revision 'step5' in this sweep; it has step0, step10, step20, step30$"):
+        handoff.at("step5")
+
+
 def test_save_and_load_give_back_the_same_tables(handoff, tmp_path):
     written = handoff.save(tmp_path)
     assert [p.name for p in written] == ["checkpoints.csv", "checkpoints_revisions.csv", "checkpoints.json"]

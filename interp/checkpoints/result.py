@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from interp._io import atomic_write, atomic_write_json
 from interp.checkpoints import roles as roles_over_time
 from interp.errors import UsageError
 from interp.report.roles import ROLES, THRESHOLD
-from interp.scores import file_frame, memory_frame
+from interp.scores import HeadScores, file_frame, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -56,6 +57,20 @@ class CheckpointScores:
         """The revisions whose weights equal another revision's (``revision``, ``duplicate_of``)."""
         dup = self.revisions[self.revisions["duplicate_of"] != ""]
         return dup[["revision", "step", "duplicate_of", "weights"]].reset_index(drop=True)
+
+    def at(self, revision: str | int) -> HeadScores:
+        """One revision's scores as a :class:`HeadScores` (``.grid``, ``.rank``, ``.figure``), by label or step."""
+        column = "step" if isinstance(revision, int) else "revision"
+        rows = self.table[self.table[column] == revision]
+        if rows.empty:
+            have = ", ".join(map(str, self.revisions[column]))
+            raise UsageError(f"no revision {revision!r} in this sweep; it has {have}")
+        table = rows.drop(columns=["revision", "step", "duplicate_of"]).reset_index(drop=True)
+        return HeadScores(table, {"baselines": self.baselines, "revision": str(rows["revision"].iloc[0])})
+
+    def grid(self, score: str, revision: str | int) -> np.ndarray:
+        """The ``[n_layers, n_heads]`` matrix of ``score`` at one revision."""
+        return self.at(revision).grid(score)
 
     def holders(self, threshold: float = THRESHOLD) -> pd.DataFrame:
         """A row per (step, role): which head holds the role (``""``: none) and its score."""
