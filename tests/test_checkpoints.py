@@ -210,6 +210,16 @@ def test_figure_plots_the_role_holders_over_steps_with_the_icl_score_on_a_shared
     assert fig.layout.xaxis.matches == "x2" or fig.layout.xaxis2.matches == "x"  # one step axis for both rows
 
 
+def test_steps_spanning_decades_are_log_scaled_with_step_0_at_half_the_first(handoff):
+    steps = {0: 0, 10: 10, 20: 1000, 30: 10000}
+    table, revisions = handoff.table.copy(), handoff.revisions.copy()
+    table["step"], revisions["step"] = table["step"].map(steps), revisions["step"].map(steps)
+    fig = CheckpointScores(table, revisions, handoff.meta).figure()
+    assert fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
+    assert list(fig.data[-1].x) == [5, 10, 1000, 10000]
+    assert fig.layout.xaxis2.title.text == "training step (log scale; step 0 drawn at half the first step)"
+
+
 # --------------------------------------------------------------------------------------------
 # duplicates
 
