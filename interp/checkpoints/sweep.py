@@ -79,7 +79,7 @@ def checkpoint_scores(
     icl_batch: int = 16,
     config: RunConfig | None = None,
     seed: int | None = None,
-    device: str | torch.device | None = "cpu",
+    device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     out: str | os.PathLike | None = None,
     resume: bool = False,
@@ -100,7 +100,8 @@ def checkpoint_scores(
 
     The head scores are :func:`interp.heads.head_scores` on ``repeated_tokens(batch, seq_len,
     repeats, seed)``, the same tokens for every revision; the in-context learning score is
-    :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``).
+    :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``). Each
+    revision loads on ``device`` (``None``: CUDA when present, as :func:`interp.models.load_model`).
 
     With ``out``, each finished revision is journaled under ``out`` (``resume=True`` continues a run
     stopped anywhere; ``fresh=True`` discards its journal), the outputs are written there at the end
