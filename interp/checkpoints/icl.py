@@ -95,10 +95,11 @@ def token_losses(
     model: HookedModel, tokens: Int[Tensor, "batch pos"], positions: list[int], minibatch: int = 4
 ) -> Float[Tensor, "batch n"]:
     """Cross-entropy of the tokens at ``positions`` given everything before each (read one position earlier)."""
-    target = torch.tensor(positions)
+    device = describe(model).device
+    target = torch.tensor(positions, device=device)
     out = []
     with torch.no_grad():
-        for rows in tokens.split(minibatch):
+        for rows in tokens.to(device).split(minibatch):
             logits = model(rows)[:, target - 1].float()
             picked = logits.gather(-1, rows[:, target].to(logits.device)[..., None]).squeeze(-1)
             out.append((logits.logsumexp(-1) - picked).cpu())
