@@ -189,6 +189,22 @@ def test_one_revisions_scores_are_a_head_scores_table(handoff):
         handoff.at("step5")
 
 
+def test_the_sink_role_is_read_as_the_atlas_reads_it_and_can_be_left_out(handoff, tmp_path):
+    from interp.probes import random_tokens
+    from interp.sinks import sink_scores
+
+    model = only_head(1, 2)  # step20's weights
+    report = sink_scores(model, random_tokens(model, batch=16, seq_len=64, seed=0))
+    at20 = handoff.table[handoff.table["step"] == 20].reset_index(drop=True)
+    for column in ("first_mass", "first_mass_lo", "first_mass_hi"):
+        assert at20[column].tolist() == report.heads.table[column].tolist()
+    assert handoff.baselines["first_mass"] == report.meta["uniform_first_mass"]
+    assert "sink" in set(handoff.holders()["role"])
+    folders = save_steps(tmp_path, {0: only_head(1, 0)})
+    plain = checkpoint_scores([str(f) for f in folders], sinks=False, **SMALL)
+    assert "first_mass" not in plain.table and "first_mass" not in plain.baselines
+
+
 def test_save_and_load_give_back_the_same_tables(handoff, tmp_path):
     written = handoff.save(tmp_path)
     assert [p.name for p in written] == ["checkpoints.csv", "checkpoints_revisions.csv", "checkpoints.json"]

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.adapters import describe
 from interp.checkpoints import hub
 from interp.checkpoints.icl import icl_score
 from interp.checkpoints.result import STEM, CheckpointScores
@@ -28,7 +29,7 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
 from interp.journal import Journal, fingerprint, tokens_hash
-from interp.probes import TokenProbe, repeated_tokens
+from interp.probes import TokenProbe, random_tokens, repeated_tokens
 from interp.saving import claim
 
 KIND = "checkpoints"
@@ -77,6 +78,9 @@ def checkpoint_scores(
     icl_data: str | None = None,
     icl_len: int | None = None,
     icl_batch: int = 16,
+    sinks: bool = True,
+    sink_batch: int = 16,
+    sink_seq_len: int = 64,
     config: RunConfig | None = None,
     seed: int | None = None,
     device: str | torch.device | None = None,
@@ -100,7 +104,10 @@ def checkpoint_scores(
 
     The head scores are :func:`interp.heads.head_scores` on ``repeated_tokens(batch, seq_len,
     repeats, seed)``, the same tokens for every revision; the in-context learning score is
-    :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``). Each
+    :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``). With
+    ``sinks`` (the default) each head's first-token attention mass ``first_mass`` (with its CI, on
+    ``sink_batch`` x ``sink_seq_len`` random tokens, as the atlas reads it) joins the table, and
+    with it the sink role. Each
     revision loads on ``device`` (``None``: CUDA when present, as :func:`interp.models.load_model`).
 
     With ``out``, each finished revision is journaled under ``out`` (``resume=True`` continues a run
@@ -120,6 +127,9 @@ def checkpoint_scores(
         "icl_data": icl_data,
         "icl_len": icl_len,
         "icl_batch": icl_batch,
+        "sinks": sinks,
+        "sink_batch": sink_batch,
+        "sink_seq_len": sink_seq_len,
         "seed": cfg.seed,
         "n_boot": cfg.n_boot,
         "level": cfg.level,
@@ -193,6 +203,10 @@ def _score_revision(
                 "BOS?): a sweep compares revisions of one model on one probe"
             )
         scores = head_scores(model, probe, config=cfg, progress=False)
+        baselines = {k: float(v) for k, v in uniform_baselines(probe).items()}
+        table = scores.table
+        if settings["sinks"]:
+            table, baselines["first_mass"] = _with_sinks(model, table, settings, cfg)
         icl = icl_score(
             model, length=settings["icl_len"], data=settings["icl_data"], batch=settings["icl_batch"], seed=cfg.seed
         )
@@ -203,9 +217,9 @@ def _score_revision(
             "weights": weights_fingerprint(model),
             "probe": probe_hash,
             "probe_meta": _probe_meta(probe),
-            "baselines": {k: float(v) for k, v in uniform_baselines(probe).items()},
-            "columns": list(scores.table.columns),
-            "rows": scores.table.to_dict(orient="records"),
+            "baselines": baselines,
+            "columns": list(table.columns),
+            "rows": table.to_dict(orient="records"),
             "icl": icl.as_dict(),
             "icl_description": icl.describe(),
             "seconds": None,  # filled below; not part of the compared outputs
@@ -217,6 +231,21 @@ def _score_revision(
     if rev.hub and evict and downloaded:
         hub.evict(rev.spec, rev.revision)
     return payload
+
+
+def _with_sinks(
+    model: Any, table: pd.DataFrame, settings: dict[str, Any], cfg: RunConfig
+) -> tuple[pd.DataFrame, float]:
+    """``table`` with each head's first-token mass and its CI (the atlas's sink columns), and the
+    uniform head's first-token mass on the same random tokens."""
+    from interp.sinks import sink_scores
+
+    length = min(settings["sink_seq_len"], describe(model).n_ctx - 1)
+    probe = random_tokens(model, batch=settings["sink_batch"], seq_len=length, seed=cfg.seed)
+    report = sink_scores(model, probe, config=cfg, progress=False)
+    columns = ["layer", "head", "first_mass", "first_mass_lo", "first_mass_hi"]
+    merged = table.merge(report.heads.table[columns], on=["layer", "head"], how="left")
+    return merged, float(report.meta["uniform_first_mass"])
 
 
 def _probe_meta(probe: TokenProbe) -> dict[str, Any]:

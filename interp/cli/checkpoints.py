@@ -105,6 +105,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     p.add_argument("--icl-batch", type=positive_int, default=16, help="sequences the in-context score averages")
     p.add_argument(
+        "--no-sinks",
+        action="store_true",
+        help="leave out each head's first-token mass (the sink role), read on 16 x 64 random tokens as the atlas does",
+    )
+    p.add_argument(
         "--train-steps",
         type=positive_int,
         default=None,
@@ -194,6 +199,7 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         icl_data=args.icl_data,
         icl_len=args.icl_len,
         icl_batch=args.icl_batch,
+        sinks=not args.no_sinks,
         seed=args.seed,
         device=device,
         dtype=args.dtype,
