@@ -73,6 +73,9 @@ _API = {
     # activation patching on a task
     "patch_heads": "interp.patching",
     "PatchScores": "interp.patching",
+    # heads over training
+    "checkpoint_scores": "interp.checkpoints",
+    "CheckpointScores": "interp.checkpoints",
     # figures and the atlas
     "heatmap": "interp.plots",
     "save_figure": "interp.plots",
@@ -105,6 +108,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.ablation import pruning_curve as pruning_curve
     from interp.ablation import pruning_curves as pruning_curves
     from interp.ablation import train_gates as train_gates
+    from interp.checkpoints import CheckpointScores as CheckpointScores
+    from interp.checkpoints import checkpoint_scores as checkpoint_scores
     from interp.circuits import composition_scores as composition_scores
     from interp.circuits import encoder_scores as encoder_scores
     from interp.circuits import head_map as head_map

@@ -96,6 +96,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device_map: str | dict[str, str | int] | None = None,
     n_devices: int | None = None,
+    revision: str | None = None,
 ) -> HookedModel:
     """Load a hooked model by spec (``"toy"``, a local HF directory, or a Hub name).
 
@@ -107,6 +108,10 @@ def load_model(
     ``n_devices=4`` splits its blocks evenly over ``cuda:0..3``; ``device_map`` is any Hugging Face
     device map (``"auto"``, ``"balanced"``, or ``{"transformer.h.0": "cuda:0", ...}`` by module name).
     Both exclude ``device``, and neither applies to the toy.
+
+    ``revision`` picks a Hub model's branch, tag or commit (Pythia's training checkpoints are
+    ``"step1000"``, ...), read through the Hugging Face cache like the default one. A local directory
+    saved by the toy trainer (``config.json`` naming ``ToyTransformer``) loads as the toy.
     """
     dt = resolve_dtype(dtype)
     spread = device_map is not None or (n_devices is not None and n_devices != 1)
@@ -123,6 +128,8 @@ def load_model(
             )
     dev = resolve_device(device)
     spec_str = os.fspath(spec)
+    if revision is not None and (spec_str in (TOY, PLANTED) or spec_str.startswith(PLANTED + ":")):
+        raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str!r} is bundled")
     if spec_str == PLANTED or spec_str.startswith(PLANTED + ":"):  # the known-answer long-context toy
         return _load_planted(spec_str, dev, dt)
     if spec_str == TOY:
@@ -130,9 +137,30 @@ def load_model(
             raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
         return _load_toy(dev, dt)
     path = Path(spec_str).expanduser()
+    if revision is not None and (path.exists() or _looks_like_path(spec_str)):
+        raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a local directory")
     if path.exists() or _looks_like_path(spec_str):
+        if _is_toy_dir(path):
+            if spread:
+                raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
+            from interp.toy import ToyTransformer
+
+            return ToyTransformer.from_pretrained(path, device=dev, dtype=dt)
         return _load_local_dir(path, dev, dt, placement)
-    return _load_hub(spec_str, dev, dt, placement)
+    return _load_hub(spec_str, dev, dt, placement, revision=revision)
+
+
+def _is_toy_dir(path: Path) -> bool:
+    """A folder the toy trainer saved: weights beside a config naming ``ToyTransformer``."""
+    import json
+
+    config = path / "config.json"
+    if not (path.is_dir() and config.is_file() and (path / "model.safetensors").is_file()):
+        return False
+    try:
+        return json.loads(config.read_text()).get("original_architecture") == "ToyTransformer"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _load_planted(spec: str, dev: torch.device, dt: torch.dtype) -> Any:
@@ -229,37 +257,41 @@ def _check_safetensors(path: Path) -> None:
             )
 
 
-def _load_hub(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, Any]) -> Any:
+def _load_hub(
+    name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, Any], *, revision: str | None = None
+) -> Any:
     if not _HUB_NAME.match(name):
         raise ModelLoadError(
             f"{name!r} is neither an existing directory nor a valid Hugging Face model name "
             "(names look like 'gpt2' or 'EleutherAI/pythia-70m')."
         )
-    cached = _in_hf_cache(name)
+    cached = _in_hf_cache(name, revision)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     if not cached and (offline or not hub_reachable()):
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        which = f"model {name!r}" if revision is None else f"revision {revision!r} of model {name!r}"
         raise ModelLoadError(
-            f"model {name!r} is not in the local Hugging Face cache and {why}. "
+            f"{which} is not in the local Hugging Face cache and {why}. "
             "Download it once with network access (e.g. run this command online), or set "
             "HF_HUB_OFFLINE=1 with a cache that holds it, or pass a local directory "
             "holding the model and its tokenizer. Check the spelling too."
         )
+    at = "" if revision is None else f" at revision {revision!r}"
     if cached and not offline:
         # Everything is local: do not let the loader spend a minute retrying the network.
         os.environ["HF_HUB_OFFLINE"] = "1"
         try:
-            return _boot(name, dev, dt, placement, what=f"the cached model {name!r}")
+            return _boot(name, dev, dt, placement, what=f"the cached model {name!r}{at}", revision=revision)
         finally:
             os.environ.pop("HF_HUB_OFFLINE", None)
-    return _boot(name, dev, dt, placement, what=f"the Hub model {name!r}")
+    return _boot(name, dev, dt, placement, what=f"the Hub model {name!r}{at}", revision=revision)
 
 
-def _in_hf_cache(name: str) -> bool:
+def _in_hf_cache(name: str, revision: str | None = None) -> bool:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        hit = try_to_load_from_cache(name, "config.json")
+        hit = try_to_load_from_cache(name, "config.json", revision=revision)
     except Exception:
         return False
     return isinstance(hit, str)
@@ -275,14 +307,23 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _boot(name: str, dev: torch.device, dt: torch.dtype, placement: dict[str, Any], *, what: str) -> Any:
+def _boot(
+    name: str,
+    dev: torch.device,
+    dt: torch.dtype,
+    placement: dict[str, Any],
+    *,
+    what: str,
+    revision: str | None = None,
+) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress bars are the ones that matter
     try:
         where = placement or {"device": str(dev)}
-        model = TransformerBridge.boot_transformers(name, dtype=dt, **where)
+        extra = {} if revision is None else {"revision": revision}
+        model = TransformerBridge.boot_transformers(name, dtype=dt, **where, **extra)
     except Exception as e:  # the loaders raise OSError, ValueError, KeyError, HTTP errors, ...
         kind = type(e).__name__
         msg = str(e).strip().splitlines()[0] if str(e).strip() else kind

@@ -25,7 +25,7 @@ FACADE = "interp"
 
 # the floor of each module or package under interp/, by its dotted name below interp (the longest
 # name that matches counts): an import must go to a strictly lower floor or stay in its own package
-LAYERS: dict[str, int] = {
+LAYERS: dict[str, float] = {
     # entry points: `python -m interp`, `python -m interp.ablate`, ...
     "__main__": 13,
     "ablate": 13,
@@ -36,8 +36,11 @@ LAYERS: dict[str, int] = {
     "report.__main__": 13,
     "sinks.__main__": 13,
     "retrieval.__main__": 13,
+    "checkpoints.__main__": 13,
     # the command lines
     "cli": 12,
+    # scores over training: a loop over models around the analyses (it reads the atlas's roles)
+    "checkpoints": 11.5,
     # the atlas: it reads every analysis
     "report": 11,
     # what heads write and read: reuses the head scores' registry and reductions

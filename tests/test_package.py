@@ -358,5 +358,7 @@ def test_sink_scores_takes_a_run_config(toy):
 def test_commands_are_registered_once():
     from interp.cli import COMMANDS, usage
 
-    assert COMMANDS.names() == ("induction", "sinks", "ablate", "patterns", "retrieval", "patch", "roles", "report")
+    assert COMMANDS.names() == (
+        "induction", "sinks", "ablate", "patterns", "retrieval", "patch", "roles", "checkpoints", "report",
+    )  # fmt: skip
     assert all(COMMANDS.doc(name) in usage() for name in COMMANDS)

@@ -31,6 +31,11 @@ COMMANDS.add(
     "interp.cli.roles",
 )
 COMMANDS.add(
+    "checkpoints",
+    "heads over training: every head score and the in-context score at each checkpoint",
+    "interp.cli.checkpoints",
+)
+COMMANDS.add(
     "report", "a one-page HTML head atlas: roles, heatmaps, sinks, importance, attention patterns", "interp.cli.report"
 )
 

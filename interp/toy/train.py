@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -169,17 +170,28 @@ def evaluate(model: ToyTransformer, cfg: ToyConfig, tc: TrainConfig, generator: 
     }
 
 
-def train(cfg: ToyConfig, tc: TrainConfig, progress: bool = True) -> tuple[ToyTransformer, list[dict]]:
-    """Train from scratch; returns the model (eval mode) and the evaluation history."""
+OnStep = Callable[[int, ToyTransformer], None]
+
+
+def train(
+    cfg: ToyConfig, tc: TrainConfig, progress: bool = True, on_step: OnStep | None = None
+) -> tuple[ToyTransformer, list[dict]]:
+    """Train from scratch; returns the model (eval mode) and the evaluation history.
+
+    ``on_step(step, model)``, when given, sees the model after ``step`` updates (0 .. steps), in eval
+    mode with the saved model's attention path, before the next update: the hook for checkpoints.
+    """
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        return _train(cfg, tc, progress)
+        return _train(cfg, tc, progress, on_step)
     finally:
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _train(cfg: ToyConfig, tc: TrainConfig, progress: bool) -> tuple[ToyTransformer, list[dict]]:
+def _train(
+    cfg: ToyConfig, tc: TrainConfig, progress: bool, on_step: OnStep | None = None
+) -> tuple[ToyTransformer, list[dict]]:
     torch.manual_seed(tc.seed)
     model = ToyTransformer(replace(cfg)).train().set_flash_impl(tc.flash_impl)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.98), weight_decay=tc.weight_decay)
@@ -202,6 +214,10 @@ def _train(cfg: ToyConfig, tc: TrainConfig, progress: bool) -> tuple[ToyTransfor
                 f"best prev-token score {row['best_previous_token_score']:.3f}"
             )
             model.train()
+        if on_step is not None:
+            model.eval().set_flash_impl(cfg.flash_impl)
+            on_step(step, model)
+            model.train().set_flash_impl(tc.flash_impl)
         if step == tc.steps:
             break
         tokens, _ = repeated_blocks(
