@@ -76,6 +76,9 @@ def why_not_here(command: Command) -> str | None:
         if model.startswith(("./", "/", "~")):
             return f"{model} stands for your own model directory"
         return f"needs the Hub model {model} (tests never touch the network)"
+    folders = _flag(words, "--checkpoints")
+    if folders is not None and not list(ROOT.glob(folders)):
+        return f"{folders} stands for your own checkpoint folders"
     dataset = _flag(words, "--dataset")
     if dataset is not None and not (ROOT / dataset).exists():
         return f"needs the Hub data set {dataset}"
