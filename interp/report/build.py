@@ -232,7 +232,16 @@ def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
             got = ov_scores(model, [name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
         except UsageError as e:  # the atlas takes no sequences of its own: `interp roles --sequences` does
             why = str(e).split(": pass sequences=")[0]
-            _left_out(atlas, name, why + ("; interp roles --sequences scores it on yours" if why != str(e) else ""))
+            _left_out(
+                atlas,
+                name,
+                why
+                + (
+                    "; ov_scores(sequences=) scores it on yours (command line: interp roles --sequences)"
+                    if why != str(e)
+                    else ""
+                ),
+            )
             continue
         atlas.baselines.update(got.meta["baselines"])
         atlas.meta.setdefault("ov", {})[name] = {"notes": got.meta["notes"], "units": got.meta["ci_units"][name]}
@@ -275,7 +284,7 @@ def _composition(atlas: Atlas, model: HookedModel, seed: int) -> None:
         return
     atlas.compositions = comp
     atlas.meta["composition"] = {"n_random": comp.meta["n_random"], "notes": comp.meta["notes"]}
-    t = comp.table
+    t = comp.table.dropna(subset=["z"]) if len(comp.table) else comp.table  # a zero head scores NaN
     frame = atlas.roles[["layer", "head"]].copy()
     for side, own, other in (("in", "dst", "src"), ("out", "src", "dst")):
         best = t.loc[t.groupby([f"{own}_layer", f"{own}_head"])["z"].idxmax()] if len(t) else t
