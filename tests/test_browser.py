@@ -293,10 +293,16 @@ def test_clicking_a_head_of_the_atlas_shows_its_card(chromium, outputs, width):
     assert not layout_problems(visit.values["layout"]), layout_problems(visit.values["layout"])
 
 
+# the window pixel of the first heatmap panel's cell (layer 0, head 1), read from plotly's own axes
+CELL = """(() => { const gd = document.getElementById('atlas-heatmaps'), L = gd._fullLayout, r = gd.getBoundingClientRect();
+  return [r.left + L.xaxis._offset + L.xaxis.d2p(1), r.top + L.yaxis._offset + L.yaxis.d2p(0)]; })()"""
+
+
 def test_clicking_a_heatmap_cell_shows_that_heads_card(chromium, outputs):
     page = (outputs / "report" / "atlas.html").as_uri()
-    # plotly's own click event, as a click on the cell (layer 0, head 1) delivers it
-    click = "document.getElementById('atlas-heatmaps').emit('plotly_click', {points: [{x: 1, y: 0}]})"
-    visit = chromium.visit(page, script=f"{click}; {HEAD_CARD}")
+    scroll = "document.getElementById('atlas-heatmaps').scrollIntoView({block: 'start'})"
+    steps = [("eval", "s", scroll), ("click_at", CELL), ("eval", "card", HEAD_CARD)]
+    visit = chromium.visit(page, height=900, steps=steps)
     assert not visit.errors
-    assert visit.value["head"] == "0.1" and visit.value["text"].startswith("Head 0.1 previous-token")
+    card = visit.values["card"]
+    assert card["head"] == "0.1" and card["text"].startswith("Head 0.1 previous-token")
