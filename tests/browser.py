@@ -146,12 +146,15 @@ class Chromium:
 
     def _step(self, step: tuple, session: str, visit: PageVisit) -> None:
         """One user action, as the real input pipeline delivers it: ``("hover", css)`` moves the mouse
-        to the element's centre, ``("click", css)`` clicks there, ``("shot", name)`` takes a screenshot,
+        to the element's centre, ``("click", css)`` clicks there, ``("click_at", js)`` clicks where a
+        script's ``[x, y]`` (window pixels) says, ``("shot", name)`` takes a screenshot,
         ``("eval", name, js)`` keeps a script's value."""
         kind = step[0]
-        if kind in ("hover", "click"):
+        if kind in ("hover", "click", "click_at"):
             where = (
-                f"(() => {{ const e = document.querySelector({json.dumps(step[1])}); if (!e) return null;"
+                step[1]
+                if kind == "click_at"
+                else f"(() => {{ const e = document.querySelector({json.dumps(step[1])}); if (!e) return null;"
                 " const r = e.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()"
             )
             xy = self.evaluate(where, session)
@@ -159,7 +162,7 @@ class Chromium:
                 raise RuntimeError(f"no element {step[1]!r} to {kind}")
             x, y = xy
             self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y}, session=session)
-            if kind == "click":
+            if kind != "hover":
                 for t in ("mousePressed", "mouseReleased"):
                     params = {"type": t, "x": x, "y": y, "button": "left", "clickCount": 1}
                     self.send("Input.dispatchMouseEvent", params, session=session)

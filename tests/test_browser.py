@@ -251,3 +251,58 @@ def test_the_viewer_on_gpt2_small_shape_is_a_layer_by_head_grid_beside_its_patte
         ]
     )
     assert "\ufffd" not in top["text"] and "\\xe2" in top["text"] and "\\xf0" in top["text"]
+
+
+HEAD_CARD = """new Promise(done => setTimeout(() => { const c = document.getElementById('head-card');
+  done({hidden: c.hidden, head: c.dataset.head, text: c.innerText,
+        thumb: !!c.querySelector('canvas.card-pattern')}); }, 100))"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_clicking_a_head_of_the_atlas_shows_its_card(chromium, outputs, width):
+    import pandas as pd
+
+    from tests.browser import LAYOUT, layout_problems
+
+    page = outputs / "report" / "atlas.html"
+    roles = pd.read_csv(outputs / "report" / "atlas_roles.csv").set_index(["layer", "head"])
+    row = "tr[data-head='1.2']"
+    steps = [
+        ("eval", "before", HEAD_CARD),
+        ("eval", "scrolled", f'document.querySelector("{row}").scrollIntoView({{block: "center"}})'),
+        ("click", row),
+        ("eval", "card", HEAD_CARD),
+        ("eval", "layout", LAYOUT),
+    ]
+    visit = chromium.visit(page.as_uri(), width=width, height=900, steps=steps)
+    assert not visit.errors
+    assert visit.values["before"]["hidden"] is True
+    card = visit.values["card"]
+    assert card["hidden"] is False and card["head"] == "1.2" and card["thumb"]
+    lines = card["text"].splitlines()
+    assert lines[0] == "Head 1.2 induction, sink"
+    induction = roles.loc[(1, 2)]
+    want = (
+        f"induction\t{induction['induction']:.3f}\t[{induction['induction_lo']:.3f}, {induction['induction_hi']:.3f}]"
+    )
+    assert any(line.startswith(want) for line in lines), lines
+    # the strongest composition in: K-composition from the previous-token head 0.1
+    first_in = lines[lines.index("Strongest compositions in") + 2]
+    assert first_in.split("\t")[:2] == ["K", "0.1"] and roles.loc[(1, 2), "comp_in"] == "0.1 (K)"
+    assert "OV writes most" in lines and "OV suppresses most" in lines
+    assert not layout_problems(visit.values["layout"]), layout_problems(visit.values["layout"])
+
+
+# the window pixel of the first heatmap panel's cell (layer 0, head 1), read from plotly's own axes
+CELL = """(() => { const gd = document.getElementById('atlas-heatmaps'), L = gd._fullLayout, r = gd.getBoundingClientRect();
+  return [r.left + L.xaxis._offset + L.xaxis.d2p(1), r.top + L.yaxis._offset + L.yaxis.d2p(0)]; })()"""
+
+
+def test_clicking_a_heatmap_cell_shows_that_heads_card(chromium, outputs):
+    page = (outputs / "report" / "atlas.html").as_uri()
+    scroll = "document.getElementById('atlas-heatmaps').scrollIntoView({block: 'start'})"
+    steps = [("eval", "s", scroll), ("click_at", CELL), ("eval", "card", HEAD_CARD)]
+    visit = chromium.visit(page, height=900, steps=steps)
+    assert not visit.errors
+    card = visit.values["card"]
+    assert card["head"] == "0.1" and card["text"].startswith("Head 0.1 previous-token")

@@ -141,3 +141,54 @@ def test_encoders_are_refused_saying_why():
     model = interp.models.from_hf_model(hf, tok)
     with pytest.raises(UsageError, match="is an encoder: its blocks normalise after adding"):
         logit_attribution(model, torch.tensor([[5, 6, 7]]), [8], [9])
+
+
+def test_several_answers_attribute_the_mean_answer_logit_minus_the_mean_wrong_one():
+    tokens = torch.tensor([[3, 5, 5, 7, 3, 5], [4, 4, 4, 4, 9, 2]])
+    # -1 pads: prompt 0 compares tokens 5 and 3 with 7; prompt 1 compares 4 with 9 and 2
+    r = logit_attribution(averaging_model(), tokens, [[5, 3], [4, -1]], [[7, -1], [9, 2]], n_boot=10)
+    want = [((3 + 2) / 2 - 1) / 6, (4 - (1 + 1) / 2) / 6]  # the uniform head: mean counts over 6 keys
+    np.testing.assert_allclose(r.per_position[:, 0, 0].sum(-1), want, atol=1e-6)
+    np.testing.assert_allclose(r.parts["total"], r.parts["model"], atol=1e-5)
+    np.testing.assert_allclose(r.parts["embed"], [(1 + 0) / 2 - 0, 0 - (0 + 1) / 2])  # the last token's own code
+    assert r.meta["direction"] == "mean answer logit - mean wrong logit"
+    with pytest.raises(UsageError, match="answers: prompt 1 has no token id"):
+        logit_attribution(averaging_model(), tokens, [[5, 3], [-1, -1]], n_boot=10)
+
+
+def test_the_toys_repeat_task_is_carried_by_its_induction_heads():
+    from interp.models import load_model
+    from interp.probes.task import task_probe
+
+    model = load_model("toy", device="cpu")
+    task = task_probe(model, "repeat", n_pairs=8, seed=0)
+    r = logit_attribution(model, task, n_boot=50)
+    # the model's own logit difference, read independently from a plain forward of the clean prompts
+    with torch.no_grad():
+        logits = model(task.clean)[:, task.read_position].double()
+    rows = torch.arange(task.n_pairs)
+    want = logits[rows, task.answer[:, 0]] - logits[rows, task.wrong[:, 0]]
+    assert want.abs().min() > 0.5
+    np.testing.assert_allclose(r.parts["model"], want.numpy(), atol=1e-4)
+    np.testing.assert_allclose(r.parts["total"], want.numpy(), atol=1e-4)
+    dla = r.heads.grid("dla")
+    assert dla[1].min() > 0.3 and dla[1].min() > 10 * np.abs(dla[0]).max()  # layer 1: the induction heads
+    assert r.meta["task"]["name"] == "repeat" and r.meta["direction"] == "answer - wrong"
+    with pytest.raises(UsageError, match="a task brings its own answers, wrong answers and positions"):
+        logit_attribution(model, task, [1] * 8)
+
+
+def test_greater_than_says_what_is_attributed():
+    from interp.probes.task import TaskProbe
+
+    model = averaging_model()
+    clean = torch.tensor([[3, 5, 5, 7]])
+    task = TaskProbe(
+        clean, clean.clone(), torch.tensor([[5, 7]]), torch.tensor([[3, -1]]), metric="prob-diff", name="gt"
+    )
+    r = logit_attribution(model, task, n_boot=10)
+    np.testing.assert_allclose(r.per_position[0, 0, 0].sum(), ((2 + 1) / 2 - 1) / 4, atol=1e-6)
+    assert r.meta["direction"].startswith(
+        "mean answer logit - mean wrong logit (the gt task's own metric, the answers'"
+    )
+    assert "its logit counterpart is attributed" in r.meta["direction"]

@@ -88,3 +88,38 @@ def test_text_attributes_its_last_tokens_logit(gpt2_dir, tmp_path, capsys):
     assert "direct logit attribution (answer, 2 prompts; parts add up" in capsys.readouterr().out
     parts = pd.read_csv(out / "logit_attribution_parts.csv")
     assert len(parts) == 2 and (parts["total"] - parts["model"]).abs().max() < 1e-4
+
+
+def test_task_repeat_attributes_the_toys_induction_heads(tmp_path, capsys):
+    out = tmp_path / "res"
+    argv = ["--out", str(out), "--analyses", "dla", "--task", "repeat", "--batch", "6", "--device", "cpu"]
+    assert cli([*argv, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "direct logit attribution (task repeat, read at position 20; answer - wrong, 6 prompts; parts add up" in printed
+    )
+    heads = pd.read_csv(out / "logit_attribution_heads.csv", dtype={"label": str})
+    assert heads.loc[heads["dla"].abs().idxmax(), "layer"] == 1  # an induction head carries the most
+    parts = pd.read_csv(out / "logit_attribution_parts.csv")
+    assert len(parts) == 6 and (parts["total"] - parts["model"]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["--task", "nope"],
+            "unknown task 'nope': choose from ['repeat', 'ioi', 'greater-than'] or give a .jsonl/.csv file",
+        ),
+        (["--task", "repeat", "--text", "a b"], "give one of --prompts, --text or --task, not --text and --task"),
+        (["--task", "ioi"], "the ioi task is made of words: it needs a model with a tokenizer (the toy has none)"),
+    ],
+)
+def test_bad_task_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, argv, said):
+    out = tmp_path / "res"
+    with pytest.raises(SystemExit) as e:
+        cli(["--out", str(out), "--device", "cpu", "--no-progress", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(said)
+    written = [p.name for p in out.iterdir() if not p.name.startswith(".")] if out.exists() else []
+    assert written == []

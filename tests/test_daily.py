@@ -108,7 +108,10 @@ def test_unknown_score_is_an_interp_error(toy):
 def test_atlas_skip_string_is_one_part(toy):
     with pytest.raises(UsageError) as e:
         interp.head_atlas(toy, skip="nope")
-    assert str(e.value) == "cannot skip nope: choose from sinks, exact, gradient, pruning, patterns, retrieval"
+    assert str(e.value) == (
+        "cannot skip nope: choose from sinks, exact, gradient, pruning, patterns, retrieval, composition, ov, "
+        "encoder, cards"
+    )
 
 
 def test_empty_text_file(toy, tmp_path):

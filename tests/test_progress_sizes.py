@@ -23,6 +23,7 @@ from interp.toy.planted import planted_model
 from tests.helpers import GPT2_SMALL, gpt2_model, one_thread, word_tokenizer
 
 NO_ABLATION = ["exact", "gradient", "pruning"]
+CIRCUIT_PARTS = ["ov", "encoder", "composition", "cards"]  # what heads write and read
 
 
 def _gpt2_info(**change) -> ModelInfo:
@@ -62,17 +63,19 @@ def test_forward_work_counts_weights_attention_and_unembedding():
 
 def test_atlas_on_gpt2_small_names_the_exact_sweep_and_pruning_up_front():
     plan = atlas_work(_gpt2_info())
-    assert list(plan) == ["scores", "sinks", "exact", "gradient", "pruning", "retrieval", "patterns"]
+    assert list(plan) == ["scores", "sinks", "exact", "gradient", "pruning", "ov", "encoder", "composition",
+                          "retrieval", "patterns", "cards"]  # fmt: skip
     assert plan["retrieval"][0] == "the retrieval part (needle probe 2 x 1023 tokens, copy distances)"
     assert long_work_note(plan) == (
         "note: the exact sweep (144 heads x 10 sequences of 101 tokens) is about 143x the work of the head "
         "scores (144 heads x 10 sequences of 101 tokens), and the pruning curves (3 orders x 11 steps x 10 "
-        "sequences of 101 tokens) about 48x: they will take much longer; skip=['exact', 'pruning'] leaves them out "
-        "(command line: --skip exact,pruning)"
+        "sequences of 101 tokens) about 48x, and the OV roles (144 heads x 500 tokens x the vocabulary) about 37x: "
+        "they will take much longer; skip=['exact', 'pruning', 'ov'] leaves them out (command line: --skip "
+        "exact,pruning,ov)"
     )
-    assert long_work_note(atlas_work(_gpt2_info(), skip=["exact", "pruning"])) is None
+    assert long_work_note(atlas_work(_gpt2_info(), skip=["exact", "pruning", "ov"])) is None
     assert "skip=['exact'] leaves it out (command line: --skip exact)" in long_work_note(
-        atlas_work(_gpt2_info(), skip=["pruning"])
+        atlas_work(_gpt2_info(), skip=["pruning", "ov"])
     )
 
 
@@ -161,7 +164,7 @@ def test_pruning_by_the_exact_order_shows_its_sweep(capsys):
 
 def test_the_atlas_prunes_by_its_own_sweep_without_running_it_again(monkeypatch, capsys):
     toy = load_model("toy", device="cpu")
-    skip = ["sinks", "retrieval", "patterns"]
+    skip = ["sinks", "retrieval", "patterns", *CIRCUIT_PARTS]
     with one_thread():
         reference = head_atlas(toy, batch=2, seq_len=8, skip=skip, seed=0).pruning
         monkeypatch.setattr(pruning_module, "exact_sweep", lambda *a, **k: pytest.fail("the exact sweep ran twice"))
@@ -193,7 +196,7 @@ def test_the_atlas_runs_retrieval_on_a_1024_position_gpt2():
     hf = gpt2_model(n_layer=1, n_head=2, n_embd=16, n_positions=1024)
     model = from_hf_model(hf, word_tokenizer(), name="gpt2-1024")
     with one_thread():
-        atlas = head_atlas(model, batch=2, seq_len=8, skip=[*NO_ABLATION, "sinks", "patterns"], seed=0)
+        atlas = head_atlas(model, batch=2, seq_len=8, skip=[*NO_ABLATION, "sinks", "patterns", *CIRCUIT_PARTS], seed=0)
     assert not atlas.meta.get("notes")
     assert atlas.retrieval["meta"]["seq_len"] == 1 + 1023  # BOS + the 1023 tokens left
     assert sorted(atlas.retrieval["distance"]["distance"].unique()) == [16, 64, 256]

@@ -108,7 +108,7 @@ def test_atlas_loads_back_and_draws_its_figure(toy_atlas, tmp_path):
     np.testing.assert_allclose(back.grid("induction"), toy_atlas.grid("induction"))
     assert Atlas.load(tmp_path / "atlas.json").named("previous-token") == ["0.1"]
     panels = [t for t in toy_atlas.figure().data if t.type == "heatmap"]
-    assert len(panels) == 6 and np.allclose(panels[3].z, toy_atlas.grid("induction"))
+    assert len(panels) == 7 and np.allclose(panels[3].z, toy_atlas.grid("induction"))  # + copy suppression
     # a loaded atlas has no renderer of its own: its page is drawn when one is passed
     again = tmp_path / "again"
     assert sorted(p.name for p in back.save(again)) == ["atlas.json", "atlas_roles.csv"]
@@ -130,6 +130,78 @@ def test_roles_and_parts_are_registries():
                                  "positional", "rare-word")  # fmt: skip
     assert list(role_columns().items())[:5] == [("induction", "induction"), ("prev_token", "previous-token"),
         ("current", "current-token"), ("duplicate", "duplicate-token"), ("first_mass", "sink")]  # fmt: skip
-    assert PARTS.names() == ("sinks", "exact", "gradient", "pruning", "patterns", "retrieval")
+    assert PARTS.names() == (
+        "sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "composition", "ov", "encoder", "cards"
+    )  # fmt: skip
     with pytest.raises(UsageError, match="unknown role 'nope'"):
         ROLES.check("nope")
+
+
+# ---- what heads write and read: composition, OV roles, encoder heads, head cards -------------------
+
+
+def test_toy_atlas_reads_what_heads_write_and_read(toy_atlas):
+    roles = toy_atlas.roles.set_index("label")
+    # every induction head's strongest composition in is K-composition from the previous-token head
+    assert all(
+        roles.loc[h, "comp_in"] == "0.1 (K)" and roles.loc[h, "comp_in_z"] > 10 for h in toy_atlas.named("induction")
+    )
+    assert roles.loc["0.1", "comp_out"].endswith("(K)") and pd.isna(
+        roles.loc["1.0", "comp_out"]
+    )  # the last layer feeds none
+    assert {"copy_suppression", "copy_suppression_lo", "entropy", "positional", "rare_word"} <= set(roles.columns)
+    assert {"cls", "sep", "punct", "next", "prev", "own", "successor"}.isdisjoint(roles.columns)
+    assert toy_atlas.baselines["copy_suppression"] == pytest.approx(10 / 512)
+    notes = toy_atlas.meta["notes"]
+    assert any(n.startswith("successor: left out: the successor score needs ordinal sequences") for n in notes)
+    assert (
+        "encoder: next: no query of this probe sees such a key (a causal model never sees the next token), so it is NaN"
+        in notes
+    )
+    card = toy_atlas.cards["1.2"]
+    assert card["scores"]["induction"] == roles.loc["1.2", "induction"] and card["composes_in"][0]["src"] == "0.1"
+    assert len(card["writes"]) == len(card["suppresses"]) == 8
+
+
+def test_each_new_part_can_be_skipped(toy):
+    with one_thread():
+        atlas = head_atlas(
+            toy, skip=["sinks", "exact", "gradient", "pruning", "patterns", "composition", "ov", "encoder", "cards"]
+        )
+    assert {"comp_in", "copy_suppression", "entropy"}.isdisjoint(atlas.roles.columns) and atlas.cards is None
+    assert not [n for n in atlas.meta.get("notes", []) if not n.startswith("retrieval:")]
+    with one_thread():
+        only = head_atlas(toy, skip=["sinks", "exact", "gradient", "pruning", "patterns", "ov", "encoder"])
+    assert "comp_in" in only.roles and "copy_suppression" not in only.roles and only.cards["0.0"]["writes"]
+
+
+def test_a_model_without_composition_scores_gets_the_rest_and_a_note():
+    import interp
+    from tests.conformance import build
+
+    hf, tok = build("deepseek_v3")
+    model = interp.models.from_hf_model(hf, tok)
+    with one_thread():
+        atlas = head_atlas(
+            model,
+            batch=2,
+            seq_len=8,
+            skip=["sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "encoder"],
+        )
+    note = next(n for n in atlas.meta["notes"] if n.startswith("composition: left out: "))
+    assert "multi-head latent attention: keys and values come out of one shared" in note
+    assert "comp_in" not in atlas.roles and atlas.compositions is None
+    assert atlas.cards is not None and all(c.get("composes_in") is None for c in atlas.cards.values())
+
+
+def test_cards_load_back_and_the_page_holds_them(toy_atlas, tmp_path):
+    from interp.report import Atlas
+
+    toy_atlas.save(tmp_path)
+    back = Atlas.load(tmp_path)
+    assert back.cards["1.2"]["composes_in"][0]["src"] == "0.1"
+    assert back.cards["1.2"]["scores"]["induction"] == pytest.approx(toy_atlas.cards["1.2"]["scores"]["induction"])
+    page = (tmp_path / "atlas.html").read_text()
+    blob = json.loads(page.split('id="atlas-cards">')[1].split("</script>")[0])  # strict JSON: no NaN
+    assert set(blob["cards"]) == set(toy_atlas.roles["label"])
+    assert "<tr data-head='1.2' tabindex='0'>" in page and 'id="circuits"' in page

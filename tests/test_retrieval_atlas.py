@@ -10,7 +10,16 @@ from interp.report import head_atlas
 from interp.toy.planted import planted_model
 from tests.helpers import one_thread
 
-FAST = ["exact", "gradient", "pruning", "patterns"]
+FAST = [
+    "exact",
+    "gradient",
+    "pruning",
+    "patterns",
+    "ov",
+    "encoder",
+    "composition",
+    "cards",
+]  # + what heads write and read
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ logit changes nothing).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,14 +34,23 @@ from interp.probes import TokenProbe
 
 def mean_write(model: HookedModel, layer: int, head: int) -> Float[Tensor, " d_vocab"]:
     """The head's average write to each logit, ``mean(W_EE) W_V W_O W_U``, centered over the vocabulary."""
+    _check_head(describe(model), layer, head)
+    return next(mean_writes(model, [layer]))[1][head]
+
+
+def mean_writes(
+    model: HookedModel, layers: Sequence[int] | None = None
+) -> Iterator[tuple[int, Float[Tensor, "head d_vocab"]]]:
+    """:func:`mean_write` of every head, a layer at a time (``(layer, [head, d_vocab])``; default:
+    every attention layer): the effective embedding is computed once for them all."""
     info = describe(model)
-    _check_head(info, layer, head)
     w = read_head_weights(model, info, "the head card's OV tokens")
     embedding, _ = effective_embedding(model, w)
     ordinary = [t for t in range(info.d_vocab) if t not in info.special_token_ids]
     x = embedding[ordinary].mean(0)
-    logits = x @ w.W_V[layer, head] @ w.W_O[layer, head] @ w.W_U
-    return (logits - logits.mean()).cpu()
+    for layer in info.attention_layers if layers is None else layers:
+        logits = torch.einsum("d,hde,hem,mv->hv", x, w.W_V[layer], w.W_O[layer], w.W_U)
+        yield layer, (logits - logits.mean(-1, keepdim=True)).cpu()
 
 
 def _check_head(info: Any, layer: int, head: int) -> None:
@@ -63,12 +73,14 @@ def head_card(
     model: HookedModel | None = None,
     compositions: Compositions | None = None,
     probe: TokenProbe | None = None,
+    write: Float[Tensor, " d_vocab"] | None = None,
     top: int = 10,
 ) -> dict[str, Any]:
     """The card of head ``layer.head`` (see the module docstring): ``scores`` (its row of ``roles``,
     a role table or any per-head table), ``writes`` / ``suppresses`` (``[(token, logit)]``, with
     ``model``), ``composes_in`` / ``composes_out`` (the ``top`` pairs by z, with ``compositions``) and
-    ``pattern`` (``[q][k]`` on the probe's first sequence, with ``model`` and ``probe``)."""
+    ``pattern`` (``[q][k]`` on the probe's first sequence, with ``model`` and ``probe``). ``write``:
+    the head's :func:`mean_write` when already computed (:func:`mean_writes` for many heads)."""
     card: dict[str, Any] = {"head": f"{layer}.{head}", "layer": layer, "head_index": head}
     if roles is not None:
         row = roles[(roles["layer"] == layer) & (roles["head"] == head)]
@@ -76,7 +88,7 @@ def head_card(
             raise UsageError(f"no head {layer}.{head} in the role table")
         card["scores"] = {k: _plain(v) for k, v in row.iloc[0].items() if k not in ("layer", "head", "label")}
     if model is not None:
-        write = mean_write(model, layer, head)
+        write = mean_write(model, layer, head) if write is None else write
         order = torch.argsort(write, descending=True)
         hi, lo = order[:top].tolist(), order.flip(0)[:top].tolist()
         card["writes"] = list(zip(_tokens(model, hi), [float(write[i]) for i in hi]))
@@ -119,4 +131,4 @@ def _plain(v: Any) -> Any:
     return v
 
 
-__all__ = ["head_card", "mean_write"]
+__all__ = ["head_card", "mean_write", "mean_writes"]

@@ -29,8 +29,15 @@ The norm's gain and bias are read from the clean run itself (a least-squares fit
 output on ``P(input) / scale`` over every position, exact for an elementwise affine map), so no
 architecture's parameter convention (Gemma's ``1 + w``) needs knowing.
 
-Inputs are plain token ids, answer ids and wrong ids (one each per prompt); the per-head table
-carries a bootstrap CI over prompts (:func:`interp.scores.bootstrap_mean`).
+Inputs are plain token ids, answer ids and wrong ids (one each, or several, per prompt), or a
+:class:`~interp.probes.task.TaskProbe` (the task probes of :mod:`interp.patching`): its clean
+prompts, read at its position, with its answers and wrong answers. Where a prompt has several
+answers (or wrong answers), the difference attributed is the *mean* answer logit minus the mean
+wrong logit, the task's ``logit-diff`` metric: linear in the logits, so it splits exactly. The
+greater-than task's own metric, P(year > YY) - P(year <= YY), is a difference of softmax sums and
+does not split into terms; what is attributed there is the mean logit of the later years minus the
+mean logit of the earlier ones (``meta["direction"]`` says so). The per-head table carries a
+bootstrap CI over prompts (:func:`interp.scores.bootstrap_mean`).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from interp.adapters.weights import (
 from interp.config import run_header
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
+from interp.probes.task import TaskProbe
 from interp.scores import HeadScores, bootstrap_mean
 
 STEM = "logit_attribution"
@@ -127,9 +135,9 @@ def _frozen(site: NormSite, grabbed: dict[str, Tensor], at: Tensor) -> _FrozenNo
 
 def logit_attribution(
     model: HookedModel,
-    tokens: Int[Tensor, "batch pos"] | Sequence[Sequence[int]],
-    answers: Int[Tensor, " batch"] | Sequence[int],
-    wrongs: Int[Tensor, " batch"] | Sequence[int] | None = None,
+    tokens: Int[Tensor, "batch pos"] | Sequence[Sequence[int]] | TaskProbe,
+    answers: Int[Tensor, " batch"] | Int[Tensor, "batch k"] | Sequence[int] | None = None,
+    wrongs: Int[Tensor, " batch"] | Int[Tensor, "batch k"] | Sequence[int] | None = None,
     *,
     positions: Int[Tensor, " batch"] | Sequence[int] | None = None,
     n_boot: int = 1000,
@@ -140,8 +148,20 @@ def logit_attribution(
     prompt's ``logit[answer] - logit[wrong]`` at ``positions`` (default: each prompt's last), see
     the module docstring. ``wrongs=None`` attributes the answer's logit itself. ``tokens`` is
     ``[batch, pos]`` or a list of prompts of any lengths (each length runs as its own batch;
-    ``per_position`` is NaN past a prompt's end)."""
+    ``per_position`` is NaN past a prompt's end). ``answers`` and ``wrongs`` hold one id per prompt
+    or ``[batch, k]`` ids (``-1`` pads): the mean logit of a prompt's answers minus that of its
+    wrong ones. ``tokens`` may be a :class:`~interp.probes.task.TaskProbe` instead (with no
+    ``answers``, ``wrongs`` or ``positions``): its clean prompts, answers and read position."""
     info = describe(model)
+    task = None
+    if isinstance(tokens, TaskProbe):
+        task = tokens
+        if answers is not None or wrongs is not None or positions is not None:
+            raise UsageError("a task brings its own answers, wrong answers and positions: give the task alone")
+        tokens, answers, wrongs = task.clean.cpu(), task.answer.cpu(), task.wrong.cpu()
+        positions = [task.read_position] * task.n_pairs
+    elif answers is None:
+        raise UsageError("give the answer token of each prompt (answers=), or a TaskProbe")
     rows = _rows(tokens, info.d_vocab)
     B = len(rows)
     answers = _ids(answers, B, info.d_vocab, "answers")
@@ -189,7 +209,7 @@ def logit_attribution(
     meta = run_header(info, kind="logit_attribution", n_boot=n_boot, ci_level=level, seed=seed)
     meta.update(
         n_prompts=B,
-        direction="answer - wrong" if wrongs is not None else "answer",
+        direction=_direction(answers, wrongs, task),
         softcap=(
             f"the final logits are capped, {softcap} * tanh(logit / {softcap}); the attribution is of the "
             "pre-cap logit difference (column 'model'; the capped one is 'model_capped')"
@@ -199,6 +219,8 @@ def logit_attribution(
         max_error=float((columns["total"] - columns["model"]).abs().max()),
         notes=[f"final norm: {_norm_name(final)}, its scale frozen at the clean run"],
     )
+    if task is not None:
+        meta["task"] = {"name": task.name, "metric": task.metric, "read_position": task.read_position, **task.meta}
     heads = HeadScores.from_grids({"dla": point, "dla_lo": lo, "dla_hi": hi}, {**meta, "ci_sequences": {"dla": B}})
     return LogitAttribution(heads, per_pos.numpy(), frame, meta)
 
@@ -208,8 +230,8 @@ def _attribute(
     info: Any,
     w: Any,
     tokens: Int[Tensor, "batch pos"],
-    answers: Int[Tensor, " batch"],
-    wrongs: Int[Tensor, " batch"] | None,
+    answers: Int[Tensor, "batch k"],
+    wrongs: Int[Tensor, "batch k"] | None,
     at: Int[Tensor, " batch"],
 ) -> dict[str, Tensor]:
     """One batch of prompts of one length: every part's term per prompt, the heads' terms per
@@ -244,11 +266,11 @@ def _attribute(
     logits = logits.detach().double().cpu()
 
     # the direction on the final residual, pulled back through the frozen final norm
-    d = w.W_U.cpu()[:, answers].T  # [batch, d_model]
-    const = w.b_U.cpu()[answers]
+    mix = _mean_weights(answers, info.d_vocab)  # [batch, vocab]: the mean over each prompt's answers
     if wrongs is not None:
-        d = d - w.W_U.cpu()[:, wrongs].T
-        const = const - w.b_U.cpu()[wrongs]
+        mix = mix - _mean_weights(wrongs, info.d_vocab)
+    d = mix @ w.W_U.cpu().T.double()  # [batch, d_model]
+    const = mix @ w.b_U.cpu().double()
     if final is not None:
         norm = _frozen(final, grabbed, at)
         const = const + d @ norm.b
@@ -284,9 +306,9 @@ def _attribute(
     softcap = final_softcap(model)
     own = logits[batch, at]  # [batch, vocab]
     raw = softcap * torch.atanh(own / softcap) if softcap else own
-    parts["model"] = raw[batch, answers] - (raw[batch, wrongs] if wrongs is not None else 0)
+    parts["model"] = (raw * mix).sum(-1)
     if softcap:
-        parts["model_capped"] = own[batch, answers] - (own[batch, wrongs] if wrongs is not None else 0)
+        parts["model_capped"] = (own * mix).sum(-1)
     parts["per_position"] = per_pos
     return parts
 
@@ -310,14 +332,44 @@ def _norm_name(site: NormSite | None) -> str:
     return "none" if site is None else "LayerNorm" if site.centered else "RMSNorm"
 
 
-def _ids(ids: Any, n: int, vocab: int, what: str) -> Tensor:
-    t = torch.as_tensor(ids).long().flatten()
-    if len(t) != n:
-        raise UsageError(f"{what} must hold one token id per prompt ({n}), got {len(t)}")
-    bad = t[(t < 0) | (t >= vocab)]
+def _ids(ids: Any, n: int, vocab: int, what: str) -> Int[Tensor, "batch k"]:
+    """One id per prompt, or ``[batch, k]`` ids (``-1`` pads), as ``[batch, k]``."""
+    t = torch.as_tensor(ids).long()
+    t = t[:, None] if t.ndim <= 1 else t
+    if t.ndim != 2 or len(t) != n:
+        raise UsageError(
+            f"{what} must hold one token id per prompt ({n}), got {len(t)} (several per prompt: [prompts, k] ids, -1 pads)"
+        )
+    bad = t[(t < -1) | (t >= vocab)]
     if len(bad):
         raise UsageError(f"{what}: token id {int(bad[0])} is outside the model's vocabulary of {vocab}")
+    empty = torch.nonzero(~(t >= 0).any(-1)).flatten()
+    if len(empty):
+        raise UsageError(f"{what}: prompt {int(empty[0])} has no token id (only -1 pads)")
     return t
+
+
+def _mean_weights(ids: Int[Tensor, "batch k"], vocab: int) -> Float[Tensor, "batch vocab"]:
+    """Per prompt, weight ``1/k`` on each of its ``k`` real ids (``-1`` pads carry none)."""
+    real = (ids >= 0).double()
+    out = torch.zeros(ids.shape[0], vocab, dtype=torch.float64)
+    return out.scatter_add_(1, ids.clamp_min(0), real / real.sum(-1, keepdim=True))
+
+
+def _direction(answers: Tensor, wrongs: Tensor | None, task: TaskProbe | None) -> str:
+    """What is attributed, in words."""
+    several = answers.shape[1] > 1 or (wrongs is not None and wrongs.shape[1] > 1)
+    text = (
+        ("mean answer logit - mean wrong logit" if several else "answer - wrong")
+        if wrongs is not None
+        else ("mean answer logit" if several else "answer")
+    )
+    if task is not None and task.metric == "prob-diff":
+        text += (
+            f" (the {task.name} task's own metric, the answers' probability minus the wrong answers', is a "
+            "difference of softmax sums that does not split into terms: its logit counterpart is attributed)"
+        )
+    return text
 
 
 __all__ = ["STEM", "LogitAttribution", "logit_attribution"]

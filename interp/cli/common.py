@@ -150,6 +150,34 @@ def add_engine_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_task_flag(p: argparse.ArgumentParser, default: str | None, what: str = "") -> None:
+    """``--task repeat|ioi|greater-than|FILE``: a bundled task of :data:`~interp.probes.task.TASKS`
+    (``--batch`` pairs, seeded by ``--seed``) or a task file; :func:`check_task` reads it before
+    the model loads, :func:`~interp.probes.task.task_probe` builds it."""
+    from interp.probes.task import COLUMNS, TASKS
+
+    p.add_argument(
+        "--task",
+        default=default,
+        help=what
+        + "a bundled task ("
+        + TASKS.help()
+        + ") or a .jsonl/.csv file with the columns "
+        + ", ".join(COLUMNS),
+    )
+
+
+def check_task(task: str) -> None:
+    """Before the model loads: ``--task`` is a bundled task, or a readable task file with every column."""
+    from interp.probes.task import TASKS, check_task_file
+
+    if task in TASKS:
+        return
+    if Path(task).suffix.lower() not in (".jsonl", ".json", ".csv"):
+        raise UsageError(f"unknown task {task!r}: choose from {list(TASKS)} or give a .jsonl/.csv file")
+    check_task_file(task)
+
+
 def add_encoding_flag(p: argparse.ArgumentParser, what: str = "text files") -> None:
     """``--encoding NAME``: how the command reads its ``what`` (default utf-8; see :func:`interp.texts.decode_file`)."""
     p.add_argument(

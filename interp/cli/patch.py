@@ -22,13 +22,21 @@ from pathlib import Path
 from interp.ablation.modes import SITES
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
-from interp.cli.common import add_resume_flags, base_parser, format_table, positive_int, run_cli
+from interp.cli.common import (
+    add_resume_flags,
+    add_task_flag,
+    base_parser,
+    check_task,
+    format_table,
+    positive_int,
+    run_cli,
+)
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
 from interp.patching import BY, DIRECTION_HELP, METHODS, METRICS, baselines, patch_heads, task_metric
 from interp.plots import save_figure
-from interp.probes.task import COLUMNS, DIRECTIONS, TASKS, check_task_file, task_probe
+from interp.probes.task import DIRECTIONS, task_probe
 
 STEM = "patch"
 
@@ -41,11 +49,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     )
     p.set_defaults(batch=20)
     add_resume_flags(p)
-    p.add_argument(
-        "--task",
-        default="repeat",
-        help="a bundled task (" + TASKS.help() + ") or a .jsonl/.csv file with the columns " + ", ".join(COLUMNS),
-    )
+    add_task_flag(p, "repeat")
     p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
     p.add_argument("--by", choices=BY.names(), default="head", help=BY.help())
     p.add_argument(
@@ -87,11 +91,7 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.steps is not None and args.method != "eap-ig":
         raise UsageError(f"--method {args.method} does not read --steps (it applies to --method eap-ig): drop it")
-    if args.task in TASKS:
-        return
-    if Path(args.task).suffix.lower() not in (".jsonl", ".json", ".csv"):
-        raise UsageError(f"unknown task {args.task!r}: choose from {list(TASKS)} or give a .jsonl/.csv file")
-    check_task_file(args.task)
+    check_task(args.task)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:

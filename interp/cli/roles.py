@@ -3,12 +3,12 @@
 A thin layer over :mod:`interp.circuits`: Q/K/V composition between heads (with z-scores against
 random heads), OV roles from weights (copy suppression, successor), encoder-head and entropy scores
 and Voita's positional / rare-word heads on a text probe, the Jensen-Shannon map of heads, and,
-given ``--prompts``, direct logit attribution (run first: prompts it cannot attribute end the run
-with exit 2 before anything is written). It prints each analysis's strongest heads and the
+given ``--prompts``, ``--text`` or ``--task``, direct logit attribution (run first: prompts it cannot
+attribute end the run with exit 2 before anything is written). It prints each analysis's strongest heads and the
 heads named for a role, and writes under ``--out``:
 
 - ``composition.{csv,json,html}``; ``ov_scores.{csv,json}``; ``encoder_heads.{csv,json}``;
-  ``head_map.{json,html}``; ``logit_attribution*.{csv,json}`` (with ``--prompts``);
+  ``head_map.{json,html}``; ``logit_attribution*.{csv,json}`` (with ``--prompts``, ``--text`` or ``--task``);
 - ``roles.csv``: the per-head scores of the weight and pattern analyses and each head's roles
   (:func:`interp.report.roles.role_table`).
 
@@ -18,7 +18,10 @@ the successor score) is skipped with its reason printed; the rest run.
 ``--prompts FILE`` is JSON (a list) or JSON lines, one object per prompt: ``{"prompt": "...",
 "answer": " Mary", "wrong": " John"}`` (answer and wrong single tokens of the model's tokenizer;
 ``wrong`` optional) or ``{"tokens": [ids], "answer": id, "wrong": id}``. ``--text "..."`` (repeatable)
-attributes a text's last token's logit at the position before it.
+attributes a text's last token's logit at the position before it. ``--task repeat|ioi|greater-than|FILE``
+(as ``interp patch`` reads it; ``--batch`` pairs) attributes the task's clean prompts at its read
+position: the answer's logit minus the wrong answer's, or, with several of either (greater-than),
+the mean answer logit minus the mean wrong one.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from interp.adapters import HookedModel, ModelInfo
 from interp.circuits import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
 from interp.circuits.composition import N_RANDOM
 from interp.circuits.ov import K_LOWEST, OV_SCORES
-from interp.cli.common import base_parser, float_in, positive_int, run_cli
+from interp.cli.common import add_task_flag, base_parser, check_task, float_in, positive_int, run_cli
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
 from interp.probes import text_probe
+from interp.probes.task import task_probe
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
 from interp.scores import HeadScores, format_table
@@ -51,7 +55,7 @@ ANALYSES.add("composition", "Q/K/V composition between every pair of heads, with
 ANALYSES.add("ov", "OV roles from weights: copy suppression and successor heads")
 ANALYSES.add("encoder", "attention on [CLS]/[SEP]/punctuation/neighbours, entropy, positional and rare-word heads")
 ANALYSES.add("map", "the Jensen-Shannon map of heads by their patterns")
-ANALYSES.add("dla", "direct logit attribution on --prompts")
+ANALYSES.add("dla", "direct logit attribution on --prompts, --text or --task")
 
 
 def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParser:
@@ -66,7 +70,7 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         "--analyses",
         type=_names,
         default=list(ANALYSES.names()),
-        help=f"comma-separated, from: {ANALYSES.help()} (default: all; dla runs only with --prompts)",
+        help=f"comma-separated, from: {ANALYSES.help()} (default: all; dla runs only with --prompts, --text or --task)",
     )
     p.add_argument("--seq-len", type=positive_int, default=32, help="body tokens per text-probe sequence")
     p.add_argument("--k", type=positive_int, default=K_LOWEST, help="copy suppression: the lowest k logits")
@@ -89,6 +93,7 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable; "
         f"{BYTES_NOTE}",
     )
+    add_task_flag(p, None, "direct logit attribution on a task's clean prompts (--batch pairs): ")
     p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
     p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
     return p
@@ -129,8 +134,11 @@ def check(args: argparse.Namespace) -> None:
         args.frequency_table = None if freq is None else {int(k): float(v) for k, v in dict(freq).items()}
     except (TypeError, ValueError):
         raise UsageError('--frequencies must be a JSON object {"token id": count, ...}') from None
-    if args.prompts is not None and args.text:
-        raise UsageError("give --prompts or --text, not both")
+    given = [f for f, v in (("--prompts", args.prompts), ("--text", args.text), ("--task", args.task)) if v]
+    if len(given) > 1:
+        raise UsageError(f"give one of --prompts, --text or --task, not {' and '.join(given)}")
+    if args.task is not None:
+        check_task(args.task)
     args.prompt_rows = _read_json(args.prompts, "--prompts")
     if args.text:
         args.prompt_rows = [{"text": t} for t in args.text]
@@ -201,6 +209,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     dla = None
     if "dla" in args.analyses and prompts is not None:  # first: bad prompts end the run before any write
         dla = logit_attribution(model, *prompts, level=args.ci, seed=args.seed)
+    if "dla" in args.analyses and args.task is not None:
+        task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed)
+        dla = logit_attribution(model, task, level=args.ci, seed=args.seed)
     print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
     written: list[Path] = []
     tables: list[HeadScores] = []
@@ -260,8 +271,10 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if dla is not None:
         written += dla.save(out)
         ranked = dla.heads.table.reindex(dla.heads.table["dla"].abs().sort_values(ascending=False).index).head(args.top)
+        task = dla.meta.get("task")
+        on = f"task {task['name']}, read at position {task['read_position']}; " if task else ""
         print(
-            f"\ndirect logit attribution ({dla.meta['direction']}, {dla.meta['n_prompts']} prompts; "
+            f"\ndirect logit attribution ({on}{dla.meta['direction']}, {dla.meta['n_prompts']} prompts; "
             f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
         )
         print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))

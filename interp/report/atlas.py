@@ -27,8 +27,31 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 STEM = "atlas"
-# the atlas's score heatmaps
-HEATMAP_SCORES = ("prev_token", "current", "duplicate", "induction", "first_mass", "copying")
+# the atlas's score heatmaps (the OV roles' on a 0..1 scale of their own)
+OV_HEATMAPS = ("copy_suppression", "successor")
+HEATMAP_SCORES = (
+    "prev_token",
+    "current",
+    "duplicate",
+    "induction",
+    "first_mass",
+    "copying",
+    "copy_suppression",
+    "successor",
+)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with NaN as None and numpy scalars as Python's: strict JSON (a page's ``JSON.parse``)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return None if not np.isfinite(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 @dataclass
@@ -51,6 +74,8 @@ class Atlas:
     pruning: pd.DataFrame | None = None
     pattern: dict[str, Any] = field(default_factory=dict)
     retrieval: dict[str, Any] | None = None  # the retrieval part: scores, copy distance, windows, meta
+    compositions: Any = None  # the composition part's :class:`~interp.circuits.Compositions`
+    cards: dict[str, dict[str, Any]] | None = None  # head label -> :func:`~interp.circuits.card.head_card`
     render: Callable[[Atlas], str] | None = field(default=None, repr=False, compare=False)
 
     # ---- views ------------------------------------------------------------------------------
@@ -73,8 +98,17 @@ class Atlas:
     def figure(self, scores: Sequence[str] | None = None) -> go.Figure:
         """The layer x head heatmaps of the role table's scores (default: those of
         :data:`HEATMAP_SCORES` it has), each titled with its uniform baseline."""
+        from interp.plots import Scale
+
         cols = list(scores) if scores is not None else [c for c in HEATMAP_SCORES if c in self.roles]
-        return HeadScores(self.roles).figure(cols, baselines=self.baselines, title=None)
+        share = Scale("share (OV roles)", zmin=0.0, zmax=1.0)  # copy suppression, successor: shares of 0..1
+        return HeadScores(self.roles).figure(
+            cols,
+            baselines=self.baselines,
+            title=None,
+            scales={c: share for c in OV_HEATMAPS},
+            names={"copy_suppression": "copy suppression"},
+        )
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -94,6 +128,8 @@ class Atlas:
         blob = {"meta": self.meta, "baselines": self.baselines, "roles": records(self.roles)}
         if self.pruning is not None:
             blob["pruning"] = records(self.pruning)
+        if self.cards is not None:
+            blob["cards"] = plain(self.cards)
         from interp.saving import claim, provenance
 
         names = ([f"{stem}.html"] if draw is not None else []) + [f"{stem}_roles.csv", f"{stem}.json"]
@@ -125,7 +161,9 @@ class Atlas:
         roles = memory_frame(read_csv(files[1], dtype={"label": str, "role": str}))
         roles["role"] = roles["role"].fillna("")
         pruning = from_records(blob["pruning"]) if "pruning" in blob else None
-        return cls(roles=roles, baselines=dict(blob["baselines"]), meta=blob["meta"], pruning=pruning)
+        return cls(
+            roles=roles, baselines=dict(blob["baselines"]), meta=blob["meta"], pruning=pruning, cards=blob.get("cards")
+        )
 
 
-__all__ = ["HEATMAP_SCORES", "STEM", "Atlas"]
+__all__ = ["HEATMAP_SCORES", "STEM", "Atlas", "plain"]

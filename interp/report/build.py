@@ -4,8 +4,14 @@ The atlas runs, on seeded probes: the head scores with their CIs on repeated ran
 (:func:`interp.heads.head_scores`), the sink report on random tokens
 (:func:`interp.sinks.sink_scores`), the exact single-head ablation sweep and Michel et al.'s
 gradient importance on the in-context loss of the repeated probe, pruning curves, and every
-head's attention pattern on one short repeated sequence. The optional parts are registered in
-:data:`PARTS`; those named in ``skip`` are left out.
+head's attention pattern on one short repeated sequence. What heads write and read
+(:mod:`interp.circuits`): each head's strongest Q/K/V composition into it and out of it (weights,
+z against random heads), the OV roles copy suppression and successor (weights), Clark et al.'s
+encoder-head scores with entropy and Voita et al.'s positional and rare-word heads (a text probe),
+and a card per head (:func:`interp.circuits.card.head_card`). The optional parts are registered in
+:data:`PARTS`; those named in ``skip`` are left out. A part a model cannot have (composition on
+latent attention, successor heads without ordinal tokens) is left out with a note in
+``meta["notes"]`` naming why; the rest run.
 
 This module sits above the atlas and its page: it builds the :class:`Atlas` (data) and hands it
 the page's renderer, so ``atlas.save(dir)`` writes the HTML without the atlas importing it.
@@ -37,6 +43,11 @@ from interp.report.patterns import attention_patterns
 from interp.report.roles import THRESHOLD, role_columns, role_table
 from interp.scores import HeadScores
 
+# the encoder part's text probe; of its scores, previous and own token are left to the head scores
+# (the repeated probe's prev_token and current), and a column no head of the model can have (no
+# [CLS], [SEP] or punctuation token; next token on a causal model) is left out with its reason
+ENCODER_BATCH, ENCODER_LEN = 8, 32
+
 # The parts of the atlas a run may leave out (``skip=``, ``--skip``); the head scores are always there.
 PARTS: Registry[str] = Registry("atlas part")
 PARTS.add("sinks", "the sink report on random tokens (first-token mass, Sink^eps per layer)")
@@ -49,6 +60,14 @@ PARTS.add(
     "retrieval and streaming heads on a needle probe, and copy-distance curves (run on min(1024, the "
     "context) tokens when the context holds at least 512, or at the length asked for)",
 )
+PARTS.add("composition", "each head's strongest Q/K/V composition in and out (weights; z against random heads)")
+PARTS.add("ov", "OV roles from weights: copy suppression (McDougall et al.) and successor heads (Gould et al.)")
+PARTS.add(
+    "encoder",
+    f"encoder-head scores and entropy on {ENCODER_BATCH} x {ENCODER_LEN} tokens of text (Clark et al.; Voita "
+    "et al.'s positional and rare-word heads)",
+)
+PARTS.add("cards", "a card per head (click a head): scores, the tokens its OV writes and suppresses, compositions")
 
 # the needle probe the atlas runs unasked: min(RETRIEVAL_LEN, the context), and only when the context
 # holds RETRIEVAL_MIN tokens (shorter probes say little about long-range copying: the streaming
@@ -57,6 +76,8 @@ RETRIEVAL_LEN = 1024
 RETRIEVAL_MIN = 512
 
 ABLATION_PARTS = ("exact", "gradient", "pruning")
+CARD_TOP = 8  # tokens written / suppressed and compositions in / out on each head card
+ENCODER_DROP = ("prev", "own")
 SKIP_HINT = "skip={parts!r} leaves {them} out (command line: --skip {flag})"  # after the note on long parts
 
 
@@ -163,14 +184,149 @@ def head_atlas(
         meta.update(sink_probe=sink_probe.meta, epsilon=atlas.sinks.meta["epsilon"], sink_rate=atlas.sinks.sink_rate)
     if set(ABLATION_PARTS) - set(skip):
         _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra, journals, say)
+    circuits: list[HeadScores] = []
+    if "ov" not in skip:
+        say("ov")
+        circuits += _ov(atlas, model, cfg)
+    if "encoder" not in skip:
+        say("encoder")
+        circuits += _encoder(atlas, model, info, cfg)
+    if circuits:  # unprefixed, beside the sink report's first_mass
+        extra[""] = _join([*([extra[""]] if "" in extra else []), *circuits])
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
+    if "composition" not in skip:
+        say("composition")
+        _composition(atlas, model, cfg.seed)
     if "retrieval" not in skip:
         say("retrieval")
         _retrieval(atlas, model, info, retrieval_len, run)
     if "patterns" not in skip:
         say("patterns")
-        atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed)
+        atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed, set(scores.score_names))
+    if "cards" not in skip:
+        say("cards")
+        _cards(atlas, model, info)
     return atlas
+
+
+def _left_out(atlas: Atlas, part: str, why: str) -> None:
+    atlas.meta.setdefault("notes", []).append(f"{part}: left out: {why}")
+
+
+def _join(tables: list[HeadScores]) -> HeadScores:
+    """Per-head tables side by side (a column already there is kept from the first)."""
+    frame = tables[0].table
+    for t in tables[1:]:
+        keep = [c for c in t.table.columns if c not in frame.columns or c in ("layer", "head")]
+        frame = frame.merge(t.table[keep], on=["layer", "head"], how="left")
+    return HeadScores(frame)
+
+
+def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
+    """Copy suppression and successor scores, each left out (with a note) where the model cannot have it."""
+    from interp.circuits.ov import OV_SCORES, ov_scores
+
+    done = []
+    for name in OV_SCORES:
+        try:
+            got = ov_scores(model, [name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+        except UsageError as e:  # the atlas takes no sequences of its own: `interp roles --sequences` does
+            why = str(e).split(": pass sequences=")[0]
+            _left_out(
+                atlas,
+                name,
+                why
+                + (
+                    "; ov_scores(sequences=) scores it on yours (command line: interp roles --sequences)"
+                    if why != str(e)
+                    else ""
+                ),
+            )
+            continue
+        atlas.baselines.update(got.meta["baselines"])
+        atlas.meta.setdefault("ov", {})[name] = {"notes": got.meta["notes"], "units": got.meta["ci_units"][name]}
+        done.append(got)
+    return done
+
+
+def _encoder(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) -> list[HeadScores]:
+    """Clark et al.'s encoder-head scores, entropy, positional and rare-word heads on a text probe;
+    a column no head can have here is dropped, its reason noted."""
+    from interp.circuits.encoder import encoder_scores
+    from interp.probes import text_probe
+
+    try:
+        probe = text_probe(model, batch=ENCODER_BATCH, seq_len=min(ENCODER_LEN, _room(info)), seed=cfg.seed)
+        got = encoder_scores(model, probe, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+    except UsageError as e:
+        _left_out(atlas, "encoder", str(e))
+        return []
+    t = got.table
+    empty = [c for c in got.score_names if not c.endswith(("_lo", "_hi")) and t[c].isna().all()]
+    drop = [f"{c}{end}" for c in (*ENCODER_DROP, *empty) for end in ("", "_lo", "_hi") if f"{c}{end}" in t]
+    for note in got.meta.get("notes", []):
+        if note.split(":")[0] in empty:
+            atlas.meta.setdefault("notes", []).append(f"encoder: {note}")
+    atlas.baselines.update({k: v for k, v in got.meta["baselines"].items() if k not in ENCODER_DROP})
+    atlas.meta["encoder_probe"] = probe.meta
+    return [HeadScores(t.drop(columns=drop))]
+
+
+def _composition(atlas: Atlas, model: HookedModel, seed: int) -> None:
+    """Each head's strongest composition into it (``comp_in``: source and kind, ``comp_in_z``) and out
+    of it (``comp_out``, ``comp_out_z``), by z against random heads; the scores stay for the cards."""
+    from interp.circuits import composition_scores
+
+    try:
+        comp = composition_scores(model, seed=seed)
+    except UsageError as e:
+        _left_out(atlas, "composition", str(e))
+        return
+    atlas.compositions = comp
+    atlas.meta["composition"] = {"n_random": comp.meta["n_random"], "notes": comp.meta["notes"]}
+    t = comp.table.dropna(subset=["z"]) if len(comp.table) else comp.table  # a zero head scores NaN
+    frame = atlas.roles[["layer", "head"]].copy()
+    for side, own, other in (("in", "dst", "src"), ("out", "src", "dst")):
+        best = t.loc[t.groupby([f"{own}_layer", f"{own}_head"])["z"].idxmax()] if len(t) else t
+        best = pd.DataFrame(
+            {
+                "layer": best[f"{own}_layer"],
+                "head": best[f"{own}_head"],
+                f"comp_{side}": [f"{h} ({k})" for h, k in zip(best[other], best["kind"])],
+                f"comp_{side}_z": best["z"],
+            }
+        )
+        frame = frame.merge(best, on=["layer", "head"], how="left")
+    atlas.roles = atlas.roles.merge(frame, on=["layer", "head"], how="left")
+
+
+def _cards(atlas: Atlas, model: HookedModel, info: ModelInfo) -> None:
+    """A card per head (:func:`~interp.circuits.card.head_card`): its role-table row, the tokens its
+    mean OV write raises and lowers most (where the weights can be read), its strongest compositions
+    in and out (with the composition part). The page draws each card's pattern thumbnail from the
+    viewer's sequence (the patterns part), which it already holds."""
+    from interp.circuits.card import head_card, mean_writes
+
+    writes: dict[tuple[int, int], Any] = {}
+    try:
+        for layer, w in mean_writes(model):
+            writes.update({(layer, h): w[h] for h in range(info.n_heads)})
+    except UsageError as e:
+        _left_out(atlas, "cards' OV tokens", str(e))
+    cards = {}
+    for layer, head in zip(atlas.roles["layer"].tolist(), atlas.roles["head"].tolist()):
+        write = writes.get((layer, head))
+        card = head_card(
+            layer,
+            head,
+            roles=atlas.roles,
+            model=model if write is not None else None,
+            compositions=atlas.compositions,
+            write=write,
+            top=CARD_TOP,
+        )
+        cards[card["head"]] = card
+    atlas.cards = cards
 
 
 def _ablations(
@@ -316,6 +472,23 @@ def atlas_work(
         steps = math.ceil(L * H / max(1, round(0.1 * L * H)))
         work = curves * steps * forward_work(tokens, L, d, vocab)
         plan["pruning"] = (f"the pruning curves ({curves} orders x {steps} steps x {probe})", work)
+    if "ov" not in skip:
+        from interp.circuits.ov import MAX_TOKENS
+
+        # the effective embedding (every token through block 0) and each head's OV image of the sampled tokens
+        work = forward_work(info.d_vocab, 1, d) + n_heads * min(MAX_TOKENS, info.d_vocab) * d * info.d_vocab
+        plan["ov"] = (f"the OV roles ({n_heads} heads x {min(MAX_TOKENS, info.d_vocab)} tokens x the vocabulary)", work)
+    if "encoder" not in skip:
+        n = ENCODER_BATCH * (min(ENCODER_LEN, _room(info)) + frame)
+        plan["encoder"] = (
+            f"the encoder-head scores ({ENCODER_BATCH} x {n // ENCODER_BATCH} tokens of text)",
+            forward_work(n, L, d),
+        )
+    if "composition" not in skip:
+        plan["composition"] = (
+            f"the composition scores ({n_heads} x {n_heads} head pairs, Q/K/V)",
+            3 * n_heads * n_heads * info.d_head * info.d_head * d,
+        )
     length = retrieval_length(info, retrieval_len) if info.is_causal else None
     if "retrieval" not in skip and length is not None:
         distances = default_distances(length, 8)
@@ -327,6 +500,11 @@ def atlas_work(
     if "patterns" not in skip:
         n = 2 * view_len + frame
         plan["patterns"] = (f"the attention-pattern viewer (1 x {n} tokens)", forward_work(n, L, d))
+    if "cards" not in skip:
+        plan["cards"] = (
+            f"the head cards ({n_heads} heads)",
+            forward_work(info.d_vocab, 1, d) + n_heads * d * info.d_vocab,
+        )
     return plan
 
 
@@ -341,7 +519,12 @@ def long_work_note(plan: Plan) -> str | None:
 
 
 def _pattern_view(
-    model: HookedModel, roles: pd.DataFrame, view_len: int, view_heads: list[str] | None, seed: int
+    model: HookedModel,
+    roles: pd.DataFrame,
+    view_len: int,
+    view_heads: list[str] | None,
+    seed: int,
+    on_probe: set[str] | None = None,
 ) -> dict:
     from interp.report.patterns import token_labels
 
@@ -357,10 +540,19 @@ def _pattern_view(
             )
         selected = list(dict.fromkeys(view_heads))
     else:
+        # the strongest head of each role scored on the repeated probe the viewer shows (``on_probe``:
+        # every role when None); of the other roles (weights, text), the strongest head named for it
         selected = []
-        for col in role_columns():
+        for col, role in role_columns().items():
             if col in roles and roles[col].notna().any():
-                best = roles.sort_values([col, "layer", "head"], ascending=[False, True, True], kind="mergesort")
+                pool = (
+                    roles
+                    if on_probe is None or col in on_probe
+                    else roles[roles["role"].str.split(", ").map(lambda r, role=role: role in r)]
+                )
+                if pool.empty:
+                    continue
+                best = pool.sort_values([col, "layer", "head"], ascending=[False, True, True], kind="mergesort")
                 selected.append(best["label"].iloc[0])
         selected = list(dict.fromkeys(selected))
     return {
@@ -371,4 +563,13 @@ def _pattern_view(
     }
 
 
-__all__ = ["PARTS", "RETRIEVAL_LEN", "RETRIEVAL_MIN", "atlas_work", "head_atlas", "long_work_note", "retrieval_length"]
+__all__ = [
+    "CARD_TOP",
+    "PARTS",
+    "RETRIEVAL_LEN",
+    "RETRIEVAL_MIN",
+    "atlas_work",
+    "head_atlas",
+    "long_work_note",
+    "retrieval_length",
+]

@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 
 from interp.plots import DIVERGING, PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
-from interp.report.roles import THRESHOLD, role_columns
-from interp.report.viewer import VIEWER_JS
+from interp.report.roles import ROLES, THRESHOLD, role_columns
+from interp.report.viewer import CARD_JS, VIEWER_JS
 from interp.scores import HeadScores
 
 STYLE = """
@@ -44,6 +44,16 @@ td.clear { font-weight: 700; } td.role { color: #0b6e4f; font-weight: 600; }
 #head-picker button.has-role { border-color: #0b6e4f; }
 #head-picker button[aria-pressed="true"] { background: #0b6e4f; color: white; }
 #pattern-view { display: flex; flex-wrap: wrap; gap: 8px; margin-top: 12px; }
+tr[data-head] { cursor: pointer; } tr[data-head]:hover td { background: #f0f7f4; }
+tr.picked td { background: #e3f1ea; }
+#head-card { border: 1px solid #0b6e4f; border-radius: 6px; padding: 8px 14px; margin-top: 14px; max-width: 100%;
+             box-sizing: border-box; }
+#head-card h3 { margin: 4px 0 8px; } .card-role { color: #0b6e4f; font-size: 15px; margin-left: 8px; }
+.card-grid { display: flex; flex-wrap: wrap; gap: 12px 28px; align-items: flex-start; }
+.card-block { min-width: 0; max-width: 100%; } .card-block h4 { margin: 6px 0 4px; font-size: 14px; }
+.card-block th { position: static; text-align: left; }
+.card-block ol { margin: 0; padding-left: 26px; font-size: 13px; } .card-block p { font-size: 12px; color: #52606d; }
+.card-pattern { display: block; border: 1px solid #d9e2ec; }
 """
 
 
@@ -55,8 +65,10 @@ def render_atlas(atlas: Atlas) -> str:
     name = short_name(m["model"])
     sections = [
         ("roles", "What each head is", _roles_section(atlas)),
-        ("heatmaps", "Scores of every head", _heatmaps_section(atlas)),
     ]
+    if _has_circuits(atlas):
+        sections.append(("circuits", "What heads write and read", _circuits_section(atlas)))
+    sections.append(("heatmaps", "Scores of every head", _heatmaps_section(atlas)))
     if atlas.sinks is not None:
         sections.append(("sinks", "Attention sinks", _sinks_section(atlas)))
     if atlas.exact is not None or atlas.gradient is not None or atlas.pruning is not None:
@@ -117,22 +129,98 @@ def _roles_section(atlas: Atlas) -> str:
         "role. Importances: how much worse the metric gets when the head alone is ablated (exact) and "
         "Michel et al.'s first-order estimate of it (gradient)."
     )
-    return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas)}'
+    if atlas.cards:
+        rule += " Click a head (a row here or below, or a cell of the heatmaps) for its card."
+    cols = [c for c in ROLE_COLS if c in atlas.roles and c not in CIRCUIT_COLS]
+    card = _card_html(atlas) if atlas.cards else ""
+    return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas, cols)}{card}'
 
 
-def _role_html(atlas: Atlas) -> str:
-    t = atlas.roles
-    cols = [
-        c for c in (*role_columns(), "copying", "exact_importance", "gradient_importance", *RETRIEVAL_COLS) if c in t
-    ]
-    names = {
-        **{c: PRETTY.get(c, c) for c in cols},
-        "retrieval_mass": "retrieval mass",
-        "streaming": "streaming (sink + window)",
-        "first_mass": "sink (first-token mass)",
-        "exact_importance": "exact importance",
-        "gradient_importance": "gradient importance",
+def _has_circuits(atlas: Atlas) -> bool:
+    return any(c in atlas.roles for c in CIRCUIT_COLS) or bool(_circuit_notes(atlas))
+
+
+def _circuit_notes(atlas: Atlas) -> list[str]:
+    return [n for n in atlas.meta.get("notes", []) if not n.startswith("retrieval:")]
+
+
+def _circuits_section(atlas: Atlas) -> str:
+    """What heads write and read: OV roles, encoder heads and entropy, composition in and out."""
+    m = atlas.meta
+    text = (
+        "Copy suppression (McDougall et al.): the share of tokens whose own logit is among the 10 lowest of the "
+        "head's effective OV row; successor (Gould et al.): the share of ordinal pairs whose OV image ranks the next "
+        "item first (both from weights, CIs over tokens or pairs). [CLS], [SEP], punctuation, next token, "
+        "positional and rare word (Clark et al., Voita et al.) and the entropy of each head's attention (against the "
+        f"<i>uniform</i> row's) are read on {m.get('encoder_probe', {}).get('batch', '?')} windows of text; a "
+        "positional head needs 0.9 (Voita et al.'s bar), the others the role table's. "
+        "Composition in / out: the head's strongest Q-, K- or V-composition from an earlier head / into a later "
+        "one, as z against random heads of the same shapes (the score ignores norms and biases)."
+    )
+    left_out = _circuit_notes(atlas)
+    notes = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in left_out) + "</ul>" if left_out else ""
+    cols = [c for c in CIRCUIT_COLS if c in atlas.roles]
+    table = _role_html(atlas, cols) if cols else ""
+    return f"<p class='note'>{text}</p>{notes}{table}"
+
+
+NAMES = {
+    "retrieval_mass": "retrieval mass",
+    "streaming": "streaming (sink + window)",
+    "first_mass": "sink (first-token mass)",
+    "exact_importance": "exact importance",
+    "gradient_importance": "gradient importance",
+    "copy_suppression": "copy suppression",
+    "successor": "successor",
+    "cls": "[CLS]",
+    "sep": "[SEP]",
+    "punct": "punctuation",
+    "next": "next token",
+    "entropy": "entropy (nats)",
+    "positional": "positional",
+    "rare_word": "rare word",
+    "comp_in": "composition in (z)",
+    "comp_out": "composition out (z)",
+}
+COMPOSITION_COLS = ("comp_in", "comp_out")
+# the columns of the second table, what heads write and read (interp.circuits); the role table has the rest
+CIRCUIT_COLS = (
+    "copy_suppression",
+    "successor",
+    "cls",
+    "sep",
+    "punct",
+    "next",
+    "positional",
+    "rare_word",
+    "entropy",
+    *COMPOSITION_COLS,
+)
+
+
+def _card_html(atlas: Atlas) -> str:
+    """The card panel (empty until a head is clicked) and its data: :attr:`Atlas.cards`."""
+    from interp.report.atlas import plain
+
+    data = {
+        "cards": plain(atlas.cards),
+        "baselines": plain(atlas.baselines),
+        "names": {**{c: PRETTY.get(c, c) for c in role_columns()}, **PRETTY, **NAMES},
+        "ci": f"{atlas.meta['ci_level']:.0%}",
     }
+    blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    return (
+        "<div id='head-card' hidden></div>"
+        f'<script type="application/json" id="atlas-cards">{blob}</script><script>{CARD_JS}</script>'
+    )
+
+
+def _role_html(atlas: Atlas, cols: list[str]) -> str:
+    t = atlas.roles
+    names = {**{c: PRETTY.get(c, c) for c in cols}, **{c: n for c, n in NAMES.items() if c in cols}}
+    pick = " tabindex='0'" if atlas.cards else ""
+    threshold = atlas.meta.get("threshold", THRESHOLD)
+    bars = {c: ROLES.info(role, "threshold", None) or threshold for c, role in role_columns().items()}
     head = "<tr><th>head</th><th class='role'>role</th>" + "".join(f"<th>{html.escape(names[c])}</th>" for c in cols)
     rows = ["<tr class='baseline'><td>uniform</td><td class='role'></td>"]
     rows[0] += "".join(f"<td>{atlas.baselines[c]:.3f}</td>" if c in atlas.baselines else "<td></td>" for c in cols)
@@ -142,18 +230,17 @@ def _role_html(atlas: Atlas) -> str:
             v = r[c]
             if pd.isna(v):
                 cells.append("<td>-</td>")
+            elif c in COMPOSITION_COLS:
+                cells.append(f"<td>{html.escape(str(v))}<span class='ci'>z {r[f'{c}_z']:.1f}</span></td>")
             elif f"{c}_lo" in t:
                 # bold needs the role rule: the CI above the uniform baseline and the score at the threshold
-                clear = (
-                    c in atlas.baselines
-                    and r[f"{c}_lo"] > atlas.baselines[c]
-                    and v >= atlas.meta.get("threshold", THRESHOLD)
-                )
+                clear = c in atlas.baselines and r[f"{c}_lo"] > atlas.baselines[c] and v >= bars.get(c, threshold)
                 ci = f"<span class='ci'>[{r[f'{c}_lo']:.3f}, {r[f'{c}_hi']:.3f}]</span>"
                 cells.append(f"<td{' class=clear' if clear else ''}>{v:.3f}{ci}</td>")
             else:
                 cells.append(f"<td>{v:.3g}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
+        attrs = f" data-head='{html.escape(str(r['label']))}'{pick}" if atlas.cards else ""
+        rows.append(f"<tr{attrs}>" + "".join(cells) + "</tr>")
     return f"<div class='table-wrap'><table><thead>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
 
 
@@ -164,8 +251,11 @@ def _figure(fig: go.Figure, div_id: str) -> str:
 def _heatmaps_section(atlas: Atlas) -> str:
     fig = atlas.figure()
     return (
-        "<p class='note'>One colour scale per family: attention masses on 0..1, copying on -1..1 centred on 0. "
-        "Hover a cell for the head, its score, CI and the uniform baseline.</p>" + _figure(fig, "atlas-heatmaps")
+        "<p class='note'>One colour scale per family: attention masses on 0..1, copying on -1..1 centred on 0, "
+        "the OV roles' shares on 0..1. Hover a cell for the head, its score, CI and the uniform baseline"
+        + ("; click it for the head's card." if atlas.cards else ".")
+        + "</p>"
+        + _figure(fig, "atlas-heatmaps")
     )
 
 
@@ -236,6 +326,7 @@ def _ablation_section(atlas: Atlas) -> str:
 
 
 RETRIEVAL_COLS = ("retrieval", "retrieval_mass", "streaming")
+ROLE_COLS = (*role_columns(), "copying", "exact_importance", "gradient_importance", *RETRIEVAL_COLS)
 # the importance panels' scales: each its own colour bar, neither holding a grey (grey marks the noise floor)
 IMPORTANCE_SCALES = {
     "exact_importance": Scale("exact importance", anchor=0.0, diverging=DIVERGING),

@@ -68,3 +68,127 @@ VIEWER_JS = r"""
   draw();
 })();
 """
+
+CARD_JS = r"""
+// The atlas's head card: click a head in the role table (or a cell of the score heatmaps) to show
+// its scores with their CIs, the tokens its OV circuit writes and suppresses, its strongest
+// compositions in and out, and a thumbnail of its pattern on the viewer's sequence.
+(function () {
+  "use strict";
+  var source = document.getElementById("atlas-cards");
+  if (!source) { return; }
+  var data = JSON.parse(source.textContent);
+  var box = document.getElementById("head-card");
+  var patterns;  // the viewer's data, read on the first click (it comes later in the page)
+  var SKIP = { role: 1, comp_in: 1, comp_in_z: 1, comp_out: 1, comp_out_z: 1 };
+
+  function esc(s) {
+    return String(s).replace(/[&<>"]/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c];
+    });
+  }
+  function num(v) {
+    if (v === null || v === undefined) { return "-"; }
+    var a = Math.abs(v);
+    return a !== 0 && (a < 0.001 || a >= 1000) ? v.toPrecision(3) : v.toFixed(3);
+  }
+  function token(t) {
+    var s = JSON.stringify(t);
+    return esc(s.length > 18 ? s.slice(0, 17) + "\u2026" : s);
+  }
+  function scores(s) {
+    var rows = [];
+    Object.keys(s).forEach(function (k) {
+      if (SKIP[k] || /_(lo|hi)$/.test(k) || typeof s[k] !== "number" && s[k] !== null) { return; }
+      var ci = (k + "_lo") in s ? "[" + num(s[k + "_lo"]) + ", " + num(s[k + "_hi"]) + "]" : "";
+      var base = k in data.baselines ? num(data.baselines[k]) : "";
+      rows.push("<tr><th>" + esc(data.names[k] || k) + "</th><td>" + num(s[k]) + "</td><td>" + ci +
+                "</td><td>" + base + "</td></tr>");
+    });
+    return "<table><thead><tr><th>score</th><th>value</th><th>" + esc(data.ci) + " CI</th><th>uniform</th></tr>" +
+           "</thead><tbody>" + rows.join("") + "</tbody></table>";
+  }
+  function tokens(title, list) {
+    return "<h4>" + title + "</h4><ol>" + list.map(function (p) {
+      return "<li><code>" + token(p[0]) + "</code> " + (p[1] >= 0 ? "+" : "") + num(p[1]) + "</li>";
+    }).join("") + "</ol>";
+  }
+  function compositions(title, list, other) {
+    if (!list.length) { return "<h4>" + title + "</h4><p>none (no head in that direction)</p>"; }
+    return "<h4>" + title + "</h4><table><thead><tr><th>kind</th><th>" + other + "</th><th>score</th><th>z</th>" +
+      "</tr></thead><tbody>" + list.map(function (c) {
+        return "<tr><td>" + esc(c.kind) + "</td><td>" + esc(other === "from" ? c.src : c.dst) + "</td><td>" +
+               num(c.score) + "</td><td>" + c.z.toFixed(1) + "</td></tr>";
+      }).join("") + "</tbody></table>";
+  }
+  function thumbnail(label) {
+    if (patterns === undefined) {
+      var source = document.getElementById("atlas-patterns");
+      patterns = source ? JSON.parse(source.textContent) : null;
+    }
+    var p = patterns && patterns.patterns[label];
+    if (!p) { return null; }
+    var n = p.length, cell = Math.max(2, Math.floor(160 / n));
+    var canvas = document.createElement("canvas");
+    canvas.width = canvas.height = n * cell;
+    canvas.className = "card-pattern";
+    var ctx = canvas.getContext("2d");
+    for (var q = 0; q < n; q++) {
+      for (var k = 0; k < n; k++) {
+        var v = Math.max(0, Math.min(1, p[q][k]));
+        ctx.fillStyle = "rgb(" + Math.round(255 - 244 * v) + "," + Math.round(255 - 145 * v) + "," +
+                        Math.round(255 - 176 * v) + ")";
+        ctx.fillRect(k * cell, q * cell, cell, cell);
+      }
+    }
+    return canvas;
+  }
+  function show(label, anchor) {
+    var c = data.cards[label];
+    if (!c) { return; }
+    if (anchor && anchor.nextElementSibling !== box) { anchor.after(box); }  // under what was clicked
+    var s = c.scores || {};
+    var parts = ["<div class='card-block'><h4>Scores</h4>" + scores(s) + "</div>"];
+    if (c.writes) {
+      parts.push("<div class='card-block'>" + tokens("OV writes most", c.writes) +
+                 tokens("OV suppresses most", c.suppresses) + "</div>");
+    }
+    if (c.composes_in) {
+      parts.push("<div class='card-block'>" + compositions("Strongest compositions in", c.composes_in, "from") +
+                 compositions("Strongest compositions out", c.composes_out, "into") + "</div>");
+    }
+    parts.push("<div class='card-block' id='card-pattern'><h4>Pattern</h4></div>");
+    box.innerHTML = "<h3>Head " + esc(label) + (s.role ? " <span class='card-role'>" + esc(s.role) + "</span>" : "") +
+      "</h3><div class='card-grid'>" + parts.join("") + "</div>";
+    var slot = document.getElementById("card-pattern");
+    var canvas = thumbnail(label);
+    if (canvas) {
+      slot.appendChild(canvas);
+      slot.insertAdjacentHTML("beforeend", "<p>on the viewer's sequence (rows: queries, columns: keys)</p>");
+    } else {
+      slot.insertAdjacentHTML("beforeend", "<p>left out (the patterns part was skipped)</p>");
+    }
+    box.hidden = false;
+    box.dataset.head = label;
+    document.querySelectorAll("tr[data-head]").forEach(function (tr) {
+      tr.classList.toggle("picked", tr.dataset.head === label);
+    });
+  }
+  document.querySelectorAll("tr[data-head]").forEach(function (tr) {
+    var table = tr.closest(".table-wrap");
+    tr.addEventListener("click", function () { show(tr.dataset.head, table); });
+    tr.addEventListener("keydown", function (e) { if (e.key === "Enter") { show(tr.dataset.head, table); } });
+  });
+  window.addEventListener("load", function () {
+    var heat = document.getElementById("atlas-heatmaps");
+    if (heat && heat.on) {
+      heat.on("plotly_click", function (e) {
+        var p = e.points && e.points[0];
+        if (!p) { return; }
+        show(Math.round(p.y) + "." + Math.round(p.x), heat);
+        box.scrollIntoView({ block: "nearest" });
+      });
+    }
+  });
+})();
+"""
