@@ -208,9 +208,17 @@ def ink(png: bytes) -> tuple[float, int]:
 
 
 # The page's layout as the browser laid it out: the viewport, how wide the document is, every element
-# that scrolls sideways, and the box of every piece of visible text (HTML text and SVG text alike).
+# that scrolls sideways, and the box of every piece of visible text (HTML text and SVG text alike), cut
+# to the boxes of the elements that clip it (a scrolling table's rows below its fold are not seen).
 LAYOUT = r"""(() => {
   const box = r => [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY];
+  const clip = (el, r) => { let [x0, y0, x1, y1] = [r.left, r.top, r.right, r.bottom];
+    for (let e = el.parentElement; e && e !== document.body; e = e.parentElement) {
+      const s = getComputedStyle(e);
+      if (s.overflowX === 'visible' && s.overflowY === 'visible') continue;
+      const c = e.getBoundingClientRect();
+      [x0, y0, x1, y1] = [Math.max(x0, c.left), Math.max(y0, c.top), Math.min(x1, c.right), Math.min(y1, c.bottom)]; }
+    return {left: x0, top: y0, right: x1, bottom: y1, width: x1 - x0, height: y1 - y0}; };
   const shown = el => { for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
       const s = getComputedStyle(e);
       if (s.display === 'none' || s.visibility === 'hidden' || +s.opacity === 0) return false; }
@@ -221,7 +229,8 @@ LAYOUT = r"""(() => {
     const p = n.parentElement;
     if (!n.data.trim() || !p || p.closest('script, style, svg, option') || !shown(p)) continue;
     const range = document.createRange(); range.selectNodeContents(n);
-    for (const r of range.getClientRects()) {
+    for (const whole of range.getClientRects()) {
+      const r = clip(p, whole);
       if (r.width > 0 && r.height > 0) texts.push({text: n.data.trim().slice(0, 40), box: box(r), svg: false}); }
   }
   for (const t of document.querySelectorAll('svg text')) {
