@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 STEM = "checkpoints"
+PAGE = f"{STEM}_atlas"  # the page over revisions
 
 
 @dataclass
@@ -126,6 +127,21 @@ class CheckpointScores:
         }
         written.append(atomic_write_json(js, blob))
         return written
+
+    def page(self, figure: go.Figure | None = None) -> str:
+        """The page over revisions as one self-contained HTML string (:mod:`interp.checkpoints.page`)."""
+        from interp.checkpoints.page import render_page
+
+        return render_page(self, figure)
+
+    def save_page(
+        self, out_dir: str | Path, stem: str = PAGE, *, figure: go.Figure | None = None, overwrite: bool = False
+    ) -> list[Path]:
+        """Write :meth:`page` as ``<stem>.html`` (``checkpoints_atlas.html``), atomically."""
+        from interp.saving import claim
+
+        (path,) = claim(Path(out_dir), [f"{stem}.html"], overwrite=overwrite)
+        return [atomic_write(path, self.page(figure))]
 
     @classmethod
     def load(cls, path: str | Path, stem: str = STEM) -> CheckpointScores:
@@ -268,4 +284,4 @@ def fmt_steps(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) if len(steps) <= 6 else f"{steps[0]}, {steps[1]}, ..., {steps[-1]}"
 
 
-__all__ = ["STEM", "CheckpointScores", "fmt_steps"]
+__all__ = ["PAGE", "STEM", "CheckpointScores", "fmt_steps"]

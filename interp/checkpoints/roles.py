@@ -57,6 +57,18 @@ def holders(heads: pd.DataFrame, baselines: Mapping[str, float], threshold: floa
     return frame.sort_values(["step", "role"], kind="mergesort", key=_role_order).reset_index(drop=True)
 
 
+def holder_runs(seq: pd.DataFrame) -> list[tuple[str, int, int]]:
+    """One role's :func:`holders` rows as runs: ``(head, first step, last step)`` per stretch of
+    consecutive steps held by one head (``""``: none), in step order."""
+    runs: list[tuple[str, int, int]] = []
+    for row in seq.sort_values("step").itertuples():
+        if runs and runs[-1][0] == row.head:
+            runs[-1] = (row.head, runs[-1][1], row.step)
+        else:
+            runs.append((row.head, row.step, row.step))
+    return runs
+
+
 def _role_order(column: pd.Series) -> pd.Series:
     order = {role: i for i, role in enumerate(ROLES)}
     return column.map(order) if column.name == "role" else column

@@ -23,7 +23,7 @@ import torch
 from interp.adapters import describe
 from interp.checkpoints import hub
 from interp.checkpoints.icl import icl_score
-from interp.checkpoints.result import STEM, CheckpointScores
+from interp.checkpoints.result import PAGE, STEM, CheckpointScores
 from interp.checkpoints.sources import Revision, hub_revisions, local_revisions
 from interp.config import RunConfig
 from interp.errors import UsageError
@@ -33,7 +33,18 @@ from interp.probes import TokenProbe, random_tokens, repeated_tokens
 from interp.saving import claim
 
 KIND = "checkpoints"
-OUTPUTS = [f"{STEM}.csv", f"{STEM}_revisions.csv", f"{STEM}.json", f"{STEM}.html"]
+OUTPUTS = [f"{STEM}.csv", f"{STEM}_revisions.csv", f"{STEM}.json", f"{STEM}.html", f"{PAGE}.html"]
+# the retrieval score's needle probe: Wu et al.'s needles at three depths, as `interp retrieval` reads them
+DEPTHS, NEEDLE_LEN, NEEDLE_BATCH = (0.1, 0.5, 0.9), 8, 2
+RETRIEVAL_COLUMNS = (
+    "retrieval",
+    "retrieval_lo",
+    "retrieval_hi",
+    "retrieval_mass",
+    "streaming",
+    "streaming_lo",
+    "streaming_hi",
+)
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -81,6 +92,8 @@ def checkpoint_scores(
     sinks: bool = True,
     sink_batch: int = 16,
     sink_seq_len: int = 64,
+    retrieval: bool = False,
+    retrieval_len: int | None = None,
     config: RunConfig | None = None,
     seed: int | None = None,
     device: str | torch.device | None = None,
@@ -107,7 +120,11 @@ def checkpoint_scores(
     :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``). With
     ``sinks`` (the default) each head's first-token attention mass ``first_mass`` (with its CI, on
     ``sink_batch`` x ``sink_seq_len`` random tokens, as the atlas reads it) joins the table, and
-    with it the sink role. Each
+    with it the sink role. With ``retrieval``, each head's retrieval score (Wu et al. 2024, with its
+    CI), retrieval mass and streaming share (:func:`interp.retrieval.retrieval_scores`) join it too,
+    read on one needle probe for every revision: 3 needles of 8 tokens in 2 sequences of
+    ``retrieval_len`` tokens (default: ``min(1024, the context)``, as ``interp retrieval``); a context
+    that cannot hold it is refused in one line before anything is scored. Each
     revision loads on ``device`` (``None``: CUDA when present, as :func:`interp.models.load_model`).
 
     With ``out``, each finished revision is journaled under ``out`` (``resume=True`` continues a run
@@ -130,6 +147,7 @@ def checkpoint_scores(
         "sinks": sinks,
         "sink_batch": sink_batch,
         "sink_seq_len": sink_seq_len,
+        **({"retrieval": True, "retrieval_len": retrieval_len} if retrieval else {}),
         "seed": cfg.seed,
         "n_boot": cfg.n_boot,
         "level": cfg.level,
@@ -171,11 +189,14 @@ def checkpoint_scores(
 
 
 def write_outputs(result: CheckpointScores, out: Path, *, overwrite: bool = False) -> list[Path]:
-    """``checkpoints.{csv,json}``, ``checkpoints_revisions.csv`` and the figure (``.html``, ``.png``)."""
+    """``checkpoints.{csv,json}``, ``checkpoints_revisions.csv``, the figure (``.html``, ``.png``) and
+    the page over revisions (``checkpoints_atlas.html``)."""
     from interp.plots import save_figure
 
     written = result.save(out, STEM, overwrite=overwrite)
-    return written + save_figure(result.figure(), out, STEM, overwrite=overwrite)
+    figure = result.figure()
+    written += save_figure(figure, out, STEM, overwrite=overwrite)
+    return written + result.save_page(out, PAGE, figure=figure, overwrite=overwrite)
 
 
 def _score_revision(
@@ -193,6 +214,12 @@ def _score_revision(
     t0 = time.perf_counter()
     model = rev.load(device=device, dtype=dtype)
     try:
+        needles = _needle_probe(model, rev, settings, cfg) if settings.get("retrieval") else None
+        if needles is not None and earlier and earlier[0]["needles"] != tokens_hash(needles.tokens):
+            raise UsageError(
+                f"{rev.label} draws other needle-probe tokens than {earlier[0]['revision']} (another vocabulary or "
+                "BOS?): a sweep compares revisions of one model on one probe"
+            )
         probe = repeated_tokens(
             model, batch=settings["batch"], block_len=settings["seq_len"], n_repeats=settings["repeats"], seed=cfg.seed
         )
@@ -207,6 +234,8 @@ def _score_revision(
         table = scores.table
         if settings["sinks"]:
             table, baselines["first_mass"] = _with_sinks(model, table, settings, cfg)
+        if needles is not None:
+            table = _with_retrieval(model, table, needles, cfg)
         icl = icl_score(
             model, length=settings["icl_len"], data=settings["icl_data"], batch=settings["icl_batch"], seed=cfg.seed
         )
@@ -217,6 +246,7 @@ def _score_revision(
             "weights": weights_fingerprint(model),
             "probe": probe_hash,
             "probe_meta": _probe_meta(probe),
+            **({"needles": tokens_hash(needles.tokens), "needle_meta": _needle_meta(needles)} if needles else {}),
             "baselines": baselines,
             "columns": list(table.columns),
             "rows": table.to_dict(orient="records"),
@@ -246,6 +276,56 @@ def _with_sinks(
     columns = ["layer", "head", "first_mass", "first_mass_lo", "first_mass_hi"]
     merged = table.merge(report.heads.table[columns], on=["layer", "head"], how="left")
     return merged, float(report.meta["uniform_first_mass"])
+
+
+def _needle_probe(model: Any, rev: Revision, settings: dict[str, Any], cfg: RunConfig) -> Any:
+    """The retrieval score's needle probe (the same tokens for every revision of one model), or a
+    one-line :class:`UsageError` when ``rev``'s context cannot hold it."""
+    from interp.probes.draw import frame_tokens
+    from interp.probes.needle import needle_probe
+
+    info = describe(model)
+    if not info.is_causal:
+        raise UsageError(
+            f"the retrieval score reads a copy teacher-forced, which needs a causal model; {rev.label} is an encoder"
+        )
+    room = info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
+    length = retrieval_fits(rev.label, room, settings.get("retrieval_len"))
+    return needle_probe(model, seq_len=length, depths=DEPTHS, needle_len=NEEDLE_LEN, batch=NEEDLE_BATCH, seed=cfg.seed)
+
+
+def retrieval_fits(label: str, room: int, asked: int | None) -> int:
+    """The needle probe's length for a context of ``room`` body tokens: ``asked``, else
+    ``min(1024, room)``; a one-line :class:`UsageError` when the context cannot hold it."""
+    from interp.probes.needle import DEFAULT_SEQ_LEN
+
+    least = 2 * len(DEPTHS) * NEEDLE_LEN + NEEDLE_LEN  # the needles, their copies and a haystack of one needle
+    length = asked or min(DEFAULT_SEQ_LEN, room)
+    if least <= length <= room:
+        return length
+    what = f"{len(DEPTHS)} needles of {NEEDLE_LEN} tokens, their copies and a haystack"
+    if room < least:
+        raise UsageError(
+            f"the retrieval score's needle probe ({what}) needs at least {least} tokens and {label}'s context "
+            f"holds {room}: leave out --retrieval"
+        )
+    raise UsageError(
+        f"the retrieval score's needle probe ({what}) cannot be {length} tokens: {label}'s context holds {room} and "
+        f"the probe needs at least {least}; ask for {least} to {room} (--retrieval-len)"
+    )
+
+
+def _with_retrieval(model: Any, table: pd.DataFrame, needles: Any, cfg: RunConfig) -> pd.DataFrame:
+    """``table`` with each head's retrieval score and CI, retrieval mass and streaming share."""
+    from interp.retrieval import retrieval_scores
+
+    got = retrieval_scores(model, needles, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed, progress=False)
+    return table.merge(got.table[["layer", "head", *RETRIEVAL_COLUMNS]], on=["layer", "head"], how="left")
+
+
+def _needle_meta(probe: Any) -> dict[str, Any]:
+    m = probe.meta
+    return {"batch": probe.batch, "seq_len": m["seq_len"], "n_needles": m["n_needles"], "needle_len": m["needle_len"]}
 
 
 def _probe_meta(probe: TokenProbe) -> dict[str, Any]:
@@ -295,6 +375,7 @@ def assemble(
             "description": first["icl_description"],
         },  # fmt: skip
         "threshold": 0.3,
+        **({"needles": first["needle_meta"]} if "needle_meta" in first else {}),
     }
     return CheckpointScores(table, revisions, meta)
 

@@ -6,8 +6,9 @@ trains the toy from scratch on the CPU (seeded) with a checkpoint every ``--ever
 those. One model is loaded at a time; each finished revision is journaled under ``--out`` so
 ``--resume`` continues a stopped run. It prints each revision as it is scored, then the duplicates,
 each role's holders, the handoffs and the phase-change window, and writes ``checkpoints.csv``,
-``checkpoints_revisions.csv``, ``checkpoints.json`` and ``checkpoints.html`` (``.png`` when an
-exporter is available).
+``checkpoints_revisions.csv``, ``checkpoints.json``, ``checkpoints.html`` (``.png`` when an
+exporter is available) and ``checkpoints_atlas.html``, one self-contained page over the revisions
+(:mod:`interp.checkpoints.page`). ``--retrieval`` adds each head's retrieval score on a needle probe.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from interp._io import ensure_writable_dir
 from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores, train_checkpoints
 from interp.checkpoints.icl import ICL_DATA
 from interp.checkpoints.result import fmt_steps
+from interp.checkpoints.roles import holder_runs
+from interp.checkpoints.sweep import retrieval_fits
 from interp.checkpoints.toy import NAME as TOY_TRAINING
 from interp.cli.common import (
     EXIT_MODEL,
@@ -110,6 +113,18 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="leave out each head's first-token mass (the sink role), read on 16 x 64 random tokens as the atlas does",
     )
     p.add_argument(
+        "--retrieval",
+        action="store_true",
+        help="add each head's retrieval score (Wu et al. 2024, with its CI), retrieval mass and streaming share, "
+        "read on one needle probe for every revision (3 needles of 8 tokens in 2 sequences; see --retrieval-len)",
+    )
+    p.add_argument(
+        "--retrieval-len",
+        type=positive_int,
+        default=None,
+        help="--retrieval only: tokens of the needle probe (default: min(1024, the context))",
+    )
+    p.add_argument(
         "--train-steps",
         type=positive_int,
         default=None,
@@ -151,6 +166,10 @@ def check(args: argparse.Namespace) -> None:
     for flag, value in (("--train-steps", args.train_steps), ("--every", args.every)):
         if value is not None and not trains:
             raise UsageError(f"{flag} sets how {TOY_TRAINING} trains: it does nothing for other revisions")
+    if args.retrieval_len is not None and not args.retrieval:
+        raise UsageError("--retrieval-len sets the needle probe of --retrieval: pass --retrieval too")
+    if args.retrieval and trains:  # the toy's context is known before it is trained
+        retrieval_fits(TOY_TRAINING, ToyTraining().model.n_ctx - 1, args.retrieval_len)  # its BOS takes one
     if args.evict and args.revisions is None:
         raise UsageError("--evict deletes downloaded Hub revisions: it does nothing for local folders")
 
@@ -200,6 +219,8 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         icl_len=args.icl_len,
         icl_batch=args.icl_batch,
         sinks=not args.no_sinks,
+        retrieval=args.retrieval,
+        retrieval_len=args.retrieval_len,
         seed=args.seed,
         device=device,
         dtype=args.dtype,
@@ -237,7 +258,7 @@ def summary(result: CheckpointScores, top: int = 10) -> str:
         )
     held = result.holders()
     for role, seq in held.groupby("role", sort=False):
-        runs = _runs(seq)
+        runs = holder_runs(seq)
         if any(h for h, _, _ in runs):
             lines.append(f"{role}: " + "; ".join(f"{h or 'none'} (steps {a}-{b})" for h, a, b in runs[-top:]))
     for row in result.handoffs().head(top).itertuples():
@@ -265,16 +286,6 @@ def summary(result: CheckpointScores, top: int = 10) -> str:
             f"{window['icl_final']:.3f})"
         )
     return "\n".join(lines)
-
-
-def _runs(seq) -> list[tuple[str, int, int]]:
-    runs: list[tuple[str, int, int]] = []
-    for row in seq.sort_values("step").itertuples():
-        if runs and runs[-1][0] == row.head:
-            runs[-1] = (row.head, runs[-1][1], row.step)
-        else:
-            runs.append((row.head, row.step, row.step))
-    return runs
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
