@@ -272,6 +272,8 @@ def summary(result: CheckpointScores, top: int = 10) -> str:
         lines.append(
             f"first passes the {role} rule: " + ", ".join(f"{r.head} at step {r.step}" for r in group.itertuples())
         )
+    if "retrieval" in result.kept:
+        lines.append(_retrieval_line(result.kept))
     window = result.phase_change()
     if window is None:
         steps = sorted(result.kept["step"].unique())
@@ -286,6 +288,15 @@ def summary(result: CheckpointScores, top: int = 10) -> str:
             f"{window['icl_final']:.3f})"
         )
     return "\n".join(lines)
+
+
+def _retrieval_line(kept) -> str:
+    """The best head's retrieval score at the first and the last step kept."""
+    ends = []
+    for step in sorted(kept["step"].unique())[:: max(1, kept["step"].nunique() - 1)]:
+        at = kept[kept["step"] == step].sort_values(["retrieval", "layer", "head"], ascending=[False, True, True])
+        ends.append(f"{at['retrieval'].iloc[0]:.3f} at step {step} (head {at['label'].iloc[0]})")
+    return "retrieval score of the best head: " + ", ".join(ends)
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
