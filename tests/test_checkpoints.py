@@ -496,3 +496,4 @@ def test_the_toy_trained_from_scratch_shows_the_phase_change_and_the_detector_na
     assert (best.loc[: window["start"]] < 0.1).all()  # flat before the window
     assert window["icl_improvement"] >= 0.5 * abs(window["icl_final"])  # half the in-context gain, in it
     assert (window["start"], window["end"]) == (350, 540)  # seeded: the same window every run
+    assert "Phase change (shaded): steps 350-540." in result.page()  # the page over revisions names it too

@@ -8,6 +8,7 @@
     sweep.revisions      # a row per revision: step, weights fingerprint, duplicate_of, icl score
     sweep.handoffs()     # where a role's top head changes; sweep.phase_change(): the window
     sweep.figure()       # scores against step, with the in-context score on the same axis
+    sweep.save_page(".")  # checkpoints_atlas.html: the figure, roles over time, every head per revision
 
 ``python -m interp.checkpoints`` / ``interp checkpoints`` runs it from the command line; its
 ``--model toy-training`` trains the toy from scratch and sweeps its checkpoints (offline).
@@ -15,8 +16,9 @@
 Modules: :mod:`~interp.checkpoints.sources` (revisions), :mod:`~interp.checkpoints.sweep` (the
 journaled loop), :mod:`~interp.checkpoints.icl` (Olsson's in-context score),
 :mod:`~interp.checkpoints.roles` (roles over time, the phase change),
-:mod:`~interp.checkpoints.result` (:class:`CheckpointScores`), :mod:`~interp.checkpoints.hub`
-(disk checks and eviction), :mod:`~interp.checkpoints.toy` (the toy trained with checkpoints).
+:mod:`~interp.checkpoints.result` (:class:`CheckpointScores`), :mod:`~interp.checkpoints.page` (the
+page over revisions, ``sweep.save_page(dir)``), :mod:`~interp.checkpoints.hub` (disk checks and
+eviction), :mod:`~interp.checkpoints.toy` (the toy trained with checkpoints).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 RETRIEVAL_HEATMAPS = ("retrieval", "retrieval_mass", "streaming")
 SHARE = Scale("share of copy steps", colorscale="Plasma", zmin=0.0, zmax=1.0)  # the retrieval score
 NAMES = {"first_mass": "sink (first-token mass)", "retrieval_mass": "retrieval mass", "streaming": "streaming"}
-DIGITS = 6  # decimals of the grids the page carries
+DIGITS = 4  # decimals of the grids the page carries (the hover shows three significant digits)
 
 EXTRA_STYLE = """
 .slider-row { display: flex; flex-wrap: wrap; align-items: center; gap: 8px 16px; margin: 12px 0; }
