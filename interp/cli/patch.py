@@ -115,7 +115,8 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         + ", ".join(METHODS.names())
         + "), and the smallest n reaching "
         + " and ".join(f"{t:g}" for t in TARGETS)
-        + " of the clean metric",
+        + " of the clean metric (default: off)",
+        metavar="METHODS",
     )
     p.add_argument(
         "--faithfulness-to",
