@@ -159,3 +159,100 @@ def test_under_torchrun_two_ranks_write_what_one_process_writes(toy_or_skip, tmp
     one = pd.read_csv(tmp_path / "one" / "patch_position.csv")
     two = pd.read_csv(tmp_path / "two" / "patch_position.csv")
     pd.testing.assert_frame_equal(one, two)
+
+
+def _written(out):
+    return sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.suffix != ".png")
+
+
+def test_path_patching_from_the_command_equals_the_api(toy_or_skip, tmp_path, capsys):
+    from interp.patching import PathScores, path_patch
+    from interp.probes.task import task_probe
+
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--by", "path", "--site", "k"]
+    assert cli([*argv, "--receivers", "1.0,1.1,1.2,1.3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "path patching into the receivers' k: 8 senders x 4 receivers" in text
+    assert _written(out) == ["path_patching.csv", "path_patching.html", "path_patching.json"]
+    saved = PathScores.load(out)
+    model = interp.load_model("toy", device="cpu")
+    task = task_probe(model, "repeat", n_pairs=4, seed=0)
+    direct = path_patch(model, task, receivers="1.0,1.1,1.2,1.3", site="k", direction="denoise")
+    np.testing.assert_allclose(saved.grid(), direct.grid(), atol=1e-6)
+    grid = saved.grid()
+    assert np.isnan(grid[4:]).all() and np.isfinite(grid[:4]).all()  # layer-1 senders have no later receiver
+    # the previous-token head feeding the induction heads' keys carries the largest path
+    best = saved.table.dropna().sort_values("effect").iloc[-1]
+    assert best["sender"] == "0.1" and best["effect"] > 0.1
+    assert "0.1 -> 1.2" in text.split("top ")[1].splitlines()[2]  # the first row printed
+
+
+def test_a_last_layer_path_to_the_logits_is_the_heads_own_patch(toy_or_skip, tmp_path, capsys):
+    from interp.patching import PathScores
+
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4"]
+    assert cli([*argv, "--by", "path", "--out", str(out / "path")]) == 0
+    assert cli([*argv, "--out", str(out / "head")]) == 0
+    paths = PathScores.load(out / "path")
+    heads = PatchScores.load(out / "head" / "patch_head.json")
+    assert paths.receivers == ["logits"] and paths.grid().shape == (8, 1)
+    # no head downstream of layer 1 to freeze: the path to the logits is the plain patch
+    np.testing.assert_allclose(paths.grid()[4:, 0], heads.grid("effect")[1], atol=1e-5)
+    assert np.abs(heads.grid("effect")[1]).max() > 0.05  # well above the tolerance
+    assert not np.allclose(paths.grid()[:4, 0], heads.grid("effect")[0], atol=1e-3)  # layer 0: frozen downstream
+
+
+def test_faithfulness_from_the_command_equals_the_api(toy_or_skip, tmp_path, capsys):
+    from interp.patching import FaithfulnessCurves, faithfulness_curves
+    from interp.probes.task import task_probe
+
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "4", "--faithfulness", "exact,attribution"]
+    assert cli([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    faithfulness = [f"faithfulness.{s}" for s in ("csv", "html", "json")]
+    assert _written(out) == [*faithfulness, *(f"patch_head{s}" for s in (".csv", ".html", ".json", "_pairs.csv"))]
+    saved = FaithfulnessCurves.load(out)
+    model = interp.load_model("toy", device="cpu")
+    task = task_probe(model, "repeat", n_pairs=4, seed=0)
+    rankings = {m: interp.patch_heads(model, task, method=m) for m in ("exact", "attribution")}
+    direct = faithfulness_curves(model, task, rankings)
+    np.testing.assert_allclose(saved.table["faithfulness"], direct.table["faithfulness"], atol=1e-6)
+    assert list(saved.table["ranking"].unique()) == ["exact", "attribution"] and len(saved.table) == 2 * 9
+    lines = text.split("the smallest n reaching 0.8 / 0.9 of the clean metric, of 8 heads:\n")[1].splitlines()
+    for line, name in zip(lines, ("exact", "attribution")):
+        low, high = ("never" if n is None else str(n) for n in (direct.smallest(t)[name] for t in (0.8, 0.9)))
+        assert line.split() == [name, low, "/", high]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--by", "path", "--senders", "1.0", "--receivers", "0.2"],
+            "sender 1.0 is not in an earlier layer than receiver 0.2: a path runs from a head to the heads of later "
+            "layers: choose --senders in earlier layers than --receivers",
+        ),
+        (["--senders", "0.1"], "would ignore --senders (it applies to --by path): drop it"),
+        (["--by", "path", "--method", "attribution"], "would ignore --method (--by path is exact path patching)"),
+        (["--by", "path", "--site", "k"], "would ignore --site (the receivers are the logits; --site names"),
+        (["--by", "path", "--receivers", "1.0", "--site", "z"], "--site q, k or v, not z"),
+        (
+            ["--by", "position", "--faithfulness"],
+            "would ignore --faithfulness (it ranks heads: it applies to --by head)",
+        ),
+        (["--faithfulness-to", "mean"], "would ignore --faithfulness-to (it applies to --faithfulness): drop it"),
+        (
+            ["--faithfulness", "--metric", "raw-logit-diff"],
+            "--metric raw-logit-diff is raw; use logit-diff or prob-diff",
+        ),
+        (["--faithfulness", "--site", "k"], "--faithfulness ranks head outputs (site z): drop --site k"),
+        (["--by", "path", "--senders", "0.x"], "--senders: cannot read head '0.x': write heads as 'layer.head'"),
+    ],
+)
+def test_path_and_faithfulness_flags_are_checked_before_the_model_loads(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "no/such-model", *argv, "--out", str(out)], out)
+    assert message in line

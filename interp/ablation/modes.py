@@ -64,6 +64,12 @@ def head_mask(model: HookedModel | ModelInfo, heads: Any, *, allow_empty: bool =
     return mask
 
 
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """Heads named in one comma-separated string (``"1.2,0.3"``), read without a model (the range is
+    checked by :func:`head_mask` once one is loaded)."""
+    return [_parse_head(h) for h in text.split(",") if h.strip()]
+
+
 def _parse_head(item: Any) -> tuple[int, int]:
     if isinstance(item, str):
         parts = item.strip().split(".")

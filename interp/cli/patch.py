@@ -2,13 +2,22 @@
 
 A thin layer over :func:`interp.patching.patch_heads`: ``--task`` is a bundled task (``repeat``,
 ``ioi``, ``greater-than``: ``--batch`` pairs, seeded by ``--seed``) or a JSONL/CSV file with the
-columns ``clean``, ``corrupted``, ``answer``, ``wrong``; ``--by head|position``; ``--direction
+columns ``clean``, ``corrupted``, ``answer``, ``wrong``; ``--by head|position|path``; ``--direction
 denoise|noise``; ``--method exact|attribution|eap-ig``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
 ``patch_<by>_pairs.csv`` (the effect per pair; ``patch_attribution_<by>...`` for attribution) under
 ``--out``. Every patch finished is journaled there: ``--resume`` continues an
-interrupted run. Bad input (a task file without a column, pairs of different lengths, an answer of
-several tokens, clean and corrupted prompts with the same metric) is one line and exit 2, with
-nothing written.
+interrupted run.
+
+``--by path`` is exact path patching (:func:`interp.patching.path_patch`): the ``--senders`` x
+``--receivers`` grid, the receivers the logits (default) or heads whose ``--site`` (``q``, ``k`` or
+``v``; default ``q``) receives the path; writes ``path_patching.{csv,json,html}``. ``--faithfulness``
+(per head) adds the faithfulness curves of the rankings of the methods it names (default every
+method; the run's own result is one of them): ``faithfulness.{csv,json,html}``, and the smallest
+number of heads that reaches 0.8 and 0.9 of the clean metric per ranking.
+
+Bad input (a task file without a column, pairs of different lengths, an answer of several tokens,
+clean and corrupted prompts with the same metric, a sender in a later layer than its receiver, a
+flag this run would ignore) is one line and exit 2, with nothing written.
 """
 
 from __future__ import annotations
@@ -19,10 +28,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from interp.ablation.modes import SITES
+from interp.ablation.modes import SITES, parse_heads
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
 from interp.cli.common import (
+    Unread,
     add_resume_flags,
     add_task_flag,
     base_parser,
@@ -32,13 +42,38 @@ from interp.cli.common import (
     run_cli,
 )
 from interp.config import RunConfig
-from interp.errors import UsageError
+from interp.errors import InterpError, UsageError
 from interp.models import describe
-from interp.patching import BY, DIRECTION_HELP, METHODS, METRICS, baselines, patch_heads, task_metric
+from interp.patching import (
+    BY,
+    DIRECTION_HELP,
+    METHODS,
+    METRICS,
+    PatchScores,
+    baselines,
+    faithfulness_curves,
+    patch_heads,
+    path_patch,
+    task_metric,
+)
+from interp.patching.faithfulness import TARGETS
+from interp.patching.paths import LOGITS, refuse_late_senders
 from interp.plots import save_figure
-from interp.probes.task import DIRECTIONS, task_probe
+from interp.probes.task import DIRECTIONS, TaskProbe, task_probe
 
 STEM = "patch"
+PATH = "path"
+PATH_SITES = ("q", "k", "v")
+FAITHFUL_TO = ("corrupted", "mean")
+
+
+def methods_arg(text: str) -> list[str]:
+    """An argparse type: method names of :data:`METHODS`, comma-separated."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"rankings are methods, comma-separated: choose from {list(METHODS.names())}")
+    return list(dict.fromkeys(names))
 
 
 def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParser:
@@ -51,9 +86,49 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     add_resume_flags(p)
     add_task_flag(p, "repeat")
     p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
-    p.add_argument("--by", choices=BY.names(), default="head", help=BY.help())
     p.add_argument(
-        "--site", choices=SITES.names(), default=None, help="exact: what is patched: " + SITES.help() + " (default: z)"
+        "--by",
+        choices=[*BY.names(), PATH],
+        default="head",
+        help=BY.help() + f"; {PATH}: exact path patching, a --senders x --receivers grid",
+    )
+    p.add_argument(
+        "--site",
+        choices=SITES.names(),
+        default=None,
+        help="exact: what is patched: " + SITES.help() + " (default: z); with --by path, the receiver heads' "
+        "input the path reaches: q, k or v (default: q)",
+    )
+    p.add_argument(
+        "--senders",
+        default=None,
+        help="--by path: the sender heads, layer.head comma-separated (default: every head)",
+    )
+    p.add_argument(
+        "--receivers",
+        default=None,
+        help=f"--by path: '{LOGITS}' or receiver heads, layer.head comma-separated (default: {LOGITS})",
+    )
+    p.add_argument(
+        "--faithfulness",
+        type=methods_arg,
+        nargs="?",
+        const=list(METHODS.names()),
+        default=None,
+        help="--by head: also the faithfulness curves (the top n heads kept, every other head patched) of the "
+        "rankings of these methods, comma-separated (given alone: every method, "
+        + ", ".join(METHODS.names())
+        + "), and the smallest n reaching "
+        + " and ".join(f"{t:g}" for t in TARGETS)
+        + " of the clean metric (default: off)",
+        metavar="METHODS",
+    )
+    p.add_argument(
+        "--faithfulness-to",
+        choices=FAITHFUL_TO,
+        default=None,
+        help="--faithfulness: what the heads outside the top n are patched to: each pair's corrupted run, or "
+        "the mean over the corrupted prompts (default: corrupted)",
     )
     p.add_argument(
         "--direction",
@@ -80,9 +155,70 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     return p
 
 
+def _path(args: argparse.Namespace) -> bool:
+    return args.by == PATH
+
+
+def _head_receivers(args: argparse.Namespace) -> bool:
+    return args.receivers is not None and args.receivers.strip() != LOGITS
+
+
+def _named_heads(args: argparse.Namespace, flag: str) -> list[tuple[int, int]]:
+    """The heads ``--senders`` / ``--receivers`` name (none: not given, or the logits), read without a model."""
+    text = getattr(args, flag.lstrip("-"))
+    if text is None or text.strip() == LOGITS:
+        return []
+    try:
+        heads = parse_heads(text)
+    except InterpError as e:
+        raise UsageError(f"{flag}: {e}") from None
+    if not heads:
+        raise UsageError(f"{flag} names no head: write heads as layer.head, comma-separated (e.g. 0.1,1.3)")
+    return heads
+
+
+UNREAD = (
+    Unread("--senders", "it applies to --by path", lambda args: not _path(args)),
+    Unread("--receivers", "it applies to --by path", lambda args: not _path(args)),
+    Unread("--method", "--by path is exact path patching", _path),
+    Unread("--replay", "--by path runs plain hooked forwards", _path),
+    Unread("--resume", "--by path is not journaled", _path),
+    Unread("--fresh", "--by path is not journaled", _path),
+    Unread(
+        "--site",
+        f"the receivers are the {LOGITS}; --site names a receiver head's input",
+        lambda args: _path(args) and not _head_receivers(args),
+    ),
+    Unread("--faithfulness", "it ranks heads: it applies to --by head", lambda args: args.by != "head"),
+    Unread("--faithfulness-to", "it applies to --faithfulness", lambda args: args.faithfulness is None),
+)
+
+
 def check(args: argparse.Namespace) -> None:
-    """Before the model loads: a flag the method ignores; a task that is neither bundled nor a readable
-    file with every column."""
+    """Before the model loads: a flag the method ignores; path patching's sites and a sender in a later
+    layer than its receiver; faithfulness of something other than head outputs or with a raw metric;
+    a task that is neither bundled nor a readable file with every column."""
+    if _path(args):
+        if args.site is not None and args.site not in PATH_SITES:
+            raise UsageError(
+                f"--by path reaches a receiver head through its queries, keys or values: --site q, k or v, "
+                f"not {args.site}"
+            )
+        senders, receivers = _named_heads(args, "--senders"), _named_heads(args, "--receivers")
+        if senders and receivers:
+            try:
+                refuse_late_senders(senders, receivers)
+            except UsageError as e:
+                raise UsageError(f"{e}: choose --senders in earlier layers than --receivers") from None
+    if args.faithfulness is not None:
+        if args.site not in (None, "z"):
+            raise UsageError(f"--faithfulness ranks head outputs (site z): drop --site {args.site}, or --faithfulness")
+    needs = "--faithfulness" if args.faithfulness is not None else "--by path" if _path(args) else None
+    if needs and args.metric is not None and not METRICS.info(args.metric, "normalised"):
+        raise UsageError(
+            f"{needs} reports a fraction of the clean-corrupted gap, a normalised metric: --metric {args.metric} "
+            "is raw; use " + " or ".join(n for n in METRICS.names() if METRICS.info(n, "normalised"))
+        )
     ignored = [flag for flag, value in (("--replay", args.replay), ("--site", args.site)) if value is not None]
     if args.method != "exact" and ignored:
         raise UsageError(
@@ -105,6 +241,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         f"{task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
         f"{float(clean.mean()):.4f}, corrupted {float(corrupted.mean()):.4f}; {args.direction} by {args.by}"
     )
+    if _path(args):
+        return path_main(args, model, task, config, out)
     journals = getattr(args, "journals", None)
     exact = args.method == "exact"
     kind = f"patch_{args.site or 'z'}_{args.by}_{args.direction}"
@@ -145,13 +283,77 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         for path in written:
             print(f"  {path}")
         raise KeyboardInterrupt
+    if args.faithfulness is not None:
+        written += faithfulness_main(args, model, task, config, scores, out)
     if journals is not None:
         journals.finish()
     return written
 
 
+def path_main(
+    args: argparse.Namespace, model: HookedModel, task: TaskProbe, config: RunConfig, out: Path
+) -> list[Path]:
+    """``--by path``: the sender x receiver grid, its top paths printed, the table and figure written."""
+    receivers = LOGITS if not _head_receivers(args) else args.receivers
+    site = args.site or "q"
+    t0 = time.perf_counter()
+    paths = path_patch(
+        model,
+        task,
+        senders=args.senders,
+        receivers=receivers,
+        site=site,
+        direction=args.direction,
+        metric=args.metric,
+        config=config,
+    )
+    paths.meta["model_spec"] = args.model
+    into = LOGITS if receivers == LOGITS else f"the receivers' {site}"
+    print(
+        f"path patching into {into}: {len(paths.senders)} senders x {len(paths.receivers)} receivers, "
+        f"{time.perf_counter() - t0:.2f}s\n"
+    )
+    ranked = paths.table.dropna(subset=["effect"])
+    ranked = ranked.reindex(ranked["effect"].abs().sort_values(ascending=False, kind="stable").index).head(args.top)
+    ranked = ranked.assign(label=[f"{s} -> {r}" for s, r in zip(ranked["sender"], ranked["receiver"])])
+    print(f"top {len(ranked)} paths by |effect| (fraction of the clean-corrupted gap the path moves):")
+    print(format_table(ranked, ["effect"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
+    written = paths.save(out)
+    return written + save_figure(paths.figure(), out, "path_patching")
+
+
+def faithfulness_main(
+    args: argparse.Namespace, model: HookedModel, task: TaskProbe, config: RunConfig, own: PatchScores, out: Path
+) -> list[Path]:
+    """``--faithfulness``: each named method's per-head ranking (the run's own result reused), their
+    faithfulness curves, and the smallest n reaching each target."""
+    rankings = {}
+    for method in args.faithfulness:
+        if method == args.method:
+            rankings[method] = own
+        else:
+            rankings[method] = patch_heads(
+                model, task, method=method, metric=args.metric, direction=args.direction, config=config
+            )
+    to = args.faithfulness_to or "corrupted"
+    curves = faithfulness_curves(model, task, rankings, to=to, metric=args.metric, config=config)
+    curves.meta["model_spec"] = args.model
+    what = "its pair's corrupted run" if to == "corrupted" else "its mean over the corrupted prompts"
+    targets = " / ".join(f"{t:g}" for t in TARGETS)
+    print(
+        f"\nfaithfulness (the top n heads kept, every other head's output patched to {what}): the smallest n "
+        f"reaching {targets} of the clean metric, of {len(own.table)} heads:"
+    )
+    smallest = {t: curves.smallest(t) for t in TARGETS}
+    width = max(len(name) for name in rankings)
+    for name in rankings:
+        cells = " / ".join("never" if smallest[t][name] is None else str(smallest[t][name]) for t in TARGETS)
+        print(f"  {name:<{width}}  {cells}")
+    return curves.save(out) + save_figure(curves.figure(), out, "faithfulness")
+
+
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.patch") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM, check=check)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":

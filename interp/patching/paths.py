@@ -138,13 +138,7 @@ def path_patch(
     send = _heads(run, senders) if senders is not None else list(run.heads)
     recv = LOGITS if receivers == LOGITS else _heads(run, receivers)
     if senders is not None and recv != LOGITS:
-        late = [(s, r) for s in send for r in recv if s[0] >= r[0]]
-        if late:
-            (sl, sh), (rl, rh) = late[0]
-            raise UsageError(
-                f"sender {sl}.{sh} is not in an earlier layer than receiver {rl}.{rh}: a path runs from a head to "
-                "the heads of later layers"
-            )
+        refuse_late_senders(send, recv)
     tokens, donor = run.probe.tokens, run.probe.donor
     mb = run.config.minibatch
     own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
@@ -166,6 +160,17 @@ def path_patch(
         for j, (rl, rh) in later:
             values[i, j] = _metric(run, tokens, [(SITES.get(site)(rl), _swap(seen[rl], rh, info.n_heads))])
     return _scores(run, send, columns, values, site if recv != LOGITS else LOGITS)
+
+
+def refuse_late_senders(senders: Sequence[tuple[int, int]], receivers: Sequence[tuple[int, int]]) -> None:
+    """A :class:`UsageError` naming the first sender that is not in an earlier layer than a receiver."""
+    late = [(s, r) for s in senders for r in receivers if s[0] >= r[0]]
+    if late:
+        (sl, sh), (rl, rh) = late[0]
+        raise UsageError(
+            f"sender {sl}.{sh} is not in an earlier layer than receiver {rl}.{rh}: a path runs from a head to "
+            "the heads of later layers"
+        )
 
 
 def _heads(run: Setup, heads: Any) -> list[tuple[int, int]]:
