@@ -75,12 +75,12 @@ PARTS.add(
 PARTS.add("cards", "a card per head (click a head): scores, the tokens its OV writes and suppresses, compositions")
 PARTS.add(
     "headmap",
-    "the map of heads by the Jensen-Shannon distance between their patterns (a 2-D embedding; on the encoder "
+    "the map of heads by the Jensen-Shannon distance between their patterns (laid out in 2D; on the encoder "
     "part's text probe)",
 )
 PARTS.add(
     "task",
-    "with a task (task=, --task): exact per-head patching (denoising, the task's normalised metric) and direct "
+    "with a task (task=, --task): each head patched exactly (denoising, the task's normalised metric) and direct "
     "logit attribution on its pairs",
 )
 
