@@ -42,7 +42,10 @@ def test_skip_leaves_parts_out(tmp_path, capsys):
             "would ignore --task-pairs (it applies to the task part, which runs only with --task): drop it",
         ),
         (["--task", "repeat", "--skip", "task"], "would ignore --task (it applies to the task part, skipped): drop it"),
-        (["--task", "nope"], "unknown task 'nope': choose from ['repeat', 'ioi', 'greater-than'] or give a .jsonl/.csv"),
+        (
+            ["--task", "nope"],
+            "unknown task 'nope': choose from ['repeat', 'ioi', 'greater-than'] or give a .jsonl/.csv",
+        ),
         (["--task", "no-such-file.csv"], "no-such-file.csv"),
     ],
 )
