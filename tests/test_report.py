@@ -315,6 +315,10 @@ def test_the_head_map_part_is_head_map_on_the_encoder_probe(toy, toy_atlas, tmp_
     want = head_map(toy, text_probe(toy, batch=8, seq_len=32, seed=0), seed=0)
     np.testing.assert_allclose(toy_atlas.head_map.distance, want.distance)
     np.testing.assert_allclose(toy_atlas.head_map.coords, want.coords)
+    # the four induction heads sit together, apart from layer 0 (as the README says)
+    xy = toy_atlas.head_map.coords
+    gaps = np.linalg.norm(xy[:, None] - xy[None], axis=-1)
+    assert gaps[4:, 4:].max() < 0.5 * gaps[:4, 4:].min()
     toy_atlas.save(tmp_path)
     assert 'id="atlas-headmap"' in (tmp_path / "atlas.html").read_text()
     back = Atlas.load(tmp_path)

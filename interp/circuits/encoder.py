@@ -369,7 +369,12 @@ class HeadMap:
                 customdata=self.labels,
                 textposition="top center",
                 textfont={"size": 11},
-                marker={"color": layers, "colorscale": "Viridis", "colorbar": {"title": "layer"}, "size": 10},
+                marker={
+                    "color": layers,
+                    "colorscale": "Viridis",
+                    "colorbar": {"title": {"text": "layer", "side": "right"}, "thickness": 14, "dtick": 1},
+                    "size": 10,
+                },
                 hovertemplate="head %{customdata}<extra></extra>",
             )
         )

@@ -174,10 +174,15 @@ CARD_JS = r"""
       tr.classList.toggle("picked", tr.dataset.head === label);
     });
   }
-  document.querySelectorAll("tr[data-head]").forEach(function (tr) {
-    var table = tr.closest(".table-wrap");
-    tr.addEventListener("click", function () { show(tr.dataset.head, table); });
-    tr.addEventListener("keydown", function (e) { if (e.key === "Enter") { show(tr.dataset.head, table); } });
+  // rows of every head table, those later in the page (the task section's) included: one listener
+  function row(e) { var tr = e.target.closest && e.target.closest("tr[data-head]"); return tr && box.contains(tr) ? null : tr; }
+  document.addEventListener("click", function (e) {
+    var tr = row(e);
+    if (tr) { show(tr.dataset.head, tr.closest(".table-wrap")); }
+  });
+  document.addEventListener("keydown", function (e) {
+    var tr = e.key === "Enter" && row(e);
+    if (tr) { show(tr.dataset.head, tr.closest(".table-wrap")); }
   });
   // the figures whose points are heads: a heatmap cell is (layer, head) = (y, x); a point of the map
   // of heads carries its label as customdata
