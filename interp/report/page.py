@@ -214,10 +214,9 @@ def _task_section(atlas: Atlas) -> str:
     listed = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
     frame = atlas.roles[["layer", "head", "label", *[f"{c}{e}" for c in cols for e in ("", "_lo", "_hi")]]]
     scores = HeadScores(frame)
-    scales = {
-        c: Scale(NAMES[c], colorscale=colours, zmin=-b, zmax=b, zmid=0.0)
-        for c, colours, b in ((c, DIVERGING if c == "patch_effect" else "RdBu_r", _bound(frame[c])) for c in cols)
-    }
+    # centred on 0, each its own bar; the patching scale holds no grey (grey marks its noise floor)
+    colours = {"patch_effect": DIVERGING, "dla": "RdBu_r"}
+    scales = {c: Scale(NAMES[c], colours[c], zmin=-_bound(frame[c]), zmax=_bound(frame[c]), zmid=0.0) for c in cols}
     fig = heatmap(
         scores,
         cols,
