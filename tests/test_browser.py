@@ -1,7 +1,7 @@
 """Every HTML page the CLIs and the atlas write, opened in a real headless Chromium: no console error,
 every plotly figure drawn, a screenshot that is not blank; PNG export through the browser. At 1280 and
 1920 pixels no page scrolls sideways and no two text boxes overlap (read from the page's layout);
-the pattern viewer on GPT-2 small's shape (12 x 12 heads) lays its thumbnails out layer by head and
+the atlas's task section and map of heads open head cards; the pattern viewer on GPT-2 small's shape (12 x 12 heads) lays its thumbnails out layer by head and
 keeps the enlarged pattern and its tokens in view beside them.
 
 Skips, saying why, only where no Chrome/Chromium can be had (``.ci/run`` installs Debian's chromium).
@@ -29,6 +29,7 @@ RUNS = {  # out folder -> (command module, argv)
     "prune": ("interp.cli.ablate", ["--method", "prune", "--random-seeds", "1"]),
     "gates": ("interp.cli.ablate", ["--method", "gates", "--lambdas", "0.01,0.1", "--gate-steps", "20"]),
     "report": ("interp.cli.report", []),
+    "report-task": ("interp.cli.report", ["--task", "repeat", "--skip", "pruning"]),
 }
 
 
@@ -306,3 +307,59 @@ def test_clicking_a_heatmap_cell_shows_that_heads_card(chromium, outputs):
     assert not visit.errors
     card = visit.values["card"]
     assert card["head"] == "0.1" and card["text"].startswith("Head 0.1 previous-token")
+
+
+# ---- the atlas's task section and map of heads ------------------------------------------------------
+
+# the window pixel of a point: the task figure's cell (layer 1, head 2), the map's point of head 0.1
+TASK_CELL = """(() => { const gd = document.getElementById('atlas-task'), L = gd._fullLayout, r = gd.getBoundingClientRect();
+  return [r.left + L.xaxis._offset + L.xaxis.d2p(2), r.top + L.yaxis._offset + L.yaxis.d2p(1)]; })()"""
+MAP_POINT = """(() => { const gd = document.getElementById('atlas-headmap'), L = gd._fullLayout, r = gd.getBoundingClientRect();
+  const t = gd._fullData[0], i = Array.from(t.customdata).indexOf('0.1');
+  return [r.left + L.xaxis._offset + L.xaxis.d2p(t.x[i]), r.top + L.yaxis._offset + L.yaxis.d2p(t.y[i])]; })()"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_task_section_shows_patching_and_attribution_and_the_card_has_them(chromium, outputs, width):
+    import pandas as pd
+
+    from tests.browser import LAYOUT, layout_problems
+
+    page = outputs / "report-task" / "atlas.html"
+    roles = pd.read_csv(outputs / "report-task" / "atlas_roles.csv").set_index(["layer", "head"])
+    row = "#task tr[data-head='1.2']"
+    section = """(() => { const s = document.getElementById('task'), r = s.getBoundingClientRect();
+      return {text: s.innerText, right: r.right, figure: document.getElementById('atlas-task').getBoundingClientRect().right,
+              wide: document.documentElement.scrollWidth}; })()"""
+    steps = [
+        ("eval", "section", section),
+        ("eval", "scrolled", f'document.querySelector("{row}").scrollIntoView({{block: "center"}})'),
+        ("click", row),
+        ("eval", "card", HEAD_CARD),
+        ("eval", "layout", LAYOUT),
+    ]
+    visit = chromium.visit(page.as_uri(), width=width, height=900, steps=steps)
+    assert not visit.errors and visit.drawn
+    s = visit.values["section"]
+    assert s["text"].startswith("Which heads matter for the task: repeat") and "largest patching effect" in s["text"]
+    assert s["figure"] <= width and s["wide"] <= width  # the heatmaps fit: nothing scrolls sideways
+    card = visit.values["card"]
+    assert card["hidden"] is False and card["head"] == "1.2"
+    lines = card["text"].splitlines()
+    r = roles.loc[(1, 2)]
+    for name, col in (("patching effect", "patch_effect"), ("direct logit attribution", "dla")):
+        want = f"{name}\t{r[col]:.3f}\t[{r[col + '_lo']:.3f}, {r[col + '_hi']:.3f}]"
+        assert any(line.startswith(want) for line in lines), (want, lines)
+    assert r["patch_effect_lo"] > 0.1  # a number well clear of 0, not a placeholder
+    assert not layout_problems(visit.values["layout"]), layout_problems(visit.values["layout"])
+
+
+@pytest.mark.parametrize("figure, point, head", [("atlas-task", TASK_CELL, "1.2"), ("atlas-headmap", MAP_POINT, "0.1")])
+def test_clicking_the_task_heatmap_or_the_head_map_opens_that_heads_card(chromium, outputs, figure, point, head):
+    page = (outputs / "report-task" / "atlas.html").as_uri()
+    scroll = f"document.getElementById('{figure}').scrollIntoView({{block: 'center'}})"
+    steps = [("eval", "s", scroll), ("click_at", point), ("eval", "card", HEAD_CARD)]
+    visit = chromium.visit(page, height=900, steps=steps)
+    assert not visit.errors
+    card = visit.values["card"]
+    assert card["hidden"] is False and card["head"] == head and card["text"].startswith(f"Head {head} ")

@@ -110,7 +110,7 @@ def test_atlas_skip_string_is_one_part(toy):
         interp.head_atlas(toy, skip="nope")
     assert str(e.value) == (
         "cannot skip nope: choose from sinks, exact, gradient, pruning, patterns, retrieval, composition, ov, "
-        "encoder, cards"
+        "encoder, cards, headmap, task"
     )
 
 

@@ -493,6 +493,45 @@ def test_atlas_numbers(runner):
     agree(sink, head_span(atlas.named("sink")), "the sink heads")
 
 
+def test_atlas_task_numbers(runner):
+    """The head-atlas section's account of the task part on the toy, against ``interp report --task repeat``."""
+    from interp.report import Atlas
+
+    ran = runner.run(readme_command("interp", "report", "--task"))
+    assert ran.code == 0, ran.err
+    atlas = Atlas.load(ran.folder)
+    roles = atlas.roles.set_index("label")
+    effect = roles["patch_effect"]
+    (pairs, top, value, lo, hi) = said(
+        r"On the toy's `repeat` task \((\d+) pairs\) the largest effect is the previous-token head (\S+)'s, "
+        r"(\S+) \[(\S+), (\S+)\]"
+    )
+    agree(pairs, atlas.meta["task"]["n_pairs"], "the task's pairs")
+    agree(top, effect.idxmax(), "the head of largest patching effect")
+    agree(top, ", ".join(atlas.named("previous-token")), "the previous-token head")
+    for written, col in ((value, "patch_effect"), (lo, "patch_effect_lo"), (hi, "patch_effect_hi")):
+        agree(written, float(roles.loc[top, col]), f"{top}'s {col}")
+    found = said(
+        r"The four induction heads follow \((\S+) (\S+), (\S+) (\S+), (\S+) (\S+), (\S+) (\S+), each CI clear of 0; "
+        r"layer 1 together (\S+) against layer 0's (\S+)\)"
+    )
+    heads = found[0:8:2]
+    assert list(heads) == effect.drop(top).sort_values(ascending=False).index[:4].tolist()
+    assert sorted(heads) == sorted(atlas.named("induction"))
+    for head, written in zip(heads, found[1:8:2]):
+        agree(written, float(effect[head]), f"{head}'s patching effect")
+        assert roles.loc[head, "patch_effect_lo"] > 0, f"{head}'s CI reaches 0"
+    layers = atlas.roles.groupby("layer")["patch_effect"].sum()
+    agree(found[8], float(layers[1]), "layer 1's summed effect")
+    agree(found[9], float(layers[0]), "layer 0's summed effect")
+    low, high, near = said(r"attribution (\S+)-(\S+); layer 0's heads within (\S+) of 0")
+    induction = roles.loc[list(heads), "dla"]
+    agree(low, float(induction.min()), "the induction heads' lowest attribution")
+    agree(high, float(induction.max()), "the induction heads' highest attribution")
+    layer0 = roles[roles["layer"] == 0]
+    assert layer0["dla"].abs().max() <= float(near) and (layer0["dla_lo"] <= 0).all() and (layer0["dla_hi"] >= 0).all()
+
+
 def test_retrieval_numbers(runner):
     """``interp retrieval``'s comment (probe and window) and the planted model's ablation check."""
     command = readme_command("interp", "retrieval")

@@ -131,7 +131,8 @@ def test_roles_and_parts_are_registries():
     assert list(role_columns().items())[:5] == [("induction", "induction"), ("prev_token", "previous-token"),
         ("current", "current-token"), ("duplicate", "duplicate-token"), ("first_mass", "sink")]  # fmt: skip
     assert PARTS.names() == (
-        "sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "composition", "ov", "encoder", "cards"
+        "sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "composition", "ov", "encoder", "cards",
+        "headmap", "task",
     )  # fmt: skip
     with pytest.raises(UsageError, match="unknown role 'nope'"):
         ROLES.check("nope")
@@ -205,3 +206,136 @@ def test_cards_load_back_and_the_page_holds_them(toy_atlas, tmp_path):
     blob = json.loads(page.split('id="atlas-cards">')[1].split("</script>")[0])  # strict JSON: no NaN
     assert set(blob["cards"]) == set(toy_atlas.roles["label"])
     assert "<tr data-head='1.2' tabindex='0'>" in page and 'id="circuits"' in page
+
+
+# ---- the task part: exact patching and direct logit attribution per head --------------------------
+
+TASK_ONLY = ["sinks", "exact", "gradient", "pruning", "retrieval", "ov", "encoder", "composition", "headmap"]
+
+
+@pytest.fixture(scope="module")
+def task_atlas(toy):
+    with one_thread():
+        return head_atlas(toy, task="repeat", skip=TASK_ONLY, seed=0)
+
+
+def test_the_task_part_is_patch_heads_and_logit_attribution(toy, task_atlas):
+    import interp
+    from interp.probes.task import task_probe
+
+    task = task_probe(toy, "repeat", n_pairs=20, seed=0)
+    with one_thread():
+        patched = interp.patch_heads(toy, task, direction="denoise")
+        dla = interp.logit_attribution(toy, task)
+    roles = task_atlas.roles.set_index(["layer", "head"])
+    for col in ("effect", "effect_lo", "effect_hi"):
+        want = patched.table.set_index(["layer", "head"])[col]
+        np.testing.assert_allclose(roles[f"patch_{col}"].loc[want.index], want, rtol=1e-6)
+    for col in ("dla", "dla_lo", "dla_hi"):
+        want = dla.heads.table.set_index(["layer", "head"])[col]
+        np.testing.assert_allclose(roles[col].loc[want.index], want, rtol=1e-6)
+    t = task_atlas.meta["task"]
+    assert (t["name"], t["n_pairs"], t["seq_len"], t["read_position"], t["direction"], t["metric"]) == (
+        "repeat", 20, 21, 20, "denoise", "logit-diff"
+    )  # fmt: skip
+    assert t["clean_metric"] == pytest.approx(patched.meta["clean_metric"]) and t["clean_metric"] > 1
+
+
+def test_on_the_repeat_task_the_induction_circuit_carries_the_patching_effect(task_atlas):
+    """Per head (every position patched at once, denoising): the previous-token head 0.1, whose
+    clean output rebuilds the keys every induction head reads, restores the most alone; next come
+    the four induction heads, and layer 1 restores more than layer 0. Direct logit attribution puts
+    the answer on the induction heads alone: layer 0 writes nothing onto it directly."""
+    roles = task_atlas.roles.set_index("label")
+    induction = task_atlas.named("induction")
+    assert sorted(induction) == ["1.0", "1.1", "1.2", "1.3"] and task_atlas.named("previous-token") == ["0.1"]
+    ranked = roles["patch_effect"].sort_values(ascending=False).index.tolist()
+    assert ranked[0] == "0.1" and set(ranked[1:5]) == set(induction)
+    assert all(roles.loc[h, "patch_effect_lo"] > 0.02 for h in induction)  # each CI clear of 0
+    by_layer = task_atlas.roles.groupby("layer")["patch_effect"].sum()
+    assert by_layer[1] > by_layer[0] + 0.1
+    assert set(roles["dla"].sort_values(ascending=False).index[:4]) == set(induction)
+    assert roles.loc[induction, "dla"].min() > 0.3 and roles.loc[["0.0", "0.1", "0.2", "0.3"], "dla"].abs().max() < 0.05
+    assert (roles.loc[["0.0", "0.1", "0.2", "0.3"], "dla_lo"] < 0).all()  # CIs reach 0 in layer 0
+
+
+def test_each_heads_card_holds_its_patching_effect_and_attribution(task_atlas, tmp_path):
+    from interp.report import Atlas
+
+    card = task_atlas.cards["1.2"]["scores"]
+    row = task_atlas.roles.set_index("label").loc["1.2"]
+    assert {k: card[k] for k in ("patch_effect", "patch_effect_lo", "dla", "dla_hi")} == {
+        k: row[k] for k in ("patch_effect", "patch_effect_lo", "dla", "dla_hi")
+    }
+    task_atlas.save(tmp_path)
+    page = (tmp_path / "atlas.html").read_text()
+    assert 'id="task"' in page and "Which heads matter for the task: repeat" in page and 'id="atlas-task"' in page
+    back = Atlas.load(tmp_path)
+    np.testing.assert_allclose(back.grid("patch_effect"), task_atlas.grid("patch_effect"))
+    assert back.meta["task"] == json.loads(json.dumps(task_atlas.meta["task"]))
+    again = tmp_path / "again"
+    from interp.report import render_atlas
+
+    assert 'id="atlas-task"' in back.save(again, render=render_atlas)[0].read_text()  # drawn from the table
+
+
+def test_without_a_task_nothing_of_it_runs(toy, toy_atlas, tmp_path):
+    from interp.report.build import atlas_work
+
+    assert "patch_effect" not in toy_atlas.roles and "dla" not in toy_atlas.roles and "task" not in toy_atlas.meta
+    assert "patch_effect" not in toy_atlas.cards["1.2"]["scores"]
+    assert 'id="task"' not in toy_atlas.save(tmp_path)[0].read_text()
+    assert "task" not in atlas_work(toy)
+    plan = atlas_work(toy, task=(20, 21))
+    assert list(plan)[:2] == ["scores", "task"] and "20 pairs of 21 tokens" in plan["task"][0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"task": "repeat", "skip": ["task"]}, "task= is read by the task part, and skip= leaves it out: drop one"),
+        ({"task_pairs": 5}, "task_pairs= sizes the task part, which runs only with a task: give task= or drop it"),
+        ({"task": "repeat", "task_pairs": 0}, "task_pairs must be an integer >= 1, got 0"),
+        ({"task": "nope"}, "unknown task 'nope'"),
+    ],
+)
+def test_task_arguments_are_checked_before_anything_runs(toy, kwargs, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        head_atlas(toy, **kwargs)
+
+
+# ---- the map of heads ------------------------------------------------------------------------------
+
+
+def test_the_head_map_part_is_head_map_on_the_encoder_probe(toy, toy_atlas, tmp_path):
+    from interp.circuits import head_map
+    from interp.probes import text_probe
+    from interp.report import Atlas
+
+    want = head_map(toy, text_probe(toy, batch=8, seq_len=32, seed=0), seed=0)
+    np.testing.assert_allclose(toy_atlas.head_map.distance, want.distance)
+    np.testing.assert_allclose(toy_atlas.head_map.coords, want.coords)
+    # the four induction heads sit together, apart from layer 0 (as the README says)
+    xy = toy_atlas.head_map.coords
+    gaps = np.linalg.norm(xy[:, None] - xy[None], axis=-1)
+    assert gaps[4:, 4:].max() < 0.5 * gaps[:4, 4:].min()
+    toy_atlas.save(tmp_path)
+    assert 'id="atlas-headmap"' in (tmp_path / "atlas.html").read_text()
+    back = Atlas.load(tmp_path)
+    np.testing.assert_allclose(back.head_map.coords, want.coords)
+    assert np.isnan(back.head_map.distance).all()  # the distances are not saved
+    with one_thread():
+        skipped = head_atlas(toy, skip=[p for p in TASK_ONLY if p != "composition"] + ["patterns", "cards"])
+    assert skipped.head_map is None
+    assert 'id="atlas-headmap"' not in skipped.save(tmp_path / "skipped")[0].read_text()
+
+
+def test_head_map_labels_never_overlap():
+    from interp.circuits.encoder import label_room
+
+    x, y = np.array([0.0, 0.001, 1.0, 0.0]), np.array([0.0, 0.0, 1.0, 0.5])
+    # 2.2 sits on 0.0's label; 1.0 and the point above are far enough away
+    assert label_room(x, y, ["0.0", "2.2", "1.0", "0.3"], [-0.1, 1.1], [-0.1, 1.1], (600, 400)) == [
+        True, False, True, True
+    ]  # fmt: skip
+    assert label_room(np.array([np.nan]), np.array([0.0]), ["0.0"], [0, 1], [0, 1], (100, 100)) == [False]

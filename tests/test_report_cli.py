@@ -37,6 +37,16 @@ def test_skip_leaves_parts_out(tmp_path, capsys):
         (["--view-heads", "1-2"], "heads are LAYER.HEAD separated by commas (e.g. 1.2,0.1), got '1-2'"),
         (["--view-heads", "9.9", "--skip", "sinks,exact,gradient,pruning"], "no head 9.9 in this model"),
         (["--threshold", "1.5"], "must be in (0, 1), got 1.5"),
+        (
+            ["--task-pairs", "5"],
+            "would ignore --task-pairs (it applies to the task part, which runs only with --task): drop it",
+        ),
+        (["--task", "repeat", "--skip", "task"], "would ignore --task (it applies to the task part, skipped): drop it"),
+        (
+            ["--task", "nope"],
+            "unknown task 'nope': choose from ['repeat', 'ioi', 'greater-than'] or give a .jsonl/.csv",
+        ),
+        (["--task", "no-such-file.csv"], "no-such-file.csv"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
@@ -65,3 +75,21 @@ def test_help_lists_the_registered_parts_and_ablations(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert all(f"{name}: {' '.join(PARTS.doc(name).split())}" in text for name in PARTS)
     assert "{" + ",".join(n for n in ABLATIONS if n != "patch") + "}" in text
+
+
+def test_task_adds_the_task_part(tmp_path, capsys):
+    import pandas as pd
+
+    out = tmp_path / "atlas"
+    skip = "sinks,exact,gradient,pruning,patterns,ov,encoder,composition,headmap,cards"
+    with one_thread():
+        assert cli(["--out", str(out), "--no-progress", "--task", "repeat", "--task-pairs", "6", "--skip", skip]) == 0
+    printed = capsys.readouterr().out
+    assert "task repeat (6 pairs of 21 tokens, read at position 20; logit-diff clean" in printed
+    table = printed.split("heads by exact patching effect (denoising; score [95% CI]):\n")[1].splitlines()
+    assert table[0].split() == ["head", "patch_effect", "dla"] and table[1].split()[0] == "0.1"
+    roles = pd.read_csv(out / "atlas_roles.csv", dtype={"label": str})
+    assert {"patch_effect", "patch_effect_lo", "patch_effect_hi", "dla", "dla_lo", "dla_hi"} <= set(roles)
+    meta = json.loads((out / "atlas.json").read_text())["meta"]
+    assert meta["task"]["n_pairs"] == 6 and meta["task"]["name"] == "repeat"
+    assert 'id="task"' in (out / "atlas.html").read_text()

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 POSITIONAL = 0.9  # Voita et al.'s threshold: a positional head's argmax is on one offset this often
 MAP_BUDGET = 1 << 30  # bytes of patterns the head map may hold at once
+MAP_WIDTH, MAP_HEIGHT = 720, 520  # the map's figure: fits a 1280-pixel window beside nothing else
+LABEL_PX = (6.5, 14.0)  # a head label's width per character and its height, in pixels (11 px type)
 
 
 @dataclass(frozen=True)
@@ -345,29 +347,48 @@ class HeadMap:
         H, L = int(self.meta["n_heads"]), int(self.meta["n_layers"])
         return [f"{l}.{h}" for l in range(L) for h in range(H)]
 
-    def figure(self, title: str | None = None) -> go.Figure:
-        """The heads as points (classical MDS of the distances), coloured by layer."""
+    def figure(self, title: str | None = None, *, width: int = MAP_WIDTH, height: int = MAP_HEIGHT) -> go.Figure:
+        """The heads as points (classical MDS of the distances), coloured by layer, ``width`` x
+        ``height`` pixels. A point is labelled with its head where the label has room (no two labels
+        overlap: :func:`label_room`); every point names its head on hover (its ``customdata``)."""
         import plotly.graph_objects as go
 
         H = int(self.meta["n_heads"])
         layers = [i // H for i in range(len(self.labels))]
+        margin = {"l": 60, "r": 110, "t": 60, "b": 50}
+        x, y = self.coords[:, 0], self.coords[:, 1]
+        xr, yr = _padded(x), _padded(y)
+        box = (width - margin["l"] - margin["r"], height - margin["t"] - margin["b"])
+        shown = label_room(x, y, self.labels, xr, yr, box)
         fig = go.Figure(
             go.Scatter(
-                x=self.coords[:, 0],
-                y=self.coords[:, 1],
+                x=x,
+                y=y,
                 mode="markers+text",
-                text=self.labels,
+                text=[lab if keep else "" for lab, keep in zip(self.labels, shown)],
+                customdata=self.labels,
                 textposition="top center",
-                marker={"color": layers, "colorscale": "Viridis", "colorbar": {"title": "layer"}, "size": 10},
-                hovertemplate="head %{text}<extra></extra>",
+                textfont={"size": 11},
+                marker={
+                    "color": layers,
+                    "colorscale": "Viridis",
+                    "colorbar": {"title": {"text": "layer", "side": "right"}, "thickness": 14, "dtick": 1},
+                    "size": 10,
+                },
+                hovertemplate="head %{customdata}<extra></extra>",
             )
         )
         fig.update_layout(
             title=title or f"heads by Jensen-Shannon distance of their patterns: {self.meta.get('model', '')}",
-            xaxis_title="MDS 1",
-            yaxis_title="MDS 2",
+            xaxis={"title": "MDS 1", "range": xr},
+            yaxis={"title": "MDS 2", "range": yr},
+            width=width,
+            height=height,
+            margin=margin,
         )
-        return fig
+        from interp.plots import styled
+
+        return styled(fig)
 
     def save(self, out_dir: str | Path, stem: str = "head_map", *, overwrite: bool = False) -> list[Path]:
         from interp.saving import claim, provenance
@@ -387,6 +408,36 @@ class HeadMap:
     def load(cls, path: str | Path) -> HeadMap:
         blob = json.loads(Path(path).read_text(encoding="utf-8"))
         return cls(np.array(blob["distance"], dtype=float), np.array(blob["coords"], dtype=float), blob["meta"])
+
+
+def _padded(values: np.ndarray) -> list[float]:
+    """An axis range holding ``values`` with 8% to spare on each side (room for the labels above)."""
+    finite = values[np.isfinite(values)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    pad = 0.08 * (hi - lo) or 0.5
+    return [lo - pad, hi + pad]
+
+
+def label_room(
+    x: np.ndarray, y: np.ndarray, labels: Sequence[str], xr: Sequence[float], yr: Sequence[float], box: tuple[int, int]
+) -> list[bool]:
+    """Which points get their label: in order, each whose label box (centred above the point, in
+    the ``box`` pixels the axes ``xr`` x ``yr`` span) overlaps no label kept before it."""
+    kept: list[tuple[float, float, float, float]] = []
+    out = []
+    for px, py, label in zip(x, y, labels):
+        if not (np.isfinite(px) and np.isfinite(py)):
+            out.append(False)
+            continue
+        cx = (px - xr[0]) / (xr[1] - xr[0]) * box[0]
+        cy = (yr[1] - py) / (yr[1] - yr[0]) * box[1] - 6 - LABEL_PX[1] / 2  # above the marker
+        w, h = LABEL_PX[0] * len(label) + 4, LABEL_PX[1] + 2
+        mine = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+        free = all(mine[2] <= k[0] or k[2] <= mine[0] or mine[3] <= k[1] or k[3] <= mine[1] for k in kept)
+        if free:
+            kept.append(mine)
+        out.append(free)
+    return out
 
 
 def js_distance(p: Float[Tensor, "... k"], q: Float[Tensor, "... k"]) -> Float[Tensor, ...]:
@@ -456,5 +507,6 @@ __all__ = [
     "head_map",
     "js_distance",
     "key_tokens",
+    "label_room",
     "rarest_keys",
 ]

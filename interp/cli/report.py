@@ -4,6 +4,9 @@ A thin layer over :func:`interp.report.head_atlas`: it prints the heads that ear
 writes ``atlas.html`` (self-contained and offline: plotly.js inlined), ``atlas_roles.csv`` (a row
 per head) and ``atlas.json`` under ``--out``. The exact sweep and the pruning curves are journaled
 (:mod:`interp.journal`): ``--resume`` continues a run that was killed, ``--fresh`` starts over.
+``--task repeat|ioi|greater-than|FILE`` adds the task part (``--task-pairs`` pairs, seeded by
+``--seed``): exact per-head patching (denoising) and direct logit attribution on the task's pairs,
+read before the model loads (a bad task file is one line and exit 2).
 """
 
 from __future__ import annotations
@@ -16,10 +19,19 @@ from pathlib import Path
 
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_resume_flags, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import (
+    Unread,
+    add_resume_flags,
+    add_task_flag,
+    base_parser,
+    check_task,
+    float_in,
+    positive_int,
+    run_cli,
+)
 from interp.models import describe
 from interp.report.atlas import STEM
-from interp.report.build import ABLATION_PARTS, PARTS, head_atlas
+from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
 from interp.scores import format_table
 
@@ -76,7 +88,22 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         help="needle-probe tokens of the retrieval part (default: min(1024, the context) when the context holds "
         "at least 512, else left out)",
     )
+    add_task_flag(
+        p,
+        None,
+        "add the task part: exact per-head patching (denoising, the task's normalised metric) and direct logit "
+        "attribution on the task's pairs (default: no task part); ",
+    )
+    p.add_argument(
+        "--task-pairs", type=positive_int, default=TASK_PAIRS, help="pairs of the bundled task (with --task)"
+    )
     return p
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before the model loads: ``--task`` is a bundled task or a readable task file with every column."""
+    if args.task is not None:
+        check_task(args.task)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -97,6 +124,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         progress=args.progress,
         journals=getattr(args, "journals", None),
         retrieval_len=args.retrieval_len,
+        task=args.task,
+        task_pairs=args.task_pairs,
     )
     atlas.meta["model_spec"] = args.model
     elapsed = time.perf_counter() - t0
@@ -128,6 +157,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
                 f"{r} heads: {', '.join(by.index[by == r][: args.top]) or 'none'}" for r in ("retrieval", "streaming")
             )
         )
+    if "task" in atlas.meta:
+        _print_task(atlas, args.top)
     for note in atlas.meta.get("notes", []):
         print(f"\n{note}")
     written = atlas.save(out, STEM)
@@ -136,6 +167,19 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if getattr(args, "journals", None) is not None and not partial:
         args.journals.finish()  # the atlas is written whole: its journals go
     return written
+
+
+def _print_task(atlas, top: int) -> None:
+    """The task part's summary: the heads of largest patching effect, with their attribution."""
+    t = atlas.meta["task"]
+    print(
+        f"\ntask {t['name']} ({t['n_pairs']} pairs of {t['seq_len']} tokens, read at position {t['read_position']}; "
+        f"{t['metric']} clean {t['clean_metric']:.4f}, corrupted {t['corrupted_metric']:.4f}): heads by exact "
+        f"patching effect (denoising; score [{atlas.meta['ci_level']:.0%} CI]):"
+    )
+    cols = [c for c in ("patch_effect", "dla") if c in atlas.roles]
+    order = atlas.roles["patch_effect"].abs().sort_values(ascending=False, kind="mergesort").index
+    print(format_table(atlas.roles.loc[order].head(top), cols, ci=cols, fmt=".3g", n_sequences=t["n_pairs"]))
 
 
 def _skipped(*parts: str) -> Callable[[argparse.Namespace], bool]:
@@ -149,11 +193,13 @@ UNREAD = (
     Unread("--view-heads", "it applies to the patterns part, skipped", _skipped("patterns")),
     Unread("--view-len", "it applies to the patterns part, skipped", _skipped("patterns")),
     Unread("--retrieval-len", "it applies to the retrieval part, skipped", _skipped("retrieval")),
+    Unread("--task", "it applies to the task part, skipped", _skipped("task")),
+    Unread("--task-pairs", "it applies to the task part, which runs only with --task", lambda a: a.task is None),
 )
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.report") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM, unread=UNREAD)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
 
 
 if __name__ == "__main__":

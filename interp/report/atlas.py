@@ -60,7 +60,9 @@ class Atlas:
 
     ``roles`` is the tidy per-head table (every score with its CI, importances, ``role``), also
     :attr:`table`; ``pattern`` holds the viewer's sequence: ``tokens`` (strings), ``patterns``
-    (``[layer, head, q, k]``) and ``selected`` (head labels shown first). ``render`` draws the
+    (``[layer, head, q, k]``) and ``selected`` (head labels shown first). With a task (the task
+    part), the role table has ``patch_effect`` and ``dla`` with their CIs and ``meta["task"]`` says
+    how they were read. ``render`` draws the
     HTML page of an atlas (:func:`interp.report.page.render_atlas` for one :func:`head_atlas`
     made; ``None`` for one read back by :meth:`load`, until one is passed to :meth:`save`).
     """
@@ -76,6 +78,7 @@ class Atlas:
     retrieval: dict[str, Any] | None = None  # the retrieval part: scores, copy distance, windows, meta
     compositions: Any = None  # the composition part's :class:`~interp.circuits.Compositions`
     cards: dict[str, dict[str, Any]] | None = None  # head label -> :func:`~interp.circuits.card.head_card`
+    head_map: Any = None  # the headmap part's :class:`~interp.circuits.HeadMap` (a loaded one: coordinates only)
     render: Callable[[Atlas], str] | None = field(default=None, repr=False, compare=False)
 
     # ---- views ------------------------------------------------------------------------------
@@ -130,6 +133,8 @@ class Atlas:
             blob["pruning"] = records(self.pruning)
         if self.cards is not None:
             blob["cards"] = plain(self.cards)
+        if self.head_map is not None:  # the map's coordinates (the distances stay in memory: n^2 numbers)
+            blob["head_map"] = plain({"coords": self.head_map.coords.tolist(), "meta": self.head_map.meta})
         from interp.saving import claim, provenance
 
         names = ([f"{stem}.html"] if draw is not None else []) + [f"{stem}_roles.csv", f"{stem}.json"]
@@ -147,9 +152,11 @@ class Atlas:
     def load(cls, path: str | Path, stem: str = STEM) -> Atlas:
         """Read back what :meth:`save` wrote: the folder (and ``stem``), or its ``<stem>.json``.
 
-        The role table (from ``<stem>_roles.csv``, exact), the baselines, the meta and the pruning
-        curves come back; the sink report, the sweeps' own tables and the viewer's patterns are not
-        saved, so they stay empty (the page of a loaded atlas shows what remains).
+        The role table (from ``<stem>_roles.csv``, exact; with a task, its patching and attribution
+        columns), the baselines, the meta, the pruning curves, the cards and the head map's
+        coordinates come back (its distances are not saved: NaN); the sink report, the sweeps' own
+        tables and the viewer's patterns are not saved, so they stay empty (the page of a loaded
+        atlas shows what remains).
         """
         path = Path(path)
         folder, stem = (path, stem) if path.is_dir() else (path.parent, path.stem)
@@ -161,8 +168,19 @@ class Atlas:
         roles = memory_frame(read_csv(files[1], dtype={"label": str, "role": str}))
         roles["role"] = roles["role"].fillna("")
         pruning = from_records(blob["pruning"]) if "pruning" in blob else None
+        head_map = None
+        if "head_map" in blob:
+            from interp.circuits.encoder import HeadMap
+
+            coords = np.array(blob["head_map"]["coords"], dtype=float)
+            head_map = HeadMap(np.full((len(coords), len(coords)), np.nan), coords, blob["head_map"]["meta"])
         return cls(
-            roles=roles, baselines=dict(blob["baselines"]), meta=blob["meta"], pruning=pruning, cards=blob.get("cards")
+            roles=roles,
+            baselines=dict(blob["baselines"]),
+            meta=blob["meta"],
+            pruning=pruning,
+            cards=blob.get("cards"),
+            head_map=head_map,
         )
 
 

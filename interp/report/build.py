@@ -8,7 +8,12 @@ head's attention pattern on one short repeated sequence. What heads write and re
 (:mod:`interp.circuits`): each head's strongest Q/K/V composition into it and out of it (weights,
 z against random heads), the OV roles copy suppression and successor (weights), Clark et al.'s
 encoder-head scores with entropy and Voita et al.'s positional and rare-word heads (a text probe),
-and a card per head (:func:`interp.circuits.card.head_card`). The optional parts are registered in
+a map of heads by the Jensen-Shannon distance between their patterns (:func:`interp.circuits.head_map`,
+on the encoder part's text probe), and a card per head (:func:`interp.circuits.card.head_card`). Given
+a task (``task=``: :mod:`interp.probes.task`), the task part patches every head exactly
+(:func:`interp.patching.patch_heads`, denoising, the task's normalised metric) and attributes the
+logit difference to each head directly (:func:`interp.circuits.logit_attribution`), both on the
+task's pairs. The optional parts are registered in
 :data:`PARTS`; those named in ``skip`` are left out. A part a model cannot have (composition on
 latent attention, successor heads without ordinal tokens) is left out with a note in
 ``meta["notes"]`` naming why; the rest run.
@@ -68,6 +73,16 @@ PARTS.add(
     "et al.'s positional and rare-word heads)",
 )
 PARTS.add("cards", "a card per head (click a head): scores, the tokens its OV writes and suppresses, compositions")
+PARTS.add(
+    "headmap",
+    "the map of heads by the Jensen-Shannon distance between their patterns (laid out in 2D; on the encoder "
+    "part's text probe)",
+)
+PARTS.add(
+    "task",
+    "with a task (task=, --task): each head patched exactly (denoising, the task's normalised metric) and direct "
+    "logit attribution on its pairs",
+)
 
 # the needle probe the atlas runs unasked: min(RETRIEVAL_LEN, the context), and only when the context
 # holds RETRIEVAL_MIN tokens (shorter probes say little about long-range copying: the streaming
@@ -78,6 +93,7 @@ RETRIEVAL_MIN = 512
 ABLATION_PARTS = ("exact", "gradient", "pruning")
 CARD_TOP = 8  # tokens written / suppressed and compositions in / out on each head card
 ENCODER_DROP = ("prev", "own")
+TASK_PAIRS = 20  # the task part's pairs (task_pairs=, --task-pairs), as interp patch's default
 SKIP_HINT = "skip={parts!r} leaves {them} out (command line: --skip {flag})"  # after the note on long parts
 
 
@@ -99,6 +115,8 @@ def head_atlas(
     progress: bool | None = None,
     journals: Any = None,
     retrieval_len: int | None = None,
+    task: Any = None,
+    task_pairs: int = TASK_PAIRS,
 ) -> Atlas:
     """Run every per-head analysis of ``model`` and gather them into an :class:`Atlas`.
 
@@ -114,6 +132,16 @@ def head_atlas(
     1023 on GPT-2, whose BOS takes one of its 1024 positions) when the context holds at least
     :data:`RETRIEVAL_MIN` (512), and is otherwise left out with a note (``meta["notes"]``): on the
     bundled toy (context 256) the default atlas stays a matter of seconds.
+
+    ``task`` (a :class:`~interp.probes.task.TaskProbe`, a bundled task's name, ``repeat``, ``ioi``,
+    ``greater-than``, of ``task_pairs`` pairs seeded by the seed, or a JSONL/CSV task file) adds the
+    task part, run first so that a task the model cannot run stops the atlas before the long parts:
+    the role table gains ``patch_effect`` (exact per-head patching, denoising: the fraction of the
+    clean-corrupted gap of the task's normalised metric that patching the head's clean output into
+    the corrupted run restores, with a bootstrap CI over pairs) and ``dla`` (the head's direct
+    logit attribution to the answer-minus-wrong logit on the clean prompts, with its CI), and
+    ``meta["task"]`` says how they were read. A model direct logit attribution refuses keeps the
+    patching, with a note. Without a task nothing of it runs.
 
     With ``progress`` on, it says up front (on stderr) which parts will clearly take much longer
     than the head scores, from their work sizes (:func:`atlas_work`), and which ``skip`` leaves them
@@ -132,8 +160,15 @@ def head_atlas(
         raise UsageError(
             f"no head {', '.join(bad)} in this model: heads are LAYER.HEAD, up to {info.head_labels()[-1]}"
         )
+    run_task = task is not None and "task" not in skip
+    if task is not None and not run_task:
+        raise UsageError("task= is read by the task part, and skip= leaves it out: drop one of them")
+    if task is None and task_pairs != TASK_PAIRS:
+        raise UsageError("task_pairs= sizes the task part, which runs only with a task: give task= or drop it")
+    pairs = _task(model, task, task_pairs, cfg.seed) if run_task else None  # a bad task ends the run here
     plan = atlas_work(
         model,
+        task=(pairs.n_pairs, pairs.seq_len) if pairs is not None else None,
         batch=batch,
         seq_len=seq_len,
         repeats=repeats,
@@ -171,6 +206,10 @@ def head_atlas(
         skipped=sorted(set(skip)),
     )
     atlas = Atlas(roles=pd.DataFrame(), baselines=baselines, meta=meta, render=render_atlas)
+    task_columns = None
+    if pairs is not None:  # first: a task the model cannot run ends the atlas before the long parts
+        say("task")
+        task_columns = _task_part(atlas, model, pairs, cfg, journals)
     if "sinks" not in skip:
         from interp.sinks import sink_scores
 
@@ -194,6 +233,8 @@ def head_atlas(
     if circuits:  # unprefixed, beside the sink report's first_mass
         extra[""] = _join([*([extra[""]] if "" in extra else []), *circuits])
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
+    if task_columns is not None:
+        atlas.roles = atlas.roles.merge(task_columns, on=["layer", "head"], how="left")
     if "composition" not in skip:
         say("composition")
         _composition(atlas, model, cfg.seed)
@@ -203,10 +244,72 @@ def head_atlas(
     if "patterns" not in skip:
         say("patterns")
         atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed, set(scores.score_names))
+    if "headmap" not in skip:
+        say("headmap")
+        _head_map(atlas, model, info, cfg)
     if "cards" not in skip:
         say("cards")
         _cards(atlas, model, info)
     return atlas
+
+
+def _task(model: HookedModel, task: Any, n_pairs: int, seed: int) -> Any:
+    """The task's pairs: a :class:`~interp.probes.task.TaskProbe` as given, else built by name or read from a file."""
+    from interp.probes.task import TaskProbe, task_probe
+
+    if isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1:
+        raise UsageError(f"task_pairs must be an integer >= 1, got {n_pairs!r}")
+    return task if isinstance(task, TaskProbe) else task_probe(model, task, n_pairs=n_pairs, seed=seed)
+
+
+def _task_part(atlas: Atlas, model: HookedModel, task: Any, cfg: RunConfig, journals: Any) -> pd.DataFrame:
+    """Exact per-head patching (denoising, the task's own normalised metric) and direct logit
+    attribution on the task's pairs: the columns ``patch_effect[_lo, _hi]`` and ``dla[_lo, _hi]``
+    for the role table; how they were read goes to ``meta["task"]``. A model that direct logit
+    attribution refuses keeps the patching, with a note."""
+    from interp.circuits import logit_attribution
+    from interp.patching import patch_heads
+
+    journal = journals("atlas-patch", task.clean) if journals is not None else None
+    patched = patch_heads(model, task, direction="denoise", config=cfg, journal=journal)
+    if patched.meta.get("partial"):  # Ctrl-C: no atlas from part of a sweep (the journal keeps it)
+        raise KeyboardInterrupt
+    keep = {c: c.replace("effect", "patch_effect") for c in ("effect", "effect_lo", "effect_hi")}
+    columns = patched.table[["layer", "head", *keep]].rename(columns=keep)
+    m = patched.meta
+    atlas.meta["task"] = {
+        "name": task.name,
+        "n_pairs": task.n_pairs,
+        "seq_len": task.seq_len,
+        "read_position": task.read_position,
+        "direction": m["direction"],
+        "metric": m["metric"],
+        "clean_metric": m["clean_metric"],
+        "corrupted_metric": m["corrupted_metric"],
+        "noise_floor": m["noise_floor"],
+        "task_meta": m["task_meta"],
+    }
+    try:
+        dla = logit_attribution(model, task, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+    except UsageError as e:
+        _left_out(atlas, "task: direct logit attribution", str(e))
+        return columns
+    atlas.meta["task"].update(dla_direction=dla.meta["direction"], dla_max_error=dla.meta["max_error"])
+    if dla.meta["softcap"]:
+        atlas.meta["task"]["dla_softcap"] = dla.meta["softcap"]
+    return columns.merge(dla.heads.table[["layer", "head", "dla", "dla_lo", "dla_hi"]], on=["layer", "head"])
+
+
+def _head_map(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) -> None:
+    """The map of heads (:func:`~interp.circuits.head_map`) on the encoder part's text probe."""
+    from interp.circuits import head_map
+    from interp.probes import text_probe
+
+    try:
+        probe = text_probe(model, batch=ENCODER_BATCH, seq_len=min(ENCODER_LEN, _room(info)), seed=cfg.seed)
+        atlas.head_map = head_map(model, probe, seed=cfg.seed)
+    except UsageError as e:
+        _left_out(atlas, "headmap", str(e))
 
 
 def _left_out(atlas: Atlas, part: str, why: str) -> None:
@@ -439,6 +542,7 @@ def atlas_work(
     retrieval_len: int | None = None,
     view_len: int = 12,
     skip: Any = (),
+    task: tuple[int, int] | None = None,
 ) -> dict[str, tuple[str, float]]:
     """Each part the atlas will run, ``part -> (what, with its sizes; work)``, ``"scores"`` first.
 
@@ -446,7 +550,9 @@ def atlas_work(
     score probe; the exact sweep a replay from each head's layer up plus the metric's unembedding,
     per head; gradient importance a forward and a backward (three forwards); each pruning curve a
     forward per step; the retrieval part the needle probe and the copy-distance probe. Estimates to
-    compare parts by, not timings. ``model`` may be its :class:`~interp.models.ModelInfo`."""
+    compare parts by, not timings. ``model`` may be its :class:`~interp.models.ModelInfo`. ``task``:
+    ``(pairs, tokens)`` of the task part's pairs, which then runs (exact patching per head on the
+    corrupted prompts, the metric read at one position, and a forward for the attribution), second."""
     info = model if isinstance(model, ModelInfo) else describe(model)
     skip = set([skip] if isinstance(skip, str) else skip)
     frame = sum(len(f) for f in frame_tokens(info)[:2])
@@ -458,6 +564,11 @@ def atlas_work(
     layers = info.attention_layers
     n_heads = H * len(layers)
     plan = {"scores": (f"the head scores ({n_heads} heads x {probe})", forward_work(tokens, L, d))}
+    if task is not None and "task" not in skip:
+        n_pairs, T_task = task
+        replayed = sum(H * (L - l) for l in layers)
+        work = forward_work(n_pairs * T_task, replayed + 3 * L, d) + forward_work(n_pairs * n_heads, 0, d, vocab)
+        plan["task"] = (f"the task part ({n_heads} heads patched x {n_pairs} pairs of {T_task} tokens)", work)
     if "sinks" not in skip:
         n = sink_batch * (sink_seq_len + frame)
         plan["sinks"] = (f"the sink report ({sink_batch} x {sink_seq_len + frame} tokens)", forward_work(n, L, d))
@@ -500,6 +611,13 @@ def atlas_work(
     if "patterns" not in skip:
         n = 2 * view_len + frame
         plan["patterns"] = (f"the attention-pattern viewer (1 x {n} tokens)", forward_work(n, L, d))
+    if "headmap" not in skip:
+        n = ENCODER_BATCH * (min(ENCODER_LEN, _room(info)) + frame)
+        pairs = n_heads * (n_heads + 1) // 2
+        plan["headmap"] = (
+            f"the map of heads ({n_heads} heads' patterns on {ENCODER_BATCH} x {n // ENCODER_BATCH} tokens of text)",
+            forward_work(n, L, d) + pairs * 10 * n * (n // ENCODER_BATCH),
+        )
     if "cards" not in skip:
         plan["cards"] = (
             f"the head cards ({n_heads} heads)",
@@ -568,6 +686,7 @@ __all__ = [
     "PARTS",
     "RETRIEVAL_LEN",
     "RETRIEVAL_MIN",
+    "TASK_PAIRS",
     "atlas_work",
     "head_atlas",
     "long_work_note",

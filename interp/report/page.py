@@ -66,6 +66,8 @@ def render_atlas(atlas: Atlas) -> str:
     sections = [
         ("roles", "What each head is", _roles_section(atlas)),
     ]
+    if "task" in m:
+        sections.append(("task", f"Which heads matter for the task: {m['task']['name']}", _task_section(atlas)))
     if _has_circuits(atlas):
         sections.append(("circuits", "What heads write and read", _circuits_section(atlas)))
     sections.append(("heatmaps", "Scores of every head", _heatmaps_section(atlas)))
@@ -130,18 +132,18 @@ def _roles_section(atlas: Atlas) -> str:
         "Michel et al.'s first-order estimate of it (gradient)."
     )
     if atlas.cards:
-        rule += " Click a head (a row here or below, or a cell of the heatmaps) for its card."
+        rule += " Click a head (a row here or below, a cell of the heatmaps or a point of the map) for its card."
     cols = [c for c in ROLE_COLS if c in atlas.roles and c not in CIRCUIT_COLS]
     card = _card_html(atlas) if atlas.cards else ""
     return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas, cols)}{card}'
 
 
 def _has_circuits(atlas: Atlas) -> bool:
-    return any(c in atlas.roles for c in CIRCUIT_COLS) or bool(_circuit_notes(atlas))
+    return any(c in atlas.roles for c in CIRCUIT_COLS) or bool(_circuit_notes(atlas)) or atlas.head_map is not None
 
 
 def _circuit_notes(atlas: Atlas) -> list[str]:
-    return [n for n in atlas.meta.get("notes", []) if not n.startswith("retrieval:")]
+    return [n for n in atlas.meta.get("notes", []) if not n.startswith(("retrieval:", "task:"))]
 
 
 def _circuits_section(atlas: Atlas) -> str:
@@ -161,7 +163,81 @@ def _circuits_section(atlas: Atlas) -> str:
     notes = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in left_out) + "</ul>" if left_out else ""
     cols = [c for c in CIRCUIT_COLS if c in atlas.roles]
     table = _role_html(atlas, cols) if cols else ""
-    return f"<p class='note'>{text}</p>{notes}{table}"
+    return f"<p class='note'>{text}</p>{notes}{table}{_head_map_html(atlas)}"
+
+
+def _head_map_html(atlas: Atlas) -> str:
+    """The map of heads: every pair's Jensen-Shannon distance laid out in 2-D, coloured by layer."""
+    if atlas.head_map is None:
+        return ""
+    p = atlas.head_map.meta.get("probe") or {}
+    note = (
+        "Heads by their patterns: each pair of heads' Jensen-Shannon distance (base 2, 0 the same pattern, 1 "
+        f"disjoint), averaged over the queries of {p.get('batch', '?')} windows of text, laid out in two dimensions "
+        "(classical multidimensional scaling): heads that attend alike sit together. Colour: layer."
+        + (" Click a point for the head's card." if atlas.cards else "")
+    )
+    fig = atlas.head_map.figure(title="heads by the Jensen-Shannon distance of their patterns")
+    return f"<p class='note'>{html.escape(note)}</p>" + _figure(fig, "atlas-headmap")
+
+
+def _task_section(atlas: Atlas) -> str:
+    """The task part: exact per-head patching beside direct logit attribution, both per head with CIs."""
+    t = atlas.meta["task"]
+    cols = [c for c in TASK_COLS if c in atlas.roles]
+    ranked = atlas.roles.reindex(atlas.roles["patch_effect"].abs().sort_values(ascending=False, kind="mergesort").index)
+    top = ranked["label"].head(8).tolist()
+    cards = [f"<div><b>largest patching effect</b><span>{html.escape(', '.join(top[:4]))}</span></div>"]
+    if "dla" in cols:
+        by_dla = atlas.roles.reindex(atlas.roles["dla"].abs().sort_values(ascending=False, kind="mergesort").index)
+        cards.append(
+            f"<div><b>largest direct logit attribution</b><span>{html.escape(', '.join(by_dla['label'].head(4)))}"
+            "</span></div>"
+        )
+    what = "the task's own metric" if t["metric"] == "logit-diff" else f"the task's own metric, {t['metric']}"
+    text = (
+        f"{t['n_pairs']} pairs of a clean and a corrupted prompt of {t['seq_len']} tokens, read at position "
+        f"{t['read_position']}; metric {t['metric']} ({what}): clean {t['clean_metric']:.4g}, corrupted "
+        f"{t['corrupted_metric']:.4g}. Patching effect (exact, denoising): run the corrupted prompt, patch in one "
+        "head's clean output at every position, and measure the fraction of the clean-corrupted gap it restores (1: "
+        "the head alone restores the answer; 0: nothing), pooled over pairs with a "
+        f"{atlas.meta['ci_level']:.0%} bootstrap CI; cells inside the noise floor ({t['noise_floor']:.3g}) or whose "
+        "CI reaches 0 are grey. "
+    )
+    if "dla" in cols:
+        text += (
+            f"Direct logit attribution: what the head's output writes straight onto {t['dla_direction']} on the clean "
+            "prompts, through the final norm frozen at the clean run (CI over prompts). A head can matter by patching "
+            "yet write nothing directly: it feeds the heads that do."
+        )
+    notes = [n for n in atlas.meta.get("notes", []) if n.startswith("task:")]
+    listed = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
+    frame = atlas.roles[["layer", "head", "label", *[f"{c}{e}" for c in cols for e in ("", "_lo", "_hi")]]]
+    scores = HeadScores(frame)
+    # centred on 0, each its own bar; the patching scale holds no grey (grey marks its noise floor)
+    colours = {"patch_effect": DIVERGING, "dla": "RdBu_r"}
+    scales = {c: Scale(NAMES[c], colours[c], zmin=-_bound(frame[c]), zmax=_bound(frame[c]), zmid=0.0) for c in cols}
+    fig = heatmap(
+        scores,
+        cols,
+        scales=scales,
+        noise_floor={"patch_effect": float(t["noise_floor"])},
+        names={"patch_effect": "patching effect (exact, denoising)", "dla": "direct logit attribution"},
+        title=None,
+    )
+    table = _role_html(atlas, cols, rows=ranked.head(TASK_ROWS))
+    shown = f"The {min(TASK_ROWS, len(ranked))} heads of largest patching effect (click one for its card):"
+    return (
+        f'<div class="glance">{"".join(cards)}</div><p class="note">{html.escape(text)}</p>{listed}'
+        + _figure(fig, "atlas-task")
+        + f"<p class='note'>{html.escape(shown)}</p>{table}"
+    )
+
+
+def _bound(values: pd.Series) -> float:
+    """The half-width of a colour scale centred on 0 that holds ``values``."""
+    finite = values.abs()[np.isfinite(values)]
+    return float(finite.max()) if len(finite) and float(finite.max()) > 0 else 1.0
 
 
 NAMES = {
@@ -181,7 +257,11 @@ NAMES = {
     "rare_word": "rare word",
     "comp_in": "composition in (z)",
     "comp_out": "composition out (z)",
+    "patch_effect": "patching effect",
+    "dla": "direct logit attribution",
 }
+TASK_COLS = ("patch_effect", "dla")  # the task part's columns: its own section and the cards
+TASK_ROWS = 12  # heads in the task section's table, by patching effect
 COMPOSITION_COLS = ("comp_in", "comp_out")
 # the columns of the second table, what heads write and read (interp.circuits); the role table has the rest
 CIRCUIT_COLS = (
@@ -215,15 +295,18 @@ def _card_html(atlas: Atlas) -> str:
     )
 
 
-def _role_html(atlas: Atlas, cols: list[str]) -> str:
-    t = atlas.roles
+def _role_html(atlas: Atlas, cols: list[str], rows: pd.DataFrame | None = None) -> str:
+    """The table of ``cols`` over every head (``rows``: these rows of the role table, in their order,
+    without the uniform row when no column has a baseline)."""
+    t = atlas.roles if rows is None else rows
     names = {**{c: PRETTY.get(c, c) for c in cols}, **{c: n for c, n in NAMES.items() if c in cols}}
     pick = " tabindex='0'" if atlas.cards else ""
     threshold = atlas.meta.get("threshold", THRESHOLD)
     bars = {c: ROLES.info(role, "threshold", None) or threshold for c, role in role_columns().items()}
     head = "<tr><th>head</th><th class='role'>role</th>" + "".join(f"<th>{html.escape(names[c])}</th>" for c in cols)
-    rows = ["<tr class='baseline'><td>uniform</td><td class='role'></td>"]
-    rows[0] += "".join(f"<td>{atlas.baselines[c]:.3f}</td>" if c in atlas.baselines else "<td></td>" for c in cols)
+    uniform = "".join(f"<td>{atlas.baselines[c]:.3f}</td>" if c in atlas.baselines else "<td></td>" for c in cols)
+    lines = [] if rows is not None and not any(c in atlas.baselines for c in cols) else [uniform]
+    rows = [f"<tr class='baseline'><td>uniform</td><td class='role'></td>{u}" for u in lines]
     for _, r in t.iterrows():
         cells = [f"<td>{html.escape(str(r['label']))}</td>", f"<td class='role'>{html.escape(r['role'])}</td>"]
         for c in cols:

@@ -70,7 +70,7 @@ VIEWER_JS = r"""
 """
 
 CARD_JS = r"""
-// The atlas's head card: click a head in the role table (or a cell of the score heatmaps) to show
+// The atlas's head card: click a head in the role table (or a cell of a heatmap, a point of the map) to show
 // its scores with their CIs, the tokens its OV circuit writes and suppresses, its strongest
 // compositions in and out, and a thumbnail of its pattern on the viewer's sequence.
 (function () {
@@ -174,21 +174,31 @@ CARD_JS = r"""
       tr.classList.toggle("picked", tr.dataset.head === label);
     });
   }
-  document.querySelectorAll("tr[data-head]").forEach(function (tr) {
-    var table = tr.closest(".table-wrap");
-    tr.addEventListener("click", function () { show(tr.dataset.head, table); });
-    tr.addEventListener("keydown", function (e) { if (e.key === "Enter") { show(tr.dataset.head, table); } });
+  // rows of every head table, those later in the page (the task section's) included: one listener
+  function row(e) { var tr = e.target.closest && e.target.closest("tr[data-head]"); return tr && box.contains(tr) ? null : tr; }
+  document.addEventListener("click", function (e) {
+    var tr = row(e);
+    if (tr) { show(tr.dataset.head, tr.closest(".table-wrap")); }
   });
+  document.addEventListener("keydown", function (e) {
+    var tr = e.key === "Enter" && row(e);
+    if (tr) { show(tr.dataset.head, tr.closest(".table-wrap")); }
+  });
+  // the figures whose points are heads: a heatmap cell is (layer, head) = (y, x); a point of the map
+  // of heads carries its label as customdata
   window.addEventListener("load", function () {
-    var heat = document.getElementById("atlas-heatmaps");
-    if (heat && heat.on) {
-      heat.on("plotly_click", function (e) {
+    ["atlas-heatmaps", "atlas-task", "atlas-headmap"].forEach(function (id) {
+      var fig = document.getElementById(id);
+      if (!fig || !fig.on) { return; }
+      fig.on("plotly_click", function (e) {
         var p = e.points && e.points[0];
         if (!p) { return; }
-        show(Math.round(p.y) + "." + Math.round(p.x), heat);
+        var label = typeof p.customdata === "string" && /^\d+\.\d+$/.test(p.customdata) ? p.customdata :
+                    Math.round(p.y) + "." + Math.round(p.x);
+        show(label, fig);
         box.scrollIntoView({ block: "nearest" });
       });
-    }
+    });
   });
 })();
 """
