@@ -21,7 +21,7 @@ import pandas as pd
 from interp.checkpoints.roles import holder_runs
 from interp.plots import MASS, PRETTY, Scale, panel_size, short_name
 from interp.report.atlas import HEATMAP_SCORES, plain
-from interp.report.page import STYLE, _figure
+from interp.report.page import STYLE, figure_html
 from interp.report.roles import ROLES
 from interp.scores import HeadScores
 
@@ -183,7 +183,7 @@ def _training_section(result: CheckpointScores, figure: go.Figure | None) -> str
             f"{window['icl_final']:.3f})."
         )
     fig = figure if figure is not None else result.figure()
-    return f"<p class='note'>{html.escape(text)}</p>" + _figure(fig, "ckpt-training")
+    return f"<p class='note'>{html.escape(text)}</p>" + figure_html(fig, "ckpt-training")
 
 
 def _table(frame: pd.DataFrame, names: dict[str, str], left: tuple[str, ...] = (), attrs: str = "") -> str:
@@ -315,7 +315,7 @@ def _heads_section(result: CheckpointScores, columns: list[str], start: int) -> 
         f"<div class='slider-row'><label for='ckpt-revision'>revision</label>"
         f"<input type='range' id='ckpt-revision' min='0' max='{n - 1}' step='1' value='{start}'>"
         f"<span id='ckpt-revision-label'></span></div>"
-        + _figure(fig, "ckpt-heatmaps")
+        + figure_html(fig, "ckpt-heatmaps")
         + f'<script type="application/json" id="ckpt-data">{blob}</script><script>{SLIDER_JS}</script>'
     )
 

@@ -178,7 +178,7 @@ def _head_map_html(atlas: Atlas) -> str:
         + (" Click a point for the head's card." if atlas.cards else "")
     )
     fig = atlas.head_map.figure(title="heads by the Jensen-Shannon distance of their patterns")
-    return f"<p class='note'>{html.escape(note)}</p>" + _figure(fig, "atlas-headmap")
+    return f"<p class='note'>{html.escape(note)}</p>" + figure_html(fig, "atlas-headmap")
 
 
 def _task_section(atlas: Atlas) -> str:
@@ -229,7 +229,7 @@ def _task_section(atlas: Atlas) -> str:
     shown = f"The {min(TASK_ROWS, len(ranked))} heads of largest patching effect (click one for its card):"
     return (
         f'<div class="glance">{"".join(cards)}</div><p class="note">{html.escape(text)}</p>{listed}'
-        + _figure(fig, "atlas-task")
+        + figure_html(fig, "atlas-task")
         + f"<p class='note'>{html.escape(shown)}</p>{table}"
     )
 
@@ -327,7 +327,8 @@ def _role_html(atlas: Atlas, cols: list[str], rows: pd.DataFrame | None = None) 
     return f"<div class='table-wrap'><table><thead>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
 
 
-def _figure(fig: go.Figure, div_id: str) -> str:
+def figure_html(fig: go.Figure, div_id: str) -> str:
+    """A figure as a ``<div>`` for a page that inlines plotly.js once (the atlas, the checkpoints page)."""
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False})
 
 
@@ -338,7 +339,7 @@ def _heatmaps_section(atlas: Atlas) -> str:
         "the OV roles' shares on 0..1. Hover a cell for the head, its score, CI and the uniform baseline"
         + ("; click it for the head's card." if atlas.cards else ".")
         + "</p>"
-        + _figure(fig, "atlas-heatmaps")
+        + figure_html(fig, "atlas-heatmaps")
     )
 
 
@@ -355,7 +356,7 @@ def _sinks_section(atlas: Atlas) -> str:
         f"{m['n_massive']} massive activations (|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the "
         "median of their hidden state)."
     )
-    return f"<p class='note'>{text}</p>" + _figure(fig, "atlas-sinks")
+    return f"<p class='note'>{text}</p>" + figure_html(fig, "atlas-sinks")
 
 
 def _ablation_section(atlas: Atlas) -> str:
@@ -380,7 +381,7 @@ def _ablation_section(atlas: Atlas) -> str:
             "gradient_importance": "gradient importance",
         }
         fig = heatmap(scores, cols, scales=scales, noise_floor=floors, names=names)
-        parts.append(_figure(fig, "atlas-importance"))
+        parts.append(figure_html(fig, "atlas-importance"))
     if atlas.pruning is not None:
         clean = atlas.meta.get("clean_metric", atlas.pruning.attrs.get("clean_metric"))
         tol = 0.1
@@ -399,7 +400,7 @@ def _ablation_section(atlas: Atlas) -> str:
             y_title=atlas.meta.get("metric", "metric"),
             band=band,
         )
-        parts.append(_figure(fig, "atlas-pruning"))
+        parts.append(figure_html(fig, "atlas-pruning"))
     note = (
         f"{atlas.meta.get('ablation', '')} ablation at hook_z, metric {atlas.meta.get('metric', '')}"
         + (f" (unablated {atlas.meta['clean_metric']:.4f})" if atlas.meta.get("clean_metric") is not None else "")
@@ -462,9 +463,9 @@ def _retrieval_section(atlas: Atlas) -> str:
     fig = copy_distance_figure(dist, windows=r["windows"], heads=heads, title="copy distance")
     return (
         f'<div class="glance">{"".join(cards)}</div><p class="note">{html.escape(note)}</p>'
-        + _figure(retrieval_figure(HeadScores(table), title="retrieval and streaming"), "atlas-retrieval")
+        + figure_html(retrieval_figure(HeadScores(table), title="retrieval and streaming"), "atlas-retrieval")
         + f"<p class='note'>{html.escape(curve_note)}</p>"
-        + _figure(fig, "atlas-copy-distance")
+        + figure_html(fig, "atlas-copy-distance")
     )
 
 
