@@ -92,7 +92,7 @@ def test_a_context_that_cannot_hold_the_needle_probe_is_refused_in_one_line(tmp_
         checkpoint_scores(str(tmp_path / "ck" / "step0"), retrieval=True, batch=2, seq_len=8, icl_len=20)
     assert str(e.value) == (
         "the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) needs at least "
-        "56 tokens and step0's context holds 39: leave out --retrieval"
+        "56 tokens and step0's context holds 39: leave out retrieval=True (command line: --retrieval)"
     )
     out = tmp_path / "out"
     flags = ["--checkpoints", str(tmp_path / "ck" / "step0"), "--retrieval", "--out", str(out), *SMALL_FLAGS]
@@ -106,8 +106,8 @@ def test_a_needle_probe_longer_than_the_context_is_refused_in_one_line(folders, 
     code, _, err = _cli([*argv, "--out", str(tmp_path / "o"), *SMALL_FLAGS], capsys)
     assert code == 2 and err == (
         f"{PROG}: error: the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) "
-        "cannot be 300 tokens: step0's context holds 255 and the probe needs at least 56; ask for 56 to 255 "
-        "(--retrieval-len)\n"
+        "cannot be 300 tokens: step0's context holds 255 and the probe needs at least 56; ask for retrieval_len=56 to 255 "
+        "(command line: --retrieval-len)\n"
     )
 
 
@@ -116,8 +116,8 @@ def test_toy_training_with_a_needle_probe_it_cannot_hold_is_refused_before_train
     code, _, err = _cli(["--model", "toy-training", "--retrieval", "--retrieval-len", "200", "--out", str(out)], capsys)
     assert code == 2 and err == (
         f"{PROG}: error: the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) "
-        "cannot be 200 tokens: toy-training's context holds 95 and the probe needs at least 56; ask for 56 to 95 "
-        "(--retrieval-len)\n"
+        "cannot be 200 tokens: toy-training's context holds 95 and the probe needs at least 56; ask for retrieval_len=56 to 95 "
+        "(command line: --retrieval-len)\n"
     )
     assert not out.exists()
     code, _, err = _cli(["--retrieval-len", "60", "--out", str(out)], capsys)

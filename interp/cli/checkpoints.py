@@ -45,6 +45,7 @@ from interp.journal import run_arguments
 from interp.lock import out_lock
 from interp.models import resolve_device, resolve_dtype
 from interp.saving import cli_owned
+from interp.texts import BYTES_NOTE
 from interp.threads import choose_threads
 
 STEM = "checkpoints"
@@ -98,7 +99,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         help="what the in-context score is read on: "
         + ICL_DATA.help()
-        + " (default: text for a model with a tokenizer, repeated for the toy)",
+        + " (default: text for a model with a tokenizer, repeated for the toy); "
+        + BYTES_NOTE,
     )
     p.add_argument(
         "--icl-len",

@@ -80,7 +80,7 @@ PARTS.add(
 )
 PARTS.add(
     "task",
-    "with a task (task=, --task): each head patched exactly (denoising, the task's normalised metric) and direct "
+    "with a task, task= (command line: --task): each head patched exactly (denoising, the task's normalised metric) and direct "
     "logit attribution on its pairs",
 )
 
