@@ -325,6 +325,36 @@ class HeadScores:
         return cls(memory_frame(from_records(blob["rows"])), blob.get("meta", {}))
 
 
+def save_table(
+    out_dir: str | Path,
+    stem: str,
+    kind: str,
+    table: pd.DataFrame,
+    meta: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write a result that is one tidy table and its meta: ``<stem>.csv`` and ``<stem>.json`` (the
+    rows, read back bit for bit, the meta, versions and command line), each atomically; an earlier
+    result there is replaced only with ``overwrite=True``. :func:`load_table` reads it back."""
+    from interp.saving import claim, provenance
+
+    csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
+    blob = {"kind": kind, **provenance(), "meta": dict(meta), "rows": json_records(table)}
+    return [atomic_write(csv_path, table.to_csv(index=False)), atomic_write_json(js_path, blob)]
+
+
+def load_table(path: str | Path, stem: str, what: str) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The table and meta :func:`save_table` wrote, from its ``.json`` or the folder holding it
+    (``what`` names the result in the error when there is none)."""
+    path = Path(path)
+    path = path / f"{stem}.json" if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"no saved {what} at {path}: pass the .json that save() wrote")
+    blob = json.loads(path.read_text(encoding="utf-8"))
+    return from_records(blob["rows"]), blob.get("meta", {})
+
+
 def json_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """The rows of ``frame`` as JSON-ready records whose floats read back bit for bit: :mod:`json`
     writes each float's shortest exact form (pandas' ``to_json`` keeps 10 digits); NaN becomes null."""

@@ -3,6 +3,8 @@ pair found by K-composition alone, the toy's induction heads reading the previou
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,10 @@ def test_pair_scores_block_by_block_equal_all_at_once():
     whole = pair_scores(A, B, A, B)
     assert whole.shape == (3, 4, 3, 4)
     torch.testing.assert_close(pair_scores(A, B, A, B, budget=1), whole, rtol=0, atol=0)  # one right head a pass
+
+
+def test_saved_compositions_read_back_bit_for_bit(tmp_path):
+    scores = interp.composition_scores(interp.load_model("toy"), n_random=20)
+    scores.save(tmp_path)
+    back = type(scores).load(tmp_path)
+    assert back.table.equals(scores.table) and back.meta == json.loads(json.dumps(scores.meta))

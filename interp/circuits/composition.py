@@ -28,7 +28,6 @@ Multi-head latent attention is refused (no per-head ``W_K``/``W_V``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +39,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp._io import atomic_write, atomic_write_json
 from interp.adapters import HookedModel, describe
 from interp.adapters.weights import HeadWeights, read_head_weights
 from interp.errors import UsageError
 from interp.registry import Registry
+from interp.scores import load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -169,27 +168,11 @@ class Compositions:
 
     def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
         """``<stem>.csv`` and ``<stem>.json`` (rows and meta), each written atomically."""
-        from interp.saving import claim, provenance
-
-        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        csv = atomic_write(csv_path, self.table.to_csv(index=False))
-        blob = {
-            "kind": STEM,
-            **provenance(),
-            "meta": self.meta,
-            "rows": json.loads(self.table.to_json(orient="records")),
-        }
-        return [csv, atomic_write_json(js_path, blob)]
+        return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path: str | Path) -> Compositions:
-        path = Path(path)
-        if path.is_dir():
-            path = path / f"{STEM}.json"
-        if not path.is_file():
-            raise UsageError(f"no saved composition scores at {path}: pass the .json that save() wrote")
-        blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+    def load(cls, path: str | Path, stem: str = STEM) -> Compositions:
+        return cls(*load_table(path, stem, "composition scores"))
 
 
 def composition_scores(

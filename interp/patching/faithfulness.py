@@ -10,7 +10,6 @@ the ablation sweep's batched replay.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,6 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from interp._io import atomic_write, atomic_write_json
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import MeanAblation, PatchAblation
 from interp.ablation.replay import Sweeper
@@ -31,6 +29,7 @@ from interp.errors import UsageError
 from interp.patching.core import setup
 from interp.patching.result import PatchScores
 from interp.probes.task import TaskProbe
+from interp.scores import load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -71,25 +70,11 @@ class FaithfulnessCurves:
         return fig
 
     def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        from interp.saving import claim, provenance
-
-        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        blob = {
-            "kind": STEM,
-            **provenance(),
-            "meta": self.meta,
-            "rows": json.loads(self.table.to_json(orient="records")),
-        }
-        return [atomic_write(csv_path, self.table.to_csv(index=False)), atomic_write_json(js_path, blob)]
+        return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | Path, stem: str = STEM) -> FaithfulnessCurves:
-        path = Path(path)
-        path = path / f"{stem}.json" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"no saved faithfulness curves at {path}: pass the .json that save() wrote")
-        blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+        return cls(*load_table(path, stem, "faithfulness curves"))
 
 
 def faithfulness_curves(

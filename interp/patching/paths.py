@@ -12,7 +12,6 @@ key/value head, shared by its group.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp._io import atomic_write, atomic_write_json
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, clean_site, head_mask
 from interp.adapters import HookedModel, run_with_reducers
@@ -31,6 +29,7 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.patching.core import Setup, pooled_ratio, setup
 from interp.probes.task import TaskProbe
+from interp.scores import load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -89,25 +88,11 @@ class PathScores:
         return fig
 
     def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        from interp.saving import claim, provenance
-
-        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        blob = {
-            "kind": STEM,
-            **provenance(),
-            "meta": self.meta,
-            "rows": json.loads(self.table.to_json(orient="records")),
-        }
-        return [atomic_write(csv_path, self.table.to_csv(index=False)), atomic_write_json(js_path, blob)]
+        return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | Path, stem: str = STEM) -> PathScores:
-        path = Path(path)
-        path = path / f"{stem}.json" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"no saved path patching at {path}: pass the .json that save() wrote")
-        blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(pd.DataFrame.from_records(blob["rows"]), blob.get("meta", {}))
+        return cls(*load_table(path, stem, "path patching"))
 
 
 def path_patch(
