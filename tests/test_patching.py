@@ -403,6 +403,61 @@ def test_attribution_finds_the_carrier_head(carrier):
     assert agreement(exact, attr, k=1) == {"spearman": pytest.approx(1.0), "top_k_overlap": 1.0, "k": 1}
 
 
+@pytest.mark.parametrize("method", ["attribution", "eap-ig"])
+def test_attribution_runs_the_least_passes_and_unembeds_the_read_position_only(carrier, method):
+    """Per minibatch: one forward of the donor prompts (their head outputs and their metric) and the
+    gated forwards of the run's prompts (the last gives theirs): no separate baseline forwards; and
+    each pass unembeds the read position alone. Before that: two more forwards (the clean and the
+    corrupted baselines) and every position unembedded. One sequence checks the shortcut first: a
+    full forward against a read of its position."""
+    model, task = carrier
+    embedded, unembedded = [], []
+    hooks = [
+        model.embed.register_forward_pre_hook(lambda m, a: embedded.append(tuple(a[0].shape))),
+        model.unembed.register_forward_pre_hook(lambda m, a: unembedded.append(tuple(a[0].shape[:2]))),
+    ]
+    try:
+        got = patch_heads(model, task, method=method, steps=3 if method == "eap-ig" else None)
+    finally:
+        for h in hooks:
+            h.remove()
+    n, T, steps = task.n_pairs, task.seq_len, 3 if method == "eap-ig" else 1
+    check = [(1, T), (1, T)]  # the shortcut's check: a full forward, and one stopped at the residual
+    assert embedded == check + [(n, T)] * (1 + steps)
+    assert unembedded == [(1, T), (1, 1)] + [(n, 1)] * (1 + steps)
+    assert got.meta["unembedded"] == f"positions [{task.read_position}]"
+    exact = patch_heads(model, task)  # the baselines read off those passes are the plain forwards'
+    assert got.meta["clean_metric"] == pytest.approx(exact.meta["clean_metric"], abs=1e-5)
+    assert got.meta["corrupted_metric"] == pytest.approx(exact.meta["corrupted_metric"], abs=1e-5)
+    assert abs(got.meta["clean_metric"] - got.meta["corrupted_metric"]) > 1
+
+
+def test_attribution_unembeds_every_position_where_the_adapter_would_not_give_the_models_logits(carrier):
+    """A logit cap the adapter's unembedding applies but this model's forward does not: the one-sequence
+    check sees the difference, and attribution reads the model's own logits at every position."""
+    from interp.ablation.replay import unembeds_read_positions
+    from interp.patching.metrics import logit_diff_metric
+
+    model, task = carrier
+    want = patch_heads(model, task, method="attribution")
+    model.cfg.output_logits_soft_cap = 2.0
+    try:
+        assert not unembeds_read_positions(model, task.clean[:1], logit_diff_metric(task), model.cfg.n_layers)
+        got = patch_heads(model, task, method="attribution")
+    finally:
+        del model.cfg.output_logits_soft_cap
+    assert got.meta["unembedded"] == "every position" and want.meta["unembedded"] == "positions [7]"
+    torch.testing.assert_close(torch.as_tensor(got.grid("effect")), torch.as_tensor(want.grid("effect")))
+    assert got.meta["clean_metric"] == pytest.approx(want.meta["clean_metric"]) == 5.0
+
+
+def test_attribution_refuses_equal_clean_and_corrupted_from_its_own_passes(carrier):
+    model, _ = carrier
+    same = TaskProbe.from_pairs(model, [[1, 2, 3, 4]], [[1, 2, 5, 4]], [6], [7], framed=True)
+    with pytest.raises(AblationError, match=r"give the same logit-diff \(clean 0, corrupted 0\)"):
+        patch_heads(model, same, method="attribution")
+
+
 def test_attribution_refuses_the_exact_methods_settings(carrier):
     model, task = carrier
     with pytest.raises(UsageError, match=r"method 'attribution' does not read replay \(settings of method='exact'\)"):

@@ -91,11 +91,13 @@ def test_pairs_of_different_lengths_are_refused(toy_or_skip, tmp_path, capsys):
     assert "pair 1: the clean prompt is 3 tokens and the corrupted one 4" in line
 
 
-def test_clean_equal_to_corrupted_is_refused_with_both_values(toy_or_skip, tmp_path, capsys):
+@pytest.mark.parametrize("method", ["exact", "attribution"])  # attribution measures them on its own passes
+def test_clean_equal_to_corrupted_is_refused_with_both_values(toy_or_skip, tmp_path, capsys, method):
     f = tmp_path / "t.jsonl"
     f.write_text('{"clean": [1, 2, 3], "corrupted": [1, 2, 3], "answer": 5, "wrong": 6}\n')
     out = tmp_path / "out"
-    line = _refused(capsys, ["--model", "toy", "--device", "cpu", "--task", str(f), "--out", str(out)], out)
+    argv = ["--model", "toy", "--device", "cpu", "--task", str(f), "--method", method, "--out", str(out)]
+    line = _refused(capsys, argv, out)
     assert "the clean and corrupted prompts give the same logit-diff (clean " in line
     assert "the normalised effect is undefined" in line
 

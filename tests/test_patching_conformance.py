@@ -107,3 +107,22 @@ def test_exact_patching_equals_the_hugging_face_loop(family):
             spread = float((want[layers] - want[layers].mean()).abs().max())
             assert err <= TOL, f"{family} {direction} by {by}: max error {err:.2e}"
             assert spread > 100 * TOL, f"{family} {direction} by {by}: the patches do not differ ({spread:.2e})"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_attributions_baselines_are_the_hugging_face_models_own(family):
+    """Attribution reads the clean and corrupted metric off its own passes, unembedding the read
+    position alone where that gives the model's own logits (Gemma 2's final softcap, BERT's
+    masked-LM head included): both equal the Hugging Face model's forward."""
+    fam = FAMILIES[family]
+    hf, tokenizer = build(fam, 0)
+    model = from_hf_model(hf, tokenizer, name=family)
+    task = family_task(model, not fam.is_encoder)
+    got = patch_heads(model, task, method="attribution", metric="raw-logit-diff").meta
+    pos = task.read_position
+    for prompts, key in ((task.clean, "clean_metric"), (task.corrupted, "corrupted_metric")):
+        with torch.no_grad():
+            last = hf(prompts).logits[:, pos].float()
+        want = float((last[:, 5] - last[:, [7, 8]].mean(-1)).mean())
+        assert abs(got[key] - want) <= TOL, f"{family} {key}: {got[key]} against {want}"
+    assert got["unembedded"] == f"positions [{pos}]", f"{family}: {got['unembedded']}"

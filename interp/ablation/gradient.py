@@ -51,8 +51,10 @@ def gated_forward(
     rows: Tensor,
     reference: Tensor | None,
     attention_mask: Tensor | None = None,
+    read_positions: bool = False,
 ) -> Tensor:
-    """Metric per sequence with every head's output mixed as ``r + g (z - r)`` (base heads at r)."""
+    """Metric per sequence with every head's output mixed as ``r + g (z - r)`` (base heads at r).
+    ``read_positions``: only the positions the metric reads are unembedded (:func:`read_out`)."""
     L = len(gates)
     layers = describe(model).attention_layers  # a layer without attention has no hook_z
 
@@ -66,7 +68,9 @@ def gated_forward(
         return hook
 
     hooks = [(z_hook(l), gate_hook(l)) for l in layers]
-    out = read_out(model, tokens, metric, hooks, L, grad=True, attention_mask=attention_mask)
+    out = read_out(
+        model, tokens, metric, hooks, L, grad=True, attention_mask=attention_mask, read_positions=read_positions
+    )
     return metric(out, tokens, reference, rows)
 
 

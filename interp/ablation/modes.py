@@ -176,6 +176,9 @@ def _where(ablate: Bool[Tensor, "rep head"] | Bool[Tensor, "rep head pos"]) -> T
     return rearrange(ablate, "r h -> r 1 1 h 1")
 
 
+# runs one minibatch of a capture: (tokens, the capturing hooks, their rows in the probe)
+Forward = Callable[[Tensor, list, Tensor], None]
+
 ABLATIONS: Registry[type[HeadAblation]] = Registry("ablation")
 
 # the activations a patch may replace: name -> (hook of a layer, what it holds)
@@ -305,9 +308,11 @@ class PatchAblation(HeadAblation):
         seed: int = 0,
         minibatch: int | None = None,
         site: str = "z",
+        forward: Forward | None = None,
     ) -> PatchAblation:
         """The donor run's activations at ``site`` (:data:`SITES`; default the head outputs). The
-        queries, keys and values of latent attention come from a shared latent, not per head: refused."""
+        queries, keys and values of latent attention come from a shared latent, not per head: refused.
+        ``forward``: how each minibatch of donors runs with the capturing hooks (:func:`clean_site`)."""
         donor = getattr(probe, "donor", None)
         if donor is None:
             raise AblationError(
@@ -315,7 +320,7 @@ class PatchAblation(HeadAblation):
                 "task probe (interp.probes.task.TaskProbe.run_probe), e.g. with interp.patch_heads"
             )
         refuse_site(model, site, donor[:1])
-        return cls(clean_site(model, donor, minibatch, site), site)
+        return cls(clean_site(model, donor, minibatch, site, forward), site)
 
     def hook_name(self, layer: int) -> str:
         return SITES.get(self.site)(layer)
@@ -490,9 +495,12 @@ def _clean_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[
     return clean_site(model, tokens, minibatch, "z")
 
 
-def clean_site(model: HookedModel, tokens: Tensor, minibatch: int | None, site: str) -> list[Tensor]:
+def clean_site(
+    model: HookedModel, tokens: Tensor, minibatch: int | None, site: str, forward: Forward | None = None
+) -> list[Tensor]:
     """Every layer's clean activation at ``site`` (:data:`SITES`) on ``tokens``; the pass stops after
-    the last layer's."""
+    the last layer's, or, with ``forward``, is ``forward(batch, hooks, rows)`` with the capturing hooks
+    (a caller that reads more of the same pass: the donor run's metric)."""
     info = describe(model)
     layers = info.attention_layers
     parts: dict[int, list[Tensor]] = {l: [] for l in layers}
@@ -506,9 +514,11 @@ def clean_site(model: HookedModel, tokens: Tensor, minibatch: int | None, site: 
 
     step = minibatch or tokens.shape[0]
     for start in range(0, tokens.shape[0], step):
-        run_with_reducers(
-            model, tokens[start : start + step], [(name(l), grab(l)) for l in layers], stop_after=name(layers[-1])
-        )
+        hooks = [(name(l), grab(l)) for l in layers]
+        if forward is None:
+            run_with_reducers(model, tokens[start : start + step], hooks, stop_after=name(layers[-1]))
+        else:
+            forward(tokens[start : start + step], hooks, torch.arange(start, min(start + step, tokens.shape[0])))
     # a layer without attention gets zeros: no head of it can be named (see head_mask)
     shape = torch.cat(parts[layers[0]]).shape
     return [

@@ -506,10 +506,14 @@ def read_out(
     *,
     grad: bool = False,
     attention_mask: Tensor | None = None,
+    read_positions: bool = False,
 ) -> Tensor:
     """Run ``model`` with ``hooks`` (and a padded probe's ``attention_mask``); return the metric's
-    read-out (logits or final hidden state)."""
-    if metric.reads == "logits":
+    read-out (logits or final hidden state). ``read_positions``: a metric that reads the logits at
+    given positions gets them from the final residual at those positions alone, unembedded by the
+    adapter (as the replay does), not from the model's logits at every position; check first with
+    :func:`unembeds_read_positions` that this model gives the same."""
+    if metric.reads == "logits" and not (read_positions and metric.positions is not None):
         logits = run_with_reducers(model, tokens, hooks, grad=grad, attention_mask=attention_mask)
         return metric.read(logits)
     seen: dict[str, Tensor] = {}
@@ -519,4 +523,28 @@ def read_out(
         seen["hidden"] = x
 
     run_with_reducers(model, tokens, [*hooks, (last, grab)], stop_after=last, grad=grad, attention_mask=attention_mask)
-    return metric.read(seen["hidden"])
+    picked = metric.read(seen["hidden"])
+    if metric.reads == "hidden":
+        return picked
+    with torch.set_grad_enabled(grad):
+        return adapter_for(model).unembed(picked)
+
+
+def unembeds_read_positions(model: HookedModel, tokens: Tensor, metric: Metric, n_layers: int) -> bool:
+    """May :func:`read_out` unembed the metric's positions alone (``read_positions=True``) on this
+    model? Only where the metric reads logits at given positions, the adapter can unembed, and on
+    ``tokens`` (one sequence is enough) the result is the model's own logits there, to the replay
+    self-check's tolerance (a head the adapter does not reproduce, a missed logit cap, fails it)."""
+    if metric.reads != "logits" or metric.positions is None or not adapter_for(model).can_unembed():
+        return False
+    with torch.no_grad():
+        want = read_out(model, tokens, metric, [], n_layers)
+        try:
+            got = read_out(model, tokens, metric, [], n_layers, read_positions=True)
+        except Exception:  # an architecture whose final residual or head the adapter cannot reach
+            return False
+    if got.shape != want.shape:
+        return False
+    eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
+    scale = float(want.abs().max()) + 1e-6
+    return float((got - want).abs().max()) <= max(1e-4, 16 * eps) * scale

@@ -235,16 +235,23 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
     task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed)
     metric, normalised = task_metric(task, args.metric)
-    clean, corrupted = baselines(model, task.to(info.device), metric, normalised=normalised, minibatch=args.minibatch)
-    print(
-        f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {task.n_pairs} pairs of "
-        f"{task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
-        f"{float(clean.mean()):.4f}, corrupted {float(corrupted.mean()):.4f}; {args.direction} by {args.by}"
-    )
+    exact = args.method == "exact"
+
+    def header(clean: float, corrupted: float) -> None:
+        print(
+            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {task.n_pairs} pairs of "
+            f"{task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
+            f"{clean:.4f}, corrupted {corrupted:.4f}; {args.direction} by {args.by}"
+        )
+
+    if exact or _path(args):  # attribution reads the baselines off its own passes: printed after them
+        clean, corrupted = baselines(
+            model, task.to(info.device), metric, normalised=normalised, minibatch=args.minibatch
+        )
+        header(float(clean.mean()), float(corrupted.mean()))
     if _path(args):
         return path_main(args, model, task, config, out)
     journals = getattr(args, "journals", None)
-    exact = args.method == "exact"
     kind = f"patch_{args.site or 'z'}_{args.by}_{args.direction}"
     journal = journals(kind, task.clean) if journals is not None and exact else None
     t0 = time.perf_counter()
@@ -262,10 +269,16 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         **settings,
     )
     scores.meta["model_spec"] = args.model
+    if not exact:
+        header(scores.meta["clean_metric"], scores.meta["corrupted_metric"])
     partial = bool(scores.meta.get("partial"))
     what = "fraction of the clean-corrupted gap moved" if normalised else f"change of {metric.name}"
     passes = scores.meta.get("steps", 1)
-    how = f"replay {scores.meta['replay']}" if exact else f"{passes} forward(s) and backward(s) per minibatch"
+    how = (
+        f"replay {scores.meta['replay']}"
+        if exact
+        else f"{passes} forward(s) and backward(s) per minibatch, after one forward of the donor prompts"
+    )
     print(f"{args.method} patching: {how}, {time.perf_counter() - t0:.2f}s\n")
     ranked = scores.rank("effect", top=args.top).dropna(subset=["effect"])
     label = "label" if args.by == "head" else None

@@ -57,8 +57,8 @@ class Setup:
     direction: str
     by: str
     probe: PairedProbe  # the prompts the patched runs read, each with its donor
-    clean: Float[Tensor, " pair"]
-    corrupted: Float[Tensor, " pair"]
+    clean: Float[Tensor, " pair"] | None  # None until a method that measures them itself has run
+    corrupted: Float[Tensor, " pair"] | None
     config: RunConfig
     heads: list[tuple[int, int]]  # the units: (layer, head), or (layer, key/value head) for k and v
     positions: list[int | None]  # [None]: every position at once
@@ -85,8 +85,11 @@ def setup(
     n_pairs: int = 20,
     config: RunConfig | None = None,
     site: str = "z",
+    measured: bool = True,
 ) -> Setup:
-    """The run: names checked, the task built, its metric and baselines (refused when they agree)."""
+    """The run: names checked, the task built, its metric and baselines (refused when they agree).
+    ``measured=False`` leaves the baselines (``clean``, ``corrupted``) to the method, which reads them
+    off passes it runs anyway (attribution: the donor capture and the gated forward)."""
     if direction not in DIRECTIONS:
         raise UsageError(f"unknown direction {direction!r}: choose from {list(DIRECTIONS)}")
     BY.check(by)
@@ -97,7 +100,9 @@ def setup(
     info = describe(model)
     task = task.to(info.device)
     metric_, normalised = task_metric(task, metric)
-    clean, corrupted = baselines(model, task, metric_, normalised=normalised, minibatch=config.minibatch)
+    clean, corrupted = (
+        baselines(model, task, metric_, normalised=normalised, minibatch=config.minibatch) if measured else (None, None)
+    )
     refuse_site(model, site, task.clean[:1])
     n_units = _kv_heads(model, task, info) if site in ("k", "v") else info.n_heads
     heads = [(l, h) for l in info.attention_layers for h in range(n_units)]
@@ -220,6 +225,12 @@ def baselines(
     metric whose two means agree (the normalisation would divide by 0) is refused with both."""
     clean = _metric_of(model, task.clean, metric, minibatch)
     corrupted = _metric_of(model, task.corrupted, metric, minibatch)
+    refuse_equal(clean, corrupted, metric, normalised)
+    return clean, corrupted
+
+
+def refuse_equal(clean: Tensor, corrupted: Tensor, metric: Metric, normalised: bool) -> None:
+    """Refuse a normalised metric whose clean and corrupted means agree, naming both."""
     gap = float(clean.mean() - corrupted.mean())
     scale = max(float(clean.abs().mean()), float(corrupted.abs().mean()), 1e-12)
     if normalised and abs(gap) <= 1e-6 * scale:
@@ -228,7 +239,6 @@ def baselines(
             f"corrupted {float(corrupted.mean()):.6g}): the normalised effect is undefined; make the corrupted "
             "prompts change the answer, or use a raw metric (raw-logit-diff)"
         )
-    return clean, corrupted
 
 
 def _metric_of(model: HookedModel, tokens: Tensor, metric: Metric, minibatch: int | None) -> Float[Tensor, " batch"]:

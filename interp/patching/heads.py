@@ -98,7 +98,17 @@ def patch_heads(
                 f"method {method!r} gates the head outputs (site z): it does not patch site {site!r}; "
                 "use method='exact' for queries, keys, values and patterns"
             )
-    run = setup(model, task, metric=metric, direction=direction, by=by, n_pairs=n_pairs, config=config, site=site)
+    run = setup(
+        model,
+        task,
+        metric=metric,
+        direction=direction,
+        by=by,
+        n_pairs=n_pairs,
+        config=config,
+        site=site,
+        measured=method == "exact",  # attribution reads the baselines off its own passes
+    )
     if method == "exact":
         values, facts = exact_values(run, replay=replay or "auto", chunk=chunk, journal=journal)
     elif method == "eap-ig":
