@@ -277,8 +277,7 @@ class ResampleAblation(HeadAblation):
         return cls([z[donors] for z in zs], donors.tolist())
 
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
-        src = self.source[layer]
-        return src if rows is None else src[rows]
+        return _donor_rows(self.source[layer], rows)
 
 
 @ABLATIONS.register(
@@ -326,8 +325,7 @@ class PatchAblation(HeadAblation):
         return SITES.get(self.site)(layer)
 
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
-        src = self.source[layer]
-        return src if rows is None else src[rows]
+        return _donor_rows(self.source[layer], rows)
 
     def patch(
         self,
@@ -444,6 +442,11 @@ def as_ablation(
     if isinstance(ablation, HeadAblation):
         return ablation
     return HeadAblation.fit(model, ablation, probe, seed=seed, minibatch=minibatch)
+
+
+def _donor_rows(source: Tensor, rows: Tensor | slice | None) -> Tensor:
+    """A layer's donor activations, for the sequences ``rows`` of the probe (all of them for ``None``)."""
+    return source if rows is None else source[rows]
 
 
 def _mean_output(z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "head d_head"]:
