@@ -270,13 +270,11 @@ class Sweeper:
         want = check.out.repeat(2, *[1] * (check.out.ndim - 1))
         if got.shape != want.shape:
             return f"replayed output has shape {list(got.shape)}, the model's {list(want.shape)}"
-        scale = float(want.abs().max()) + 1e-6
+        scale, bound = _rounding(want)
         noise = float((got - want).abs().max())
-        # batched and unbatched matmuls round differently: allow that much in low precision
-        eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
-        if noise > max(1e-4, 16 * eps) * scale:
+        if noise > bound:
             return f"replaying its blocks does not reproduce its output (max error {noise:.2e} of {scale:.2e})"
-        rtol = 1e-3 if eps <= torch.finfo(torch.float32).eps else 0.05
+        rtol = 1e-3 if _eps(want) <= torch.finfo(torch.float32).eps else 0.05
         for start, masks in self._check_masks():
             try:
                 got = self._replay(check, start, masks).chunk(masks.shape[0])
@@ -545,6 +543,15 @@ def unembeds_read_positions(model: HookedModel, tokens: Tensor, metric: Metric, 
             return False
     if got.shape != want.shape:
         return False
-    eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
+    return float((got - want).abs().max()) <= _rounding(want)[1]
+
+
+def _eps(x: Tensor) -> float:
+    return torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+
+
+def _rounding(want: Tensor) -> tuple[float, float]:
+    """``want``'s scale, and the largest max error a replay of it may show and still reproduce it:
+    batched and unbatched matmuls round differently, so that much is allowed, more in low precision."""
     scale = float(want.abs().max()) + 1e-6
-    return float((got - want).abs().max()) <= max(1e-4, 16 * eps) * scale
+    return scale, max(1e-4, 16 * _eps(want)) * scale
