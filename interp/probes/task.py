@@ -282,12 +282,11 @@ def check_task_file(path: str | Path) -> list[dict[str, Any]]:
     rows = _read_rows(path)
     if not rows:
         raise UsageError(f"{path} holds no pairs")
+    csv_file = path.suffix.lower() == ".csv"
     for i, row in enumerate(rows):
         missing = [c for c in COLUMNS if c not in row or row[c] in (None, "")]
         if missing:
-            where = "the header" if path.suffix.lower() == ".csv" and i == 0 else f"line {i + 1}"
-            if path.suffix.lower() == ".csv" and i > 0:
-                where = f"row {i + 1}"
+            where = ("the header" if i == 0 else f"row {i + 1}") if csv_file else f"line {i + 1}"
             raise UsageError(
                 f"{path}: {where} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}: a task "
                 f"file needs {', '.join(COLUMNS)}"
