@@ -148,10 +148,8 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
     """Pool the patched metric per unit (head, or head and position, in :func:`units` order) and pair
     into the result: ``effect`` with its bootstrap CI over pairs, the raw metric and its change."""
     base = run.unpatched[None]
-    clean, corrupted = run.clean[None], run.corrupted[None]
     if run.normalised:
-        num = values - corrupted if run.direction == "denoise" else clean - values
-        den = (clean - corrupted).expand_as(num)
+        num, den = gap_moved(run, values)
     else:
         num, den = values - base, torch.ones_like(values)
     cfg = run.config
@@ -206,6 +204,14 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
         shared = [" ".join(map(str, range(h * run.group, (h + 1) * run.group))) for h in table["head"]]
         table.insert(3, "query_heads", shared)
     return PatchScores(table, meta, pairs)
+
+
+def gap_moved(run: Setup, values: Float[Tensor, "... pair"]) -> tuple[Tensor, Tensor]:
+    """The normalised effect of each patched ``values`` per pair (its last axis), as a numerator and
+    denominator: the part of the clean-corrupted gap it moves (toward clean denoising, away from it
+    noising), and the gap."""
+    num = values - run.corrupted if run.direction == "denoise" else run.clean - values
+    return num, (run.clean - run.corrupted).expand_as(num)
 
 
 def pooled_ratio(

@@ -27,7 +27,7 @@ from interp.ablation.modes import SITES, clean_site, head_mask
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.patching.core import Setup, pooled_ratio, setup
+from interp.patching.core import Setup, gap_moved, pooled_ratio, setup
 from interp.probes.task import TaskProbe
 from interp.scores import load_table, save_table
 
@@ -201,9 +201,7 @@ def _metric(run: Setup, tokens: Tensor, hooks: Sequence) -> Tensor:
 
 
 def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values: Tensor, site: str) -> PathScores:
-    clean, corrupted = run.clean[None, None], run.corrupted[None, None]
-    num = values - corrupted if run.direction == "denoise" else clean - values
-    den = (clean - corrupted).expand_as(num)
+    num, den = gap_moved(run, values)
     cfg = run.config
     flat_num, flat_den = num.flatten(0, 1).T, den.flatten(0, 1).T  # [pair, sender * receiver]
     point, lo, hi = pooled_ratio(torch.nan_to_num(flat_num), flat_den, cfg)
