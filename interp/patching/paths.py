@@ -24,6 +24,7 @@ from torch import Tensor
 
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, clean_site, head_mask
+from interp.ablation.replay import read_out
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import UsageError
@@ -196,8 +197,8 @@ def _swap(recorded: Tensor, head: int, n_heads: int) -> Callable:
 
 def _metric(run: Setup, tokens: Tensor, hooks: Sequence) -> Tensor:
     with torch.no_grad():
-        logits = run_with_reducers(run.model, tokens, list(hooks))
-    return run.metric(run.metric.read(logits), tokens, None, torch.arange(tokens.shape[0])).cpu()
+        out = read_out(run.model, tokens, run.metric, list(hooks), run.info.n_layers)
+    return run.metric(out, tokens, None, torch.arange(tokens.shape[0])).cpu()
 
 
 def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values: Tensor, site: str) -> PathScores:
