@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
-from jaxtyping import Bool
-from torch import Tensor
 
 from interp.ablation.metrics import Metric
-from interp.ablation.modes import MeanAblation, PatchAblation
+from interp.ablation.modes import MeanAblation, PatchAblation, head_mask
 from interp.ablation.replay import Sweeper
 from interp.adapters import HookedModel
 from interp.config import RunConfig
@@ -108,8 +106,9 @@ def faithfulness_curves(
     else:
         ablation = MeanAblation.fit(model, run.task.corrupted, minibatch=run.config.minibatch)
     sweeper = Sweeper(model, run.probe, run.metric, ablation=ablation, config=run.config)
+    every = head_mask(info, run.heads, allow_empty=True)  # replaced: every head but an order's top n
     masks = torch.stack(
-        [_others(order[:n], run.heads, info.n_layers, info.n_heads) for order in orders.values() for n in ns]
+        [every & ~head_mask(info, order[:n], allow_empty=True) for order in orders.values() for n in ns]
     )
     values = sweeper.evaluate(masks, desc="faithfulness", scope=f"faithfulness-{to}")
     num = (values - run.corrupted[None]).sum(1)
@@ -151,13 +150,3 @@ def _order(name: str, scores: PatchScores, heads: list[tuple[int, int]]) -> list
     if sorted(order) != sorted(heads):
         raise UsageError(f"ranking {name!r} does not rank this model's heads: run patch_heads on this model")
     return order
-
-
-def _others(kept: list[tuple[int, int]], heads: list[tuple[int, int]], L: int, H: int) -> Bool[Tensor, "layer head"]:
-    """Every head but ``kept`` (the ones replaced)."""
-    mask = torch.zeros(L, H, dtype=torch.bool)
-    for l, h in heads:
-        mask[l, h] = True
-    for l, h in kept:
-        mask[l, h] = False
-    return mask
