@@ -26,12 +26,12 @@ from interp.ablation.settings import run_config
 from interp.ablation.sweep import ablation_header
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
-from interp.errors import AblationError, UsageError
+from interp.errors import AblationError
 from interp.hooks import k_hook
 from interp.models import ModelInfo, describe
 from interp.patching.metrics import task_metric
 from interp.patching.result import PatchScores
-from interp.probes.task import DIRECTIONS, PairedProbe, TaskProbe, task_probe
+from interp.probes.task import PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio
 
@@ -90,8 +90,7 @@ def setup(
     """The run: names checked, the task built, its metric and baselines (refused when they agree).
     ``measured=False`` leaves the baselines (``clean``, ``corrupted``) to the method, which reads them
     off passes it runs anyway (attribution: the donor capture and the gated forward)."""
-    if direction not in DIRECTIONS:
-        raise UsageError(f"unknown direction {direction!r}: choose from {list(DIRECTIONS)}")
+    check_direction(direction)
     BY.check(by)
     SITES.check(site)
     config = run_config(config)

@@ -43,6 +43,12 @@ COLUMNS = ("clean", "corrupted", "answer", "wrong")
 DIRECTIONS = ("denoise", "noise")
 
 
+def check_direction(direction: str) -> None:
+    """Refuse a patching direction that is not one of :data:`DIRECTIONS`."""
+    if direction not in DIRECTIONS:
+        raise UsageError(f"unknown direction {direction!r}: choose from {list(DIRECTIONS)}")
+
+
 @dataclass
 class PairedProbe(TokenProbe):
     """A :class:`TokenProbe` of the prompts a patched run reads, and each one's paired prompt
@@ -111,8 +117,7 @@ class TaskProbe:
         """The prompts a patched run reads, each with its donor: ``denoise`` runs the corrupted prompt
         and patches in the clean run's activations; ``noise`` runs the clean one, patching in the
         corrupted run's."""
-        if direction not in DIRECTIONS:
-            raise UsageError(f"unknown direction {direction!r}: choose from {list(DIRECTIONS)}")
+        check_direction(direction)
         run, donor = (self.corrupted, self.clean) if direction == "denoise" else (self.clean, self.corrupted)
         return PairedProbe(
             tokens=run,
