@@ -46,7 +46,7 @@ from interp.report.atlas import Atlas
 from interp.report.page import render_atlas
 from interp.report.patterns import attention_patterns
 from interp.report.roles import THRESHOLD, role_columns, role_table
-from interp.scores import HeadScores
+from interp.scores import HeadScores, join_scores
 
 # the encoder part's text probe; of its scores, previous and own token are left to the head scores
 # (the repeated probe's prev_token and current), and a column no head of the model can have (no
@@ -231,7 +231,7 @@ def head_atlas(
         say("encoder")
         circuits += _encoder(atlas, model, info, cfg)
     if circuits:  # unprefixed, beside the sink report's first_mass
-        extra[""] = _join([*([extra[""]] if "" in extra else []), *circuits])
+        extra[""] = join_scores([*([extra[""]] if "" in extra else []), *circuits])
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
     if task_columns is not None:
         atlas.roles = atlas.roles.merge(task_columns, on=["layer", "head"], how="left")
@@ -314,15 +314,6 @@ def _head_map(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig)
 
 def _left_out(atlas: Atlas, part: str, why: str) -> None:
     atlas.meta.setdefault("notes", []).append(f"{part}: left out: {why}")
-
-
-def _join(tables: list[HeadScores]) -> HeadScores:
-    """Per-head tables side by side (a column already there is kept from the first)."""
-    frame = tables[0].table
-    for t in tables[1:]:
-        keep = [c for c in t.table.columns if c not in frame.columns or c in ("layer", "head")]
-        frame = frame.merge(t.table[keep], on=["layer", "head"], how="left")
-    return HeadScores(frame)
 
 
 def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
