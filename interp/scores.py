@@ -325,6 +325,18 @@ class HeadScores:
         return cls(memory_frame(from_records(blob["rows"])), blob.get("meta", {}))
 
 
+def join_scores(tables: Sequence[HeadScores]) -> HeadScores:
+    """Per-head tables side by side on ``layer`` and ``head`` (a column already there is kept from the
+    first); ``meta`` is the first's, with every table's ``baselines`` together."""
+    frame = tables[0].table
+    for t in tables[1:]:
+        keep = [c for c in t.table.columns if c not in frame.columns or c in ("layer", "head")]
+        frame = frame.merge(t.table[keep], on=["layer", "head"], how="left")
+    meta = dict(tables[0].meta)
+    meta["baselines"] = {k: v for t in tables for k, v in (t.meta.get("baselines") or {}).items()}
+    return HeadScores(frame, meta)
+
+
 def save_table(
     out_dir: str | Path,
     stem: str,

@@ -29,7 +29,7 @@ from interp.circuits.composition import Compositions
 from interp.circuits.ov import effective_embedding
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
-from interp.probes import TokenProbe
+from interp.probes import TokenProbe, ordinary_vocab
 
 
 def mean_write(model: HookedModel, layer: int, head: int) -> Float[Tensor, " d_vocab"]:
@@ -46,8 +46,7 @@ def mean_writes(
     info = describe(model)
     w = read_head_weights(model, info, "the head card's OV tokens")
     embedding, _ = effective_embedding(model, w)
-    ordinary = [t for t in range(info.d_vocab) if t not in info.special_token_ids]
-    x = embedding[ordinary].mean(0)
+    x = embedding[ordinary_vocab(info)].mean(0)
     for layer in info.attention_layers if layers is None else layers:
         logits = torch.einsum("d,hde,hem,mv->hv", x, w.W_V[layer], w.W_O[layer], w.W_U)
         yield layer, (logits - logits.mean(-1, keepdim=True)).cpu()

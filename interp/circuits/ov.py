@@ -42,6 +42,7 @@ from interp.adapters import HookedModel, ModelInfo, describe
 from interp.adapters.weights import HeadWeights, first_mlp, read_head_weights
 from interp.config import run_header
 from interp.errors import UsageError
+from interp.probes import ordinary_vocab
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_mean
 
@@ -235,7 +236,7 @@ def ov_scores(
         raise UsageError(f"k must be between 1 and the vocabulary size - 1 ({info.d_vocab - 1}), got {k}")
     w = read_head_weights(model, info, "the OV scores")
     embedding, how = effective_embedding(model, w)
-    ordinary = torch.tensor([t for t in range(info.d_vocab) if t not in info.special_token_ids])
+    ordinary = ordinary_vocab(info)
     gen = torch.Generator().manual_seed(seed)
     sampled = len(ordinary) > max_tokens
     tokens = ordinary[torch.randperm(len(ordinary), generator=gen)[:max_tokens].sort().values] if sampled else ordinary

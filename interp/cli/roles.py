@@ -46,7 +46,7 @@ from interp.probes import text_probe
 from interp.probes.task import task_probe
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
-from interp.scores import HeadScores, format_table
+from interp.scores import HeadScores, format_table, join_scores
 from interp.texts import BYTES_NOTE
 
 STEM = "roles"
@@ -250,7 +250,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
                 continue
             done.append(s)
         if done:
-            ov = _merge(done)
+            ov = join_scores(done)
             tables.append(ov)
             baselines.update(ov.meta["baselines"])
             written += ov.save(out, "ov_scores")
@@ -282,7 +282,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             print(f"  note: {dla.meta['softcap']}")
 
     if tables:
-        merged = _merge(tables)
+        merged = join_scores(tables)
         roles = role_table(merged, baselines, threshold=args.threshold)
         written.append(atomic_write(out / f"{STEM}.csv", roles.to_csv(index=False)))
         cols = [c for c in role_columns() if c in roles and roles[c].notna().any()]
@@ -298,17 +298,6 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     for what, why in skipped.items():
         print(f"\nskipped {what}: {why}")
     return written
-
-
-def _merge(tables: list[HeadScores]) -> HeadScores:
-    """One per-head table from several (columns side by side; ``meta`` of the first)."""
-    frame = tables[0].table
-    for t in tables[1:]:
-        keep = [c for c in t.table.columns if c not in frame.columns or c in ("layer", "head")]
-        frame = frame.merge(t.table[keep], on=["layer", "head"], how="left")
-    meta = dict(tables[0].meta)
-    meta["baselines"] = {k: v for t in tables for k, v in (t.meta.get("baselines") or {}).items()}
-    return HeadScores(frame, meta)
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:

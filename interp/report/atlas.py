@@ -127,10 +127,10 @@ class Atlas:
         left out when there is neither), ``<stem>_roles.csv`` and ``<stem>.json``, atomically."""
         out = Path(out)
         draw = render or self.render
-        records = json_records
-        blob = {"meta": self.meta, "baselines": self.baselines, "roles": records(self.roles)}
+        roles = file_frame(self.roles)  # labels as the CSV writes them, in the JSON too
+        blob = {"meta": self.meta, "baselines": self.baselines, "roles": json_records(roles)}
         if self.pruning is not None:
-            blob["pruning"] = records(self.pruning)
+            blob["pruning"] = json_records(self.pruning)
         if self.cards is not None:
             blob["cards"] = plain(self.cards)
         if self.head_map is not None:  # the map's coordinates (the distances stay in memory: n^2 numbers)
@@ -140,11 +140,10 @@ class Atlas:
         names = ([f"{stem}.html"] if draw is not None else []) + [f"{stem}_roles.csv", f"{stem}.json"]
         paths = claim(out, names, overwrite=overwrite)
         blob = {"kind": "atlas", **provenance(), "probe": self.meta.get("probe"), **blob}
-        blob["roles"] = records(file_frame(self.roles))
         page = [atomic_write(paths[0], draw(self))] if draw is not None else []
         return [
             *page,
-            atomic_write(paths[-2], file_frame(self.roles).to_csv(index=False)),
+            atomic_write(paths[-2], roles.to_csv(index=False)),
             atomic_write_json(paths[-1], blob),
         ]
 

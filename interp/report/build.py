@@ -37,7 +37,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
 from interp.models import ModelInfo, describe
-from interp.probes import random_tokens, repeated_tokens
+from interp.probes import TokenProbe, random_tokens, repeated_tokens
 from interp.probes.draw import frame_tokens
 from interp.probes.needle import default_distances
 from interp.progress import Plan, announcer, forward_work, plan_note
@@ -46,7 +46,7 @@ from interp.report.atlas import Atlas
 from interp.report.page import render_atlas
 from interp.report.patterns import attention_patterns
 from interp.report.roles import THRESHOLD, role_columns, role_table
-from interp.scores import HeadScores
+from interp.scores import HeadScores, join_scores
 
 # the encoder part's text probe; of its scores, previous and own token are left to the head scores
 # (the repeated probe's prev_token and current), and a column no head of the model can have (no
@@ -231,7 +231,7 @@ def head_atlas(
         say("encoder")
         circuits += _encoder(atlas, model, info, cfg)
     if circuits:  # unprefixed, beside the sink report's first_mass
-        extra[""] = _join([*([extra[""]] if "" in extra else []), *circuits])
+        extra[""] = join_scores([*([extra[""]] if "" in extra else []), *circuits])
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
     if task_columns is not None:
         atlas.roles = atlas.roles.merge(task_columns, on=["layer", "head"], how="left")
@@ -303,10 +303,9 @@ def _task_part(atlas: Atlas, model: HookedModel, task: Any, cfg: RunConfig, jour
 def _head_map(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) -> None:
     """The map of heads (:func:`~interp.circuits.head_map`) on the encoder part's text probe."""
     from interp.circuits import head_map
-    from interp.probes import text_probe
 
     try:
-        probe = text_probe(model, batch=ENCODER_BATCH, seq_len=min(ENCODER_LEN, _room(info)), seed=cfg.seed)
+        probe = _encoder_probe(model, info, cfg.seed)
         atlas.head_map = head_map(model, probe, seed=cfg.seed)
     except UsageError as e:
         _left_out(atlas, "headmap", str(e))
@@ -314,15 +313,6 @@ def _head_map(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig)
 
 def _left_out(atlas: Atlas, part: str, why: str) -> None:
     atlas.meta.setdefault("notes", []).append(f"{part}: left out: {why}")
-
-
-def _join(tables: list[HeadScores]) -> HeadScores:
-    """Per-head tables side by side (a column already there is kept from the first)."""
-    frame = tables[0].table
-    for t in tables[1:]:
-        keep = [c for c in t.table.columns if c not in frame.columns or c in ("layer", "head")]
-        frame = frame.merge(t.table[keep], on=["layer", "head"], how="left")
-    return HeadScores(frame)
 
 
 def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
@@ -356,10 +346,9 @@ def _encoder(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) 
     """Clark et al.'s encoder-head scores, entropy, positional and rare-word heads on a text probe;
     a column no head can have here is dropped, its reason noted."""
     from interp.circuits.encoder import encoder_scores
-    from interp.probes import text_probe
 
     try:
-        probe = text_probe(model, batch=ENCODER_BATCH, seq_len=min(ENCODER_LEN, _room(info)), seed=cfg.seed)
+        probe = _encoder_probe(model, info, cfg.seed)
         got = encoder_scores(model, probe, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     except UsageError as e:
         _left_out(atlas, "encoder", str(e))
@@ -517,6 +506,18 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
     atlas.meta["retrieval_probe"] = {**probe.meta, "distances": distances}
 
 
+def _encoder_len(info: ModelInfo) -> int:
+    """Body tokens of each sequence of the encoder part's text probe (the map of heads reads it too)."""
+    return min(ENCODER_LEN, _room(info))
+
+
+def _encoder_probe(model: HookedModel, info: ModelInfo, seed: int) -> TokenProbe:
+    """The encoder part's text probe, which the map of heads reads too."""
+    from interp.probes import text_probe
+
+    return text_probe(model, batch=ENCODER_BATCH, seq_len=_encoder_len(info), seed=seed)
+
+
 def _room(info: ModelInfo) -> int:
     """Body tokens the model's context holds once a probe is framed (BOS, or [CLS] ... [SEP])."""
     return info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
@@ -590,7 +591,7 @@ def atlas_work(
         work = forward_work(info.d_vocab, 1, d) + n_heads * min(MAX_TOKENS, info.d_vocab) * d * info.d_vocab
         plan["ov"] = (f"the OV roles ({n_heads} heads x {min(MAX_TOKENS, info.d_vocab)} tokens x the vocabulary)", work)
     if "encoder" not in skip:
-        n = ENCODER_BATCH * (min(ENCODER_LEN, _room(info)) + frame)
+        n = ENCODER_BATCH * (_encoder_len(info) + frame)
         plan["encoder"] = (
             f"the encoder-head scores ({ENCODER_BATCH} x {n // ENCODER_BATCH} tokens of text)",
             forward_work(n, L, d),
@@ -612,7 +613,7 @@ def atlas_work(
         n = 2 * view_len + frame
         plan["patterns"] = (f"the attention-pattern viewer (1 x {n} tokens)", forward_work(n, L, d))
     if "headmap" not in skip:
-        n = ENCODER_BATCH * (min(ENCODER_LEN, _room(info)) + frame)
+        n = ENCODER_BATCH * (_encoder_len(info) + frame)
         pairs = n_heads * (n_heads + 1) // 2
         plan["headmap"] = (
             f"the map of heads ({n_heads} heads' patterns on {ENCODER_BATCH} x {n // ENCODER_BATCH} tokens of text)",
