@@ -80,6 +80,16 @@ def test_a_task_file_without_a_column_is_refused_before_the_model_loads(tmp_path
     )
 
 
+def test_a_task_file_not_in_utf8_is_one_line_before_the_model_loads(tmp_path, capsys):
+    bad = tmp_path / "task.csv"
+    bad.write_bytes("clean,corrupted,answer,wrong\nJos\u00e9 went,Ana went,home,away\n".encode("latin-1"))
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "no/such-model", "--task", str(bad), "--out", str(out)], out)
+    assert line.endswith(
+        "task.csv is not UTF-8 text: byte(s) e9 at offset 32 (line 2) cannot be decoded; save the task file as UTF-8"
+    )
+
+
 def test_pairs_of_different_lengths_are_refused(toy_or_skip, tmp_path, capsys):
     f = tmp_path / "t.jsonl"
     f.write_text(

@@ -300,7 +300,15 @@ def check_task_file(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # one line, not a traceback: a task file is UTF-8 (JSON is, by definition)
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UsageError(
+            f"{path} is not UTF-8 text: byte(s) {raw[e.start : min(e.end, e.start + 4)].hex(' ')} at offset "
+            f"{e.start} (line {line}) cannot be decoded; save the task file as UTF-8"
+        ) from None
     if path.suffix.lower() == ".csv":
         return list(csv.DictReader(text.splitlines()))
     rows = []
