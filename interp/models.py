@@ -133,21 +133,25 @@ def load_model(
     if spec_str == PLANTED or spec_str.startswith(PLANTED + ":"):  # the known-answer long-context toy
         return _load_planted(spec_str, dev, dt)
     if spec_str == TOY:
-        if spread:
-            raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
+        _one_device(spread)
         return _load_toy(dev, dt)
     path = Path(spec_str).expanduser()
-    if revision is not None and (path.exists() or _looks_like_path(spec_str)):
-        raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a local directory")
     if path.exists() or _looks_like_path(spec_str):
+        if revision is not None:
+            raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a local directory")
         if _is_toy_dir(path):
-            if spread:
-                raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
+            _one_device(spread)
             from interp.toy import ToyTransformer
 
             return ToyTransformer.from_pretrained(path, device=dev, dtype=dt)
         return _load_local_dir(path, dev, dt, placement)
     return _load_hub(spec_str, dev, dt, placement, revision=revision)
+
+
+def _one_device(spread: bool) -> None:
+    """The toy (bundled or trained) loads on one device: refuse a device map."""
+    if spread:
+        raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
 
 
 def _is_toy_dir(path: Path) -> bool:
