@@ -155,7 +155,7 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("a checkpoint sweep loads one revision at a time on one device: drop --n-devices/--device-map")
     if args.checkpoints is not None and args.revisions is not None:
         raise UsageError("--checkpoints (folders) and --revisions (of a Hub model) exclude each other: pick one")
-    if args.checkpoints is not None and args.model not in (TOY_TRAINING,):
+    if args.checkpoints is not None and not toy:
         raise UsageError(f"--checkpoints are folders: drop --model {args.model}")
     if args.checkpoints is None and not toy and args.revisions is None:
         raise UsageError(
