@@ -209,8 +209,8 @@ def test_save_and_load_give_back_the_same_tables(handoff, tmp_path):
     written = handoff.save(tmp_path)
     assert [p.name for p in written] == ["checkpoints.csv", "checkpoints_revisions.csv", "checkpoints.json"]
     back = CheckpointScores.load(tmp_path)
-    pd.testing.assert_frame_equal(back.table, handoff.table)
-    pd.testing.assert_frame_equal(back.revisions, handoff.revisions)
+    pd.testing.assert_frame_equal(back.table, handoff.table, check_exact=True)  # every float bit for bit
+    pd.testing.assert_frame_equal(back.revisions, handoff.revisions, check_exact=True)
     pd.testing.assert_frame_equal(back.handoffs(), handoff.handoffs())
     blob = json.loads((tmp_path / "checkpoints.json").read_text())
     assert blob["handoffs"][0]["to_head"] == "1.2"
