@@ -120,8 +120,8 @@ class CheckpointScores:
             **provenance(),
             "meta": self.meta,
             "phase_change": self.phase_change(),
-            "handoffs": json.loads(self.handoffs().to_json(orient="records")),
-            "first_passes": json.loads(self.first_passes().to_json(orient="records")),
+            "handoffs": json_records(self.handoffs()),
+            "first_passes": json_records(self.first_passes()),
             "revisions": json_records(self.revisions),  # floats bit for bit
             "rows": json_records(heads),
         }
