@@ -269,7 +269,7 @@ def _load_hub(
             f"{name!r} is neither an existing directory nor a valid Hugging Face model name "
             "(names look like 'gpt2' or 'EleutherAI/pythia-70m')."
         )
-    cached = _in_hf_cache(name, revision)
+    cached = in_hf_cache(name, revision)
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     if not cached and (offline or not hub_reachable()):
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
@@ -291,7 +291,8 @@ def _load_hub(
     return _boot(name, dev, dt, placement, what=f"the Hub model {name!r}{at}", revision=revision)
 
 
-def _in_hf_cache(name: str, revision: str | None = None) -> bool:
+def in_hf_cache(name: str, revision: str | None = None) -> bool:
+    """Whether the Hugging Face cache holds the Hub model ``name`` (at ``revision``): its config is there."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -393,6 +394,7 @@ __all__ = [
     "describe",
     "from_hf_model",
     "hub_reachable",
+    "in_hf_cache",
     "load_model",
     "resolve_device",
     "resolve_dtype",

@@ -25,12 +25,10 @@ def cache_dir() -> Path:
 
 
 def is_cached(name: str, revision: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
+    """Whether the revision is in the Hugging Face cache already (:func:`interp.models.in_hf_cache`)."""
+    from interp.models import in_hf_cache
 
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str)
-    except Exception:
-        return False
+    return in_hf_cache(name, revision)
 
 
 def download_size(name: str, revision: str) -> int:
