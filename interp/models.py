@@ -270,7 +270,7 @@ def _load_hub(
             "(names look like 'gpt2' or 'EleutherAI/pythia-70m')."
         )
     cached = in_hf_cache(name, revision)
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_offline()
     if not cached and (offline or not hub_reachable()):
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
         which = f"model {name!r}" if revision is None else f"revision {revision!r} of model {name!r}"
@@ -300,6 +300,11 @@ def in_hf_cache(name: str, revision: str | None = None) -> bool:
     except Exception:
         return False
     return isinstance(hit, str)
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` is set (to anything but ``0``, ``false`` or nothing)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -393,6 +398,7 @@ __all__ = [
     "ModelInfo",
     "describe",
     "from_hf_model",
+    "hub_offline",
     "hub_reachable",
     "in_hf_cache",
     "load_model",

@@ -140,9 +140,9 @@ def _load_hub_dataset(name: str, config: str | None, split: str) -> Any:
     """
     import datasets
 
-    from interp.models import hub_reachable
+    from interp.models import hub_offline, hub_reachable
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_offline()
     reachable = not offline and hub_reachable()
     try:
         with contextlib.nullcontext() if reachable else _offline_mode():
