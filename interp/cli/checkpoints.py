@@ -38,6 +38,7 @@ from interp.cli.common import (
     float_in,
     one_line_warnings,
     positive_int,
+    print_written,
     progress_lines,
 )
 from interp.errors import InterpError, ModelLoadError, UsageError
@@ -327,9 +328,7 @@ def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             file=sys.stderr,
         )
         return 130
-    print("\nwrote:")
-    for path in written:
-        print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
+    print_written(written, replaced)
     return 0
 
 
