@@ -73,12 +73,11 @@ def handoffs(heads: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
     the step range and both heads' scores at both ends."""
     rows = []
     for role, seq in held.groupby("role", sort=False):
-        column = ROLES.info(role, "column")
+        score = _score_lookup(heads, ROLES.info(role, "column"))
         seq = seq.sort_values("step")
         previous = None
         for row in seq.itertuples():
             if row.head and previous is not None and previous.head and row.head != previous.head:
-                score = _score_lookup(heads, column)
                 rows.append(
                     {
                         "role": role,
