@@ -133,21 +133,25 @@ def load_model(
     if spec_str == PLANTED or spec_str.startswith(PLANTED + ":"):  # the known-answer long-context toy
         return _load_planted(spec_str, dev, dt)
     if spec_str == TOY:
-        if spread:
-            raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
+        _one_device(spread)
         return _load_toy(dev, dt)
     path = Path(spec_str).expanduser()
-    if revision is not None and (path.exists() or _looks_like_path(spec_str)):
-        raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a local directory")
     if path.exists() or _looks_like_path(spec_str):
+        if revision is not None:
+            raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a local directory")
         if _is_toy_dir(path):
-            if spread:
-                raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
+            _one_device(spread)
             from interp.toy import ToyTransformer
 
             return ToyTransformer.from_pretrained(path, device=dev, dtype=dt)
         return _load_local_dir(path, dev, dt, placement)
     return _load_hub(spec_str, dev, dt, placement, revision=revision)
+
+
+def _one_device(spread: bool) -> None:
+    """The toy (bundled or trained) loads on one device: refuse a device map."""
+    if spread:
+        raise UsageError("the toy model runs on one device: pass device=..., not device_map/n_devices")
 
 
 def _is_toy_dir(path: Path) -> bool:
@@ -265,8 +269,8 @@ def _load_hub(
             f"{name!r} is neither an existing directory nor a valid Hugging Face model name "
             "(names look like 'gpt2' or 'EleutherAI/pythia-70m')."
         )
-    cached = _in_hf_cache(name, revision)
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    cached = in_hf_cache(name, revision)
+    offline = hub_offline()
     if not cached and (offline or not hub_reachable()):
         why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
         which = f"model {name!r}" if revision is None else f"revision {revision!r} of model {name!r}"
@@ -287,7 +291,8 @@ def _load_hub(
     return _boot(name, dev, dt, placement, what=f"the Hub model {name!r}{at}", revision=revision)
 
 
-def _in_hf_cache(name: str, revision: str | None = None) -> bool:
+def in_hf_cache(name: str, revision: str | None = None) -> bool:
+    """Whether the Hugging Face cache holds the Hub model ``name`` (at ``revision``): its config is there."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -295,6 +300,11 @@ def _in_hf_cache(name: str, revision: str | None = None) -> bool:
     except Exception:
         return False
     return isinstance(hit, str)
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` is set (to anything but ``0``, ``false`` or nothing)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -388,7 +398,9 @@ __all__ = [
     "ModelInfo",
     "describe",
     "from_hf_model",
+    "hub_offline",
     "hub_reachable",
+    "in_hf_cache",
     "load_model",
     "resolve_device",
     "resolve_dtype",

@@ -115,18 +115,17 @@ def text_rows(
     spec = os.fspath(dataset)
     path = Path(spec).expanduser()
     if path.exists():
-        kind = KINDS
-        if path.is_file() and path.suffix.lower() in kind:
+        if path.is_file():  # of a kind in KINDS: check_dataset refused the others
             decode_file(path, encoding)  # one clear line, before the loader's traceback
         extra = {} if codec == "utf-8" else {"encoding": codec}
         try:
             if path.is_dir():
                 ds = datasets.load_dataset(str(path), split=split, **extra)
             else:
-                ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path), split="train", **extra)
+                ds = datasets.load_dataset(KINDS[path.suffix.lower()], data_files=str(path), split="train", **extra)
         except Exception as e:
             raise DatasetLoadError(f"could not read the data set {path}: {_first_line(e)}") from None
-        column = "text" if kind.get(path.suffix.lower()) == "text" else text_column
+        column = "text" if KINDS.get(path.suffix.lower()) == "text" else text_column
         return _column(ds, column, str(path)), str(path)
     name, _, config = spec.partition(":")
     ds = _load_hub_dataset(name, config or None, split)
@@ -141,9 +140,9 @@ def _load_hub_dataset(name: str, config: str | None, split: str) -> Any:
     """
     import datasets
 
-    from interp.models import hub_reachable
+    from interp.models import hub_offline, hub_reachable
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = hub_offline()
     reachable = not offline and hub_reachable()
     try:
         with contextlib.nullcontext() if reachable else _offline_mode():

@@ -209,8 +209,8 @@ def test_save_and_load_give_back_the_same_tables(handoff, tmp_path):
     written = handoff.save(tmp_path)
     assert [p.name for p in written] == ["checkpoints.csv", "checkpoints_revisions.csv", "checkpoints.json"]
     back = CheckpointScores.load(tmp_path)
-    pd.testing.assert_frame_equal(back.table, handoff.table)
-    pd.testing.assert_frame_equal(back.revisions, handoff.revisions)
+    pd.testing.assert_frame_equal(back.table, handoff.table, check_exact=True)  # every float bit for bit
+    pd.testing.assert_frame_equal(back.revisions, handoff.revisions, check_exact=True)
     pd.testing.assert_frame_equal(back.handoffs(), handoff.handoffs())
     blob = json.loads((tmp_path / "checkpoints.json").read_text())
     assert blob["handoffs"][0]["to_head"] == "1.2"
@@ -498,3 +498,25 @@ def test_the_toy_trained_from_scratch_shows_the_phase_change_and_the_detector_na
     assert window["icl_improvement"] >= 0.5 * abs(window["icl_final"])  # half the in-context gain, in it
     assert (window["start"], window["end"]) == (350, 540)  # seeded: the same window every run
     assert "Phase change (shaded): steps 350-540." in result.page()  # the page over revisions names it too
+
+
+def test_roles_over_time_use_the_atlas_rule_with_each_roles_own_bar():
+    """A positional score of 0.5 clears the common 0.3 but not Voita's 0.9: no holder, no first pass."""
+    from interp.checkpoints import roles
+
+    heads = pd.DataFrame(
+        {
+            "step": [0, 0],
+            "revision": ["step0", "step0"],
+            "layer": [0, 0],
+            "head": [0, 1],
+            "label": ["0.0", "0.1"],
+            "positional": [0.5, 0.95],
+            "positional_lo": [0.45, 0.92],
+            "positional_hi": [0.55, 0.97],
+        }
+    )
+    held = roles.holders(heads, {"positional": 0.1})
+    assert held.loc[held["role"] == "positional", "head"].tolist() == ["0.1"]
+    firsts = roles.first_passes(heads, {"positional": 0.1})
+    assert firsts["head"].tolist() == ["0.1"]

@@ -9,11 +9,11 @@ revisions of a large model needs the room of one.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 from interp.errors import ModelLoadError
+from interp.models import hub_offline, in_hf_cache
 
 MARGIN = 1.1  # room asked for: the files' size and a tenth more
 
@@ -25,12 +25,8 @@ def cache_dir() -> Path:
 
 
 def is_cached(name: str, revision: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str)
-    except Exception:
-        return False
+    """Whether the revision is in the Hugging Face cache already (:func:`interp.models.in_hf_cache`)."""
+    return in_hf_cache(name, revision)
 
 
 def download_size(name: str, revision: str) -> int:
@@ -57,8 +53,7 @@ def prepare(name: str, revision: str) -> bool:
     the disk has room for it (:class:`ModelLoadError`, one line, when not) and return ``True``."""
     if is_cached(name, revision):
         return False
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    if offline:
+    if hub_offline():
         return True  # load_model says in one line that it is neither cached nor reachable
     try:
         need = download_size(name, revision)

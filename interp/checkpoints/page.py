@@ -21,7 +21,7 @@ import pandas as pd
 from interp.checkpoints.roles import holder_runs
 from interp.plots import MASS, PRETTY, Scale, panel_size, short_name
 from interp.report.atlas import HEATMAP_SCORES, plain
-from interp.report.page import STYLE, figure_html
+from interp.report.page import STYLE, document, figure_html
 from interp.report.roles import ROLES
 from interp.scores import HeadScores
 
@@ -119,8 +119,6 @@ def _heatmaps(result: CheckpointScores, columns: list[str], at: int) -> tuple[go
 
 def render_page(result: CheckpointScores, figure: go.Figure | None = None) -> str:
     """The whole page (see the module docstring); ``figure``: the sweep's figure, when drawn already."""
-    from plotly.offline import get_plotlyjs
-
     name = short_name(str(result.meta.get("model", "model")))
     columns = heatmap_columns(result)
     revs = result.revisions
@@ -132,22 +130,7 @@ def render_page(result: CheckpointScores, figure: go.Figure | None = None) -> st
         ("revisions", "Revisions", _revisions_section(result)),
         ("heads", "Every head at one revision", _heads_section(result, columns, start)),
     ]
-    nav = " ".join(f'<a href="#{key}">{html.escape(title)}</a>' for key, title, _ in sections)
-    body = "\n".join(
-        f'<section id="{key}"><h2>{html.escape(t)}</h2>\n{content}</section>' for key, t, content in sections
-    )
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Heads over training: {html.escape(name)}</title>
-<style>{STYLE}{EXTRA_STYLE}</style>
-<script>{get_plotlyjs()}</script>
-</head><body>
-<h1>Heads over training: {html.escape(name)}</h1>
-<p class="meta">{html.escape(_describe(result))}</p>
-<nav>{nav}</nav>
-{body}
-</body></html>
-"""
+    return document(f"Heads over training: {name}", _describe(result), sections, STYLE + EXTRA_STYLE)
 
 
 def _describe(result: CheckpointScores) -> str:

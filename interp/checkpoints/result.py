@@ -26,7 +26,7 @@ from interp._io import atomic_write, atomic_write_json
 from interp.checkpoints import roles as roles_over_time
 from interp.errors import UsageError
 from interp.report.roles import ROLES, THRESHOLD
-from interp.scores import HeadScores, file_frame, memory_frame
+from interp.scores import HeadScores, file_frame, from_records, json_records, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -120,10 +120,10 @@ class CheckpointScores:
             **provenance(),
             "meta": self.meta,
             "phase_change": self.phase_change(),
-            "handoffs": json.loads(self.handoffs().to_json(orient="records")),
-            "first_passes": json.loads(self.first_passes().to_json(orient="records")),
-            "revisions": json.loads(self.revisions.to_json(orient="records", double_precision=15)),
-            "rows": json.loads(heads.to_json(orient="records", double_precision=15)),
+            "handoffs": json_records(self.handoffs()),
+            "first_passes": json_records(self.first_passes()),
+            "revisions": json_records(self.revisions),  # floats bit for bit
+            "rows": json_records(heads),
         }
         written.append(atomic_write_json(js, blob))
         return written
@@ -152,8 +152,8 @@ class CheckpointScores:
         if not path.is_file() or path.suffix != ".json":
             raise UsageError(f"no saved checkpoint sweep at {path}: pass the .json that save() wrote, or its folder")
         blob = json.loads(path.read_text(encoding="utf-8"))
-        table = memory_frame(pd.DataFrame.from_records(blob["rows"]))
-        revisions = pd.DataFrame.from_records(blob["revisions"])
+        table = memory_frame(from_records(blob["rows"]))
+        revisions = from_records(blob["revisions"])
         for frame in (table, revisions):
             frame["duplicate_of"] = frame["duplicate_of"].fillna("").astype(str)
         return cls(table, revisions, blob.get("meta", {}))

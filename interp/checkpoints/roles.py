@@ -1,7 +1,7 @@
 """Roles over training: who holds each role at each step, handoffs, first passes, the phase change.
 
 A head *holds* a role at a step when it passes the atlas's role rule there (its CI's lower bound
-above the uniform baseline and a score of at least 0.3, :mod:`interp.report.roles`) and scores
+above the uniform baseline and a score of at least 0.3 or the role's own bar: :func:`interp.report.roles.passes`) and scores
 highest among the heads that pass; the holder keeps the role while it passes and the leader's score
 stays inside its CI (a near tie between two heads is not a change). A *handoff* is a pair of consecutive steps where the holder
 changes from one head to another (steps between where no head holds it lie inside the range). Revisions flagged as duplicates (weights equal to another's) are
@@ -19,13 +19,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from interp.report.roles import ROLES, THRESHOLD
-
-
-def _passes(table: pd.DataFrame, column: str, baseline: float | None, threshold: float) -> pd.Series:
-    if column not in table or f"{column}_lo" not in table or baseline is None:
-        return pd.Series(False, index=table.index)
-    return (table[f"{column}_lo"] > baseline) & (table[column] >= threshold)
+from interp.report.roles import ROLES, THRESHOLD, passes
 
 
 def holders(heads: pd.DataFrame, baselines: Mapping[str, float], threshold: float = THRESHOLD) -> pd.DataFrame:
@@ -43,7 +37,7 @@ def holders(heads: pd.DataFrame, baselines: Mapping[str, float], threshold: floa
             continue
         previous = ""
         for (step, revision), table in steps:
-            ok = table[_passes(table, column, baselines.get(column), threshold)]
+            ok = table[passes(table, role, baselines, threshold)]
             ok = ok.sort_values([column, "layer", "head"], ascending=[False, True, True])
             holder = ok["label"].iloc[0] if len(ok) else ""
             if previous and previous in set(ok["label"]):
@@ -79,12 +73,11 @@ def handoffs(heads: pd.DataFrame, held: pd.DataFrame) -> pd.DataFrame:
     the step range and both heads' scores at both ends."""
     rows = []
     for role, seq in held.groupby("role", sort=False):
-        column = ROLES.info(role, "column")
+        score = _score_lookup(heads, ROLES.info(role, "column"))
         seq = seq.sort_values("step")
         previous = None
         for row in seq.itertuples():
             if row.head and previous is not None and previous.head and row.head != previous.head:
-                score = _score_lookup(heads, column)
                 rows.append(
                     {
                         "role": role,
@@ -128,7 +121,7 @@ def first_passes(heads: pd.DataFrame, baselines: Mapping[str, float], threshold:
         column = ROLES.info(role, "column")
         if column not in heads:
             continue
-        ok = heads[_passes(heads, column, baselines.get(column), threshold)]
+        ok = heads[passes(heads, role, baselines, threshold)]
         for label, group in ok.sort_values("step").groupby("label", sort=False):
             first = group.iloc[0]
             rows.append({"role": role, "head": label, "step": first["step"], "score": float(first[column])})

@@ -215,20 +215,11 @@ def _score_revision(
     model = rev.load(device=device, dtype=dtype)
     try:
         needles = _needle_probe(model, rev, settings, cfg) if settings.get("retrieval") else None
-        if needles is not None and earlier and earlier[0]["needles"] != tokens_hash(needles.tokens):
-            raise UsageError(
-                f"{rev.label} draws other needle-probe tokens than {earlier[0]['revision']} (another vocabulary or "
-                "BOS?): a sweep compares revisions of one model on one probe"
-            )
+        needles_hash = _same_tokens(rev, earlier, "needles", "needle-probe", needles) if needles is not None else None
         probe = repeated_tokens(
             model, batch=settings["batch"], block_len=settings["seq_len"], n_repeats=settings["repeats"], seed=cfg.seed
         )
-        probe_hash = tokens_hash(probe.tokens)
-        if earlier and earlier[0]["probe"] != probe_hash:
-            raise UsageError(
-                f"{rev.label} draws other probe tokens than {earlier[0]['revision']} (another vocabulary or "
-                "BOS?): a sweep compares revisions of one model on one probe"
-            )
+        probe_hash = _same_tokens(rev, earlier, "probe", "probe", probe)
         scores = head_scores(model, probe, config=cfg, progress=False)
         baselines = {k: float(v) for k, v in uniform_baselines(probe).items()}
         table = scores.table
@@ -246,7 +237,7 @@ def _score_revision(
             "weights": weights_fingerprint(model),
             "probe": probe_hash,
             "probe_meta": _probe_meta(probe),
-            **({"needles": tokens_hash(needles.tokens), "needle_meta": _needle_meta(needles)} if needles else {}),
+            **({"needles": needles_hash, "needle_meta": _needle_meta(needles)} if needles else {}),
             "baselines": baselines,
             "columns": list(table.columns),
             "rows": table.to_dict(orient="records"),
@@ -261,6 +252,18 @@ def _score_revision(
     if rev.hub and evict and downloaded:
         hub.evict(rev.spec, rev.revision)
     return payload
+
+
+def _same_tokens(rev: Revision, earlier: list[dict], key: str, what: str, probe: Any) -> str:
+    """The hash of ``probe``'s tokens; a one-line :class:`UsageError` when the first revision
+    scored (``earlier[0]``) drew other tokens under ``key``."""
+    digest = tokens_hash(probe.tokens)
+    if earlier and earlier[0][key] != digest:
+        raise UsageError(
+            f"{rev.label} draws other {what} tokens than {earlier[0]['revision']} (another vocabulary or "
+            "BOS?): a sweep compares revisions of one model on one probe"
+        )
+    return digest
 
 
 def _with_sinks(

@@ -38,6 +38,7 @@ from interp.cli.common import (
     float_in,
     one_line_warnings,
     positive_int,
+    print_written,
     progress_lines,
 )
 from interp.errors import InterpError, ModelLoadError, UsageError
@@ -155,7 +156,7 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("a checkpoint sweep loads one revision at a time on one device: drop --n-devices/--device-map")
     if args.checkpoints is not None and args.revisions is not None:
         raise UsageError("--checkpoints (folders) and --revisions (of a Hub model) exclude each other: pick one")
-    if args.checkpoints is not None and args.model not in (TOY_TRAINING,):
+    if args.checkpoints is not None and not toy:
         raise UsageError(f"--checkpoints are folders: drop --model {args.model}")
     if args.checkpoints is None and not toy and args.revisions is None:
         raise UsageError(
@@ -327,9 +328,7 @@ def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             file=sys.stderr,
         )
         return 130
-    print("\nwrote:")
-    for path in written:
-        print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
+    print_written(written, replaced)
     return 0
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,9 +332,7 @@ def run_cli(
         finally:
             distributed.stop()
         if lead:
-            print("\nwrote:")
-            for path in written:
-                print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
+            print_written(written, replaced)
         return 0
     except BaseException as e:
         if interrupted(e):
@@ -344,6 +342,13 @@ def run_cli(
         if isinstance(e, InterpError):
             return fail(parser, e, EXIT_USAGE, quiet=not lead)
         raise
+
+
+def print_written(written: Sequence[Path], replaced: Container[Path]) -> None:
+    """The run's last lines: each path written, ``(replaced)`` where an earlier output was."""
+    print("\nwrote:")
+    for path in written:
+        print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
 
 
 def interrupted(error: BaseException) -> bool:

@@ -59,8 +59,6 @@ tr.picked td { background: #e3f1ea; }
 
 def render_atlas(atlas: Atlas) -> str:
     """The whole page: header, roles at a glance, the role table, heatmaps, sinks, ablation, patterns."""
-    from plotly.offline import get_plotlyjs
-
     m = atlas.meta
     name = short_name(m["model"])
     sections = [
@@ -79,18 +77,26 @@ def render_atlas(atlas: Atlas) -> str:
         sections.append(("retrieval", "Retrieval and streaming heads", _retrieval_section(atlas)))
     if atlas.pattern:
         sections.append(("patterns", "Attention patterns", _patterns_section(atlas)))
-    nav = " ".join(f'<a href="#{key}">{html.escape(title)}</a>' for key, title, _ in sections)
+    return document(f"Head atlas: {name}", _describe_run(atlas), sections)
+
+
+def document(title: str, meta: str, sections: list[tuple[str, str, str]], style: str = STYLE) -> str:
+    """A self-contained page: ``title`` (escaped) as its title and heading, the ``meta`` line, a
+    link to each section and the sections, each ``(id, heading, html)``; plotly.js inlined."""
+    from plotly.offline import get_plotlyjs
+
+    nav = " ".join(f'<a href="#{key}">{html.escape(heading)}</a>' for key, heading, _ in sections)
     body = "\n".join(
         f'<section id="{key}"><h2>{html.escape(t)}</h2>\n{content}</section>' for key, t, content in sections
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>Head atlas: {html.escape(name)}</title>
-<style>{STYLE}</style>
+<title>{html.escape(title)}</title>
+<style>{style}</style>
 <script>{get_plotlyjs()}</script>
 </head><body>
-<h1>Head atlas: {html.escape(name)}</h1>
-<p class="meta">{html.escape(_describe_run(atlas))}</p>
+<h1>{html.escape(title)}</h1>
+<p class="meta">{html.escape(meta)}</p>
 <nav>{nav}</nav>
 {body}
 </body></html>

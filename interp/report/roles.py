@@ -79,13 +79,20 @@ def role_table(
         dup = [c for c in renamed.columns if c in table.columns and c not in ("layer", "head")]
         table = table.merge(renamed.drop(columns=dup), on=["layer", "head"], how="left")
     labels = [[] for _ in range(len(table))]
-    for col, role in role_columns().items():
-        base = baselines.get(col)
-        if col not in table or f"{col}_lo" not in table or base is None:
-            continue
-        at_least = ROLES.info(role, "threshold", None) or threshold  # a role's own bar (Voita's 0.9)
-        clears = (table[f"{col}_lo"] > base) & (table[col] >= at_least)
-        for i in clears.to_numpy().nonzero()[0]:
+    for role in role_columns().values():
+        for i in passes(table, role, baselines, threshold).to_numpy().nonzero()[0]:
             labels[i].append(role)
     table.insert(3, "role", [", ".join(r) for r in labels])
     return table
+
+
+def passes(table: pd.DataFrame, role: str, baselines: Mapping[str, float], threshold: float = THRESHOLD) -> pd.Series:
+    """Which rows (heads) of ``table`` pass ``role``'s rule: the CI's lower bound above the score's
+    uniform baseline and a score of at least ``threshold`` (or the role's own bar); all False when
+    the table lacks the score or its CI, or ``baselines`` lacks its baseline."""
+    col = ROLES.info(role, "column")
+    base = baselines.get(col)
+    if col not in table or f"{col}_lo" not in table or base is None:
+        return pd.Series(False, index=table.index)
+    at_least = ROLES.info(role, "threshold", None) or threshold  # a role's own bar (Voita's 0.9)
+    return (table[f"{col}_lo"] > base) & (table[col] >= at_least)
