@@ -520,3 +520,28 @@ def test_roles_over_time_use_the_atlas_rule_with_each_roles_own_bar():
     assert held.loc[held["role"] == "positional", "head"].tolist() == ["0.1"]
     firsts = roles.first_passes(heads, {"positional": 0.1})
     assert firsts["head"].tolist() == ["0.1"]
+
+
+@pytest.mark.parametrize("while_stopping", [False, True])
+def test_ctrl_c_marks_what_was_written_partial_and_exits_130(tmp_path, capsys, monkeypatch, while_stopping):
+    out = tmp_path / "out"
+
+    def interrupted_main(args, out_dir):
+        (out_dir / "checkpoints.csv").write_text("half of a table\n")
+        if not while_stopping:
+            raise KeyboardInterrupt
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise OSError("a cleanup failed on the way out")  # noqa: B904 (raised while stopping, on purpose)
+
+    monkeypatch.setattr(cli_checkpoints, "main", interrupted_main)
+    code, got, err = _cli(["--model", "toy-training", "--out", str(out), "--no-progress"], capsys)
+    assert code == 130
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoints.partial.csv"]
+    assert "interrupted; these files were written before the interrupt, marked partial:" in got
+    lines = err.strip().splitlines()
+    assert lines[0] == f"{PROG}: the revisions scored so far are journaled: --resume continues"
+    assert lines[-1] == f"{PROG}: interrupted" and "Traceback" not in err
+    if while_stopping:
+        assert lines[1] == f"{PROG}: while stopping: OSError: a cleanup failed on the way out"

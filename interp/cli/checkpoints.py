@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from interp._io import ensure_writable_dir
 from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores, train_checkpoints
@@ -36,10 +37,12 @@ from interp.cli.common import (
     default_out,
     fail,
     float_in,
+    interrupted,
     one_line_warnings,
     positive_int,
     print_written,
     progress_lines,
+    stop_interrupted,
 )
 from interp.errors import InterpError, ModelLoadError, UsageError
 from interp.journal import run_arguments
@@ -305,6 +308,8 @@ def _retrieval_line(kept) -> str:
 def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    run: dict[str, Any] = {}  # what stop_interrupted needs: the --out folder, whether the run finished
+    started = time.time()
     try:
         check(args)
         resolve_device(args.device)
@@ -314,20 +319,20 @@ def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             progress_lines(bool(args.no_progress)),
             ExitStack() as held,
         ):
-            out = ensure_writable_dir(args.out or default_out(args.model, STEM))
+            out = run["out"] = ensure_writable_dir(args.out or default_out(args.model, STEM))
             held.enter_context(out_lock(out, f".interp-{STEM}.lock"))
             with cli_owned() as replaced:
                 written = main(args, out)
+            run["done"] = True
     except ModelLoadError as e:
         return fail(parser, e, EXIT_MODEL)
     except InterpError as e:
         return fail(parser, e, EXIT_USAGE)
-    except KeyboardInterrupt:
-        print(
-            f"{parser.prog}: interrupted (the revisions scored so far are journaled: --resume continues)",
-            file=sys.stderr,
-        )
-        return 130
+    except BaseException as e:  # Ctrl-C at any moment: what was written is marked partial, exit 130
+        if not interrupted(e):
+            raise
+        print(f"{parser.prog}: the revisions scored so far are journaled: --resume continues", file=sys.stderr)
+        return stop_interrupted(parser.prog, e, run, started, lead=True)
     print_written(written, replaced)
     return 0
 

@@ -336,7 +336,7 @@ def run_cli(
         return 0
     except BaseException as e:
         if interrupted(e):
-            return _stop_interrupted(parser.prog, e, run, started, lead)
+            return stop_interrupted(parser.prog, e, run, started, lead)
         if isinstance(e, (ModelLoadError, RankFailedError)):
             return fail(parser, e, EXIT_MODEL, quiet=not lead)
         if isinstance(e, InterpError):
@@ -364,7 +364,7 @@ def interrupted(error: BaseException) -> bool:
     return False
 
 
-def _stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], started: float, lead: bool) -> int:
+def stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], started: float, lead: bool) -> int:
     """Exit 130 after a Ctrl-C: what this run wrote under ``--out`` is marked partial (unless the run
     had finished writing), and a failure met while stopping is named in one line. A second Ctrl-C
     meanwhile is ignored: the marking is not cut in half."""
