@@ -244,7 +244,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             f"{clean:.4f}, corrupted {corrupted:.4f}; {args.direction} by {args.by}"
         )
 
-    if exact or _path(args):  # attribution reads the baselines off its own passes: printed after them
+    if _path(args):  # the other methods measure the baselines in their own run: printed after it
         clean, corrupted = baselines(
             model, task.to(info.device), metric, normalised=normalised, minibatch=args.minibatch
         )
@@ -269,8 +269,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         **settings,
     )
     scores.meta["model_spec"] = args.model
-    if not exact:
-        header(scores.meta["clean_metric"], scores.meta["corrupted_metric"])
+    header(scores.meta["clean_metric"], scores.meta["corrupted_metric"])
     partial = bool(scores.meta.get("partial"))
     what = "fraction of the clean-corrupted gap moved" if normalised else f"change of {metric.name}"
     passes = scores.meta.get("steps", 1)
