@@ -573,3 +573,39 @@ def test_on_the_toy_the_previous_token_head_feeds_the_induction_heads_keys():
         path_patch(toy, task, senders=["1.0"], receivers=["1.2"])
     with pytest.raises(UsageError, match=r"site='z': a receiver head receives a path through"):
         path_patch(toy, task, receivers=["1.2"], site="z")
+
+
+def test_pairs_whose_gap_runs_the_other_way_keep_every_effect_inside_its_interval():
+    """6 of the toy's 20 repeat pairs swapped (their clean run scores below their corrupted one): they
+    count in each head's pooled effect, so they count in its interval too (before, the interval
+    resampled the other 14 pairs alone, and 7 of 8 heads fell outside it: 0.1 at -0.116 in [0.195, 0.506])."""
+    from interp.errors import ModelLoadError
+    from interp.models import load_model
+
+    try:
+        toy = load_model("toy", device="cpu")
+    except ModelLoadError as e:
+        pytest.skip(f"no trained toy: {e}")
+    task = task_probe(toy, "repeat", n_pairs=20, seed=0)
+    clean, corrupted = task.clean.clone(), task.corrupted.clone()
+    clean[:6], corrupted[:6] = task.corrupted[:6], task.clean[:6]
+    swapped = TaskProbe.from_pairs(
+        toy,
+        clean.tolist(),
+        corrupted.tolist(),
+        task.answer.tolist(),
+        task.wrong.tolist(),
+        framed=True,
+        position=task.position,
+    )
+    for direction in ("denoise", "noise"):
+        result = patch_heads(toy, swapped, direction=direction)
+        t = result.table
+        inside = (t["effect_lo"] <= t["effect"]) & (t["effect"] <= t["effect_hi"])
+        assert inside.all(), t[["label", "effect", "effect_lo", "effect_hi"]]
+    from interp.patching import faithfulness_curves
+
+    f = faithfulness_curves(toy, swapped, {"exact": result}, ns=[0, 2, 4, 8]).table
+    assert ((f["faithfulness_lo"] <= f["faithfulness"]) & (f["faithfulness"] <= f["faithfulness_hi"])).all(), f
+    assert (f["faithfulness_hi"] - f["faithfulness_lo"]).iloc[1:3].min() > 0.05  # pairs differ: a real interval
+    assert f["faithfulness_lo"].iloc[-1] == pytest.approx(1.0) == f["faithfulness_hi"].iloc[-1]  # nothing replaced

@@ -216,11 +216,11 @@ def gap_moved(run: Setup, values: Float[Tensor, "... pair"]) -> tuple[Tensor, Te
 def pooled_ratio(
     num: Float[Tensor, "pair unit"], den: Float[Tensor, "pair unit"], config: RunConfig
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``sum(num) / sum(den)`` over pairs with its bootstrap CI (:func:`interp.scores.bootstrap_ratio`),
-    for a gap of either sign: when the clean run scores below the corrupted one, both are negated
-    (the ratio is the same) so that the bootstrap's denominators are positive."""
-    sign = 1.0 if float(den.sum()) >= 0 else -1.0
-    return bootstrap_ratio(sign * num, sign * den, n_boot=config.n_boot, level=config.level, seed=config.seed)
+    """``sum(num) / sum(den)`` over pairs with its bootstrap CI (:func:`interp.scores.bootstrap_ratio`).
+    Each pair's denominator is its own gap, of either sign: a pair whose clean run scores below its
+    corrupted one (while the pooled gap is positive, or the other way round) is resampled like every
+    other pair."""
+    return bootstrap_ratio(num, den, n_boot=config.n_boot, level=config.level, seed=config.seed)
 
 
 def baselines(

@@ -24,7 +24,7 @@ from interp.ablation.replay import Sweeper
 from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.patching.core import setup
+from interp.patching.core import pooled_ratio, setup
 from interp.patching.result import PatchScores
 from interp.probes.task import TaskProbe
 from interp.scores import load_table, save_table
@@ -38,7 +38,8 @@ STEM = "faithfulness"
 
 @dataclass
 class FaithfulnessCurves:
-    """A row per (ranking, n): ``faithfulness`` (normalised metric) and ``heads`` kept."""
+    """A row per (ranking, n): ``faithfulness`` (normalised metric, pooled over pairs, with its
+    bootstrap CI over pairs in ``faithfulness_lo`` and ``faithfulness_hi``) and ``heads`` kept."""
 
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
@@ -56,7 +57,18 @@ class FaithfulnessCurves:
 
         fig = go.Figure()
         for name, rows in self.table.groupby("ranking", sort=False):
-            fig.add_trace(go.Scatter(x=rows["n"], y=rows["faithfulness"], mode="lines+markers", name=str(name)))
+            y = rows["faithfulness"]
+            band = (
+                dict(
+                    type="data",
+                    symmetric=False,
+                    array=rows["faithfulness_hi"] - y,
+                    arrayminus=y - rows["faithfulness_lo"],
+                )
+                if "faithfulness_lo" in rows
+                else None
+            )
+            fig.add_trace(go.Scatter(x=rows["n"], y=y, error_y=band, mode="lines+markers", name=str(name)))
         for target in TARGETS:
             fig.add_hline(y=target, line_dash="dot", annotation_text=f"{target:g}")
         fig.update_layout(
@@ -111,8 +123,8 @@ def faithfulness_curves(
         [every & ~head_mask(info, order[:n], allow_empty=True) for order in orders.values() for n in ns]
     )
     values = sweeper.evaluate(masks, desc="faithfulness", scope=f"faithfulness-{to}")
-    num = (values - run.corrupted[None]).sum(1)
-    den = float((run.clean - run.corrupted).sum())
+    num = values - run.corrupted[None]  # [row, pair]: each pair's share of its own gap, pooled over pairs
+    point, lo, hi = pooled_ratio(num.T, (run.clean - run.corrupted)[:, None].expand(-1, len(num)), run.config)
     rows = []
     for i, (name, order) in enumerate((name, order) for name, order in orders.items() for _ in ns):
         n = ns[i % len(ns)]
@@ -121,7 +133,9 @@ def faithfulness_curves(
             {
                 "ranking": name,
                 "n": n,
-                "faithfulness": float(num[i]) / den,
+                "faithfulness": float(point[i]),
+                "faithfulness_lo": float(lo[i]),
+                "faithfulness_hi": float(hi[i]),
                 "metric": float(values[i].mean()),
                 "heads": kept,
             }
