@@ -564,8 +564,9 @@ def test_on_the_toy_the_previous_token_head_feeds_the_induction_heads_keys():
         pytest.skip(f"no trained toy: {e}")
     task = task_probe(toy, "repeat", n_pairs=10, seed=0)
     layer1 = ["1.0", "1.1", "1.2", "1.3"]
-    keys = path_patch(toy, task, senders=["0.0", "0.1", "0.2", "0.3"], receivers=layer1, site="k")
-    queries = path_patch(toy, task, senders=["0.0", "0.1", "0.2", "0.3"], receivers=layer1, site="q")
+    senders = ["0.0", "0.1", "0.2", "0.3"]  # noising: what the path carries of the clean run
+    keys = path_patch(toy, task, senders=senders, receivers=layer1, site="k", direction="noise")
+    queries = path_patch(toy, task, senders=senders, receivers=layer1, site="q", direction="noise")
     k, q = keys.grid(), queries.grid()  # [sender, receiver]
     assert int(k.sum(1).argmax()) == 1 and k[1].max() > 0.3  # 0.1 writes the keys the induction heads match
     assert abs(q).max() < 0.02  # and nothing of it reaches their queries
@@ -609,3 +610,21 @@ def test_pairs_whose_gap_runs_the_other_way_keep_every_effect_inside_its_interva
     assert ((f["faithfulness_lo"] <= f["faithfulness"]) & (f["faithfulness"] <= f["faithfulness_hi"])).all(), f
     assert (f["faithfulness_hi"] - f["faithfulness_lo"]).iloc[1:3].min() > 0.05  # pairs differ: a real interval
     assert f["faithfulness_lo"].iloc[-1] == pytest.approx(1.0) == f["faithfulness_hi"].iloc[-1]  # nothing replaced
+
+
+def test_every_patching_entry_point_has_one_default_direction():
+    """The library's functions and the command line read one default (path patching defaulted to
+    noising while the command denoised: one call, two answers)."""
+    import inspect
+
+    from interp.cli.patch import build_parser
+    from interp.patching import path_patch
+    from interp.patching.core import setup
+    from interp.probes.task import DEFAULT_DIRECTION
+
+    defaults = {
+        f.__name__: inspect.signature(f).parameters["direction"].default
+        for f in (patch_heads, path_patch, setup, TaskProbe.run_probe)
+    }
+    defaults["interp patch"] = build_parser().parse_args([]).direction
+    assert defaults == dict.fromkeys(defaults, DEFAULT_DIRECTION)

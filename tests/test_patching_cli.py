@@ -268,3 +268,41 @@ def test_path_and_faithfulness_flags_are_checked_before_the_model_loads(tmp_path
     out = tmp_path / "out"
     line = _refused(capsys, ["--model", "no/such-model", *argv, "--out", str(out)], out)
     assert message in line
+
+
+def test_a_gap_within_the_noise_is_said_before_the_table_in_meta_and_on_the_figure(toy_or_skip, tmp_path, capsys):
+    """Half of the toy's repeat pairs swapped: the clean-corrupted gap's interval holds 0, so the
+    fractions of it are not meaningful, and the run says so (it goes on: the raw change stays useful)."""
+    from interp.probes.task import task_probe
+
+    toy = load_model("toy", device="cpu")
+    task = task_probe(toy, "repeat", n_pairs=20, seed=0)
+    lines = []
+    for i, (c, k, a, w) in enumerate(zip(task.clean, task.corrupted, task.answer, task.wrong)):
+        c, k = (k, c) if i % 2 else (c, k)  # the BOS comes back from the file's framing
+        lines.append(
+            json.dumps(
+                {"clean": c[1:].tolist(), "corrupted": k[1:].tolist(), "answer": a.tolist(), "wrong": w.tolist()}
+            )
+        )
+    noisy = tmp_path / "noisy.jsonl"
+    noisy.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert cli(["--model", "toy", "--device", "cpu", "--task", str(noisy), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    scores = PatchScores.load(out / "patch_head.json")
+    warning = scores.meta["gap_warning"]
+    assert scores.meta["gap_lo"] <= 0 <= scores.meta["gap_hi"]
+    assert (
+        warning.startswith("! the clean-corrupted gap of logit-diff, ")
+        and "has a 95% interval over the 20 pairs" in warning
+    )
+    assert "the normalised effects (fractions of that gap) are not meaningful" in warning
+    before, table = text.split("top 8 by effect", 1)
+    assert before.rstrip().splitlines()[-1] == warning
+    assert "not meaningful" in scores.figure().layout.title.text
+    # the task as drawn: a gap well clear of 0, and no warning
+    assert cli(["--model", "toy", "--device", "cpu", "--task", "repeat", "--out", str(tmp_path / "fine")]) == 0
+    fine = PatchScores.load(tmp_path / "fine" / "patch_head.json")
+    assert "gap_warning" not in fine.meta and fine.meta["gap_lo"] > 0.5
+    assert "not meaningful" not in capsys.readouterr().out

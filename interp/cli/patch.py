@@ -59,7 +59,7 @@ from interp.patching import (
 from interp.patching.faithfulness import TARGETS
 from interp.patching.paths import LOGITS, refuse_late_senders
 from interp.plots import save_figure
-from interp.probes.task import DIRECTIONS, TaskProbe, task_probe
+from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, TaskProbe, task_probe
 
 STEM = "patch"
 PATH = "path"
@@ -133,7 +133,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     p.add_argument(
         "--direction",
         choices=DIRECTIONS,
-        default="denoise",
+        default=DEFAULT_DIRECTION,
         help="; ".join(f"{d}: {DIRECTION_HELP[d]}" for d in DIRECTIONS),
     )
     p.add_argument(
@@ -285,6 +285,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         ranked = ranked.assign(
             label=[f"{l}.{h}@{p}" for l, h, p in zip(ranked["layer"], ranked["head"], ranked["position"])]
         )
+    if "gap_warning" in scores.meta:
+        print(scores.meta["gap_warning"])
     print(f"top {len(ranked)} by effect ({what}):")
     print(format_table(ranked, ["effect", "delta"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
     stem = scores.kind + (".partial" if partial else "")
@@ -328,6 +330,8 @@ def path_main(
     ranked = paths.table.dropna(subset=["effect"])
     ranked = ranked.reindex(ranked["effect"].abs().sort_values(ascending=False, kind="stable").index).head(args.top)
     ranked = ranked.assign(label=[f"{s} -> {r}" for s, r in zip(ranked["sender"], ranked["receiver"])])
+    if "gap_warning" in paths.meta:
+        print(paths.meta["gap_warning"])
     print(f"top {len(ranked)} paths by |effect| (fraction of the clean-corrupted gap the path moves):")
     print(format_table(ranked, ["effect"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
     written = paths.save(out)

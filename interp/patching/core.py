@@ -31,7 +31,7 @@ from interp.hooks import k_hook
 from interp.models import ModelInfo, describe
 from interp.patching.metrics import task_metric
 from interp.patching.result import PatchScores
-from interp.probes.task import PairedProbe, TaskProbe, check_direction, task_probe
+from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio
 
@@ -80,7 +80,7 @@ def setup(
     task: TaskProbe | str | Path,
     *,
     metric: str | Metric | Callable | None = None,
-    direction: str = "denoise",
+    direction: str = DEFAULT_DIRECTION,
     by: str = "head",
     n_pairs: int = 20,
     config: RunConfig | None = None,
@@ -191,6 +191,7 @@ def result(run: Setup, values: Float[Tensor, "unit pair"], method: str, **extra:
         read_position=task.read_position,
         noise_floor=NOISE_FLOOR_FRACTION * (1.0 if run.normalised else abs(run.gap)),
         ci_level=cfg.level,
+        **gap_meta(run),
         **extra,
     )
     last = run.positions[-1]
@@ -232,6 +233,26 @@ def baselines(
     corrupted = _metric_of(model, task.corrupted, metric, minibatch)
     refuse_equal(clean, corrupted, metric, normalised)
     return clean, corrupted
+
+
+def gap_meta(run: Setup) -> dict[str, Any]:
+    """The clean-corrupted gap of ``run``'s metric with its bootstrap CI over pairs (``gap``,
+    ``gap_lo``, ``gap_hi``) and, for a normalised metric whose gap's interval holds 0, ``gap_warning``:
+    the one line a reader must see before any effect (they are fractions of that gap)."""
+    cfg = run.config
+    point, lo, hi = bootstrap_mean(
+        (run.clean - run.corrupted)[:, None], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed
+    )
+    out: dict[str, Any] = {"gap": float(point[0]), "gap_lo": float(lo[0]), "gap_hi": float(hi[0])}
+    if run.normalised and out["gap_lo"] <= 0 <= out["gap_hi"]:
+        n = len(run.clean)
+        out["gap_warning"] = (
+            f"! the clean-corrupted gap of {run.metric.name}, {out['gap']:.3g} [{out['gap_lo']:.3g}, "
+            f"{out['gap_hi']:.3g}], has a {cfg.level:.0%} interval over the {n} pair{'s' if n != 1 else ''} that "
+            "holds 0: the normalised effects (fractions of that gap) are not meaningful; use more pairs, or "
+            "corrupted prompts that change the answer"
+        )
+    return out
 
 
 def refuse_equal(clean: Tensor, corrupted: Tensor, metric: Metric, normalised: bool) -> None:

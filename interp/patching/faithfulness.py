@@ -24,8 +24,8 @@ from interp.ablation.replay import Sweeper
 from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.patching.core import pooled_ratio, setup
-from interp.patching.result import PatchScores
+from interp.patching.core import gap_meta, pooled_ratio, setup
+from interp.patching.result import PatchScores, warned
 from interp.probes.task import TaskProbe
 from interp.scores import load_table, save_table
 
@@ -72,8 +72,11 @@ class FaithfulnessCurves:
         for target in TARGETS:
             fig.add_hline(y=target, line_dash="dot", annotation_text=f"{target:g}")
         fig.update_layout(
-            title=title
-            or f"{self.meta.get('model', 'model')}: faithfulness of the top n heads ({self.meta.get('task')})",
+            title=warned(
+                title
+                or f"{self.meta.get('model', 'model')}: faithfulness of the top n heads ({self.meta.get('task')})",
+                self.meta,
+            ),
             xaxis_title="heads kept (n)",
             yaxis_title="normalised metric (corrupted 0, clean 1)",
         )
@@ -148,6 +151,7 @@ def faithfulness_curves(
         "metric": run.metric.name,
         "clean_metric": float(run.clean.mean()),
         "corrupted_metric": float(run.corrupted.mean()),
+        **gap_meta(run),
         "replay": sweeper.replay,
     }
     curves = FaithfulnessCurves(pd.DataFrame(rows), meta)

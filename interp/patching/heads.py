@@ -23,7 +23,7 @@ from interp.patching.attribution import attribution_values
 from interp.patching.core import result, setup
 from interp.patching.exact import exact_values
 from interp.patching.result import PatchScores
-from interp.probes.task import TaskProbe
+from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.registry import Registry
 
 METHODS: Registry[Callable[..., Any]] = Registry("patching method")
@@ -48,7 +48,7 @@ def patch_heads(
     *,
     method: str = "exact",
     metric: str | Metric | Callable | None = None,
-    direction: str = "denoise",
+    direction: str = DEFAULT_DIRECTION,
     by: str = "head",
     n_pairs: int = 20,
     replay: str | None = None,

@@ -28,8 +28,9 @@ from interp.ablation.replay import read_out
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.patching.core import Setup, gap_moved, pooled_ratio, setup
-from interp.probes.task import TaskProbe
+from interp.patching.core import Setup, gap_meta, gap_moved, pooled_ratio, setup
+from interp.patching.result import warned
+from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.scores import load_table, save_table
 
 if TYPE_CHECKING:
@@ -81,7 +82,9 @@ class PathScores:
         )
         site = self.meta.get("site")
         fig.update_layout(
-            title=title or f"{self.meta.get('model', 'model')}: path patching, sender -> receiver {site}",
+            title=warned(
+                title or f"{self.meta.get('model', 'model')}: path patching, sender -> receiver {site}", self.meta
+            ),
             xaxis_title="receiver",
             yaxis_title="sender",
             yaxis_autorange="reversed",
@@ -103,7 +106,7 @@ def path_patch(
     senders: Any = None,
     receivers: Any = LOGITS,
     site: str = "q",
-    direction: str = "noise",
+    direction: str = DEFAULT_DIRECTION,
     metric: str | Metric | Callable | None = None,
     config: RunConfig | None = None,
 ) -> PathScores:
@@ -230,5 +233,6 @@ def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values:
         "metric": run.metric.name,
         "clean_metric": float(run.clean.mean()),
         "corrupted_metric": float(run.corrupted.mean()),
+        **gap_meta(run),
     }
     return PathScores(pd.DataFrame(rows), meta)

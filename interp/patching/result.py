@@ -9,6 +9,7 @@ bootstrap CI over pairs (``effect_lo``, ``effect_hi``); a raw metric's ``effect`
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
 
 DIVERGING = "RdBu_r"  # red where a patch moves the metric toward the donor, blue against it; white at 0
 # with a noise floor, grey (and white) must mean "inside the floor" only: interp.plots.DIVERGING has no white middle
+
+
+def warned(title: str, meta: dict[str, Any]) -> str:
+    """A figure's ``title`` with the result's gap warning (``meta["gap_warning"]``) under it, if any."""
+    warning = meta.get("gap_warning")
+    return f"{title}<br><sup>{html.escape(warning)}</sup>" if warning else title
 
 
 @dataclass
@@ -97,7 +104,7 @@ class PatchScores(HeadScores):
         bound = float(np.abs(finite).max()) if finite.size else 1.0
         bound = bound or 1.0
         what = f"{self.meta.get('direction', '')} patching, {self.meta.get('metric', '')}".strip(", ")
-        title = title or f"{self.meta.get('model', 'model')}: {score} of each head ({what})"
+        title = warned(title or f"{self.meta.get('model', 'model')}: {score} of each head ({what})", self.meta)
         if self.by == "head":
             floor = self.meta.get("noise_floor")
             kwargs.setdefault("noise_floor", {score: floor} if floor is not None and self.has_ci(score) else {})

@@ -41,6 +41,7 @@ from interp.registry import Registry
 
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
 DIRECTIONS = ("denoise", "noise")
+DEFAULT_DIRECTION = "denoise"  # every patching entry point (library and command line) reads this one default
 
 
 def check_direction(direction: str) -> None:
@@ -113,7 +114,7 @@ class TaskProbe:
         """:attr:`position` counted from the start."""
         return self.position % self.seq_len
 
-    def run_probe(self, direction: str = "denoise") -> PairedProbe:
+    def run_probe(self, direction: str = DEFAULT_DIRECTION) -> PairedProbe:
         """The prompts a patched run reads, each with its donor: ``denoise`` runs the corrupted prompt
         and patches in the clean run's activations; ``noise`` runs the clean one, patching in the
         corrupted run's."""
