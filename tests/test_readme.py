@@ -32,6 +32,7 @@ import runpy
 import shlex
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -572,6 +573,73 @@ def test_figure_size(runner):
     (size,) = said(r"plotly\.js inlined, about (\S+) MB a figure")
     ran = runner.run(readme_command("python", "-m", "interp.induction"))
     agree(size, (ran.folder / "induction.html").stat().st_size / 1e6, "a figure's size in MB")
+
+
+def variant(command: Command, *changes: str) -> Command:
+    """``command`` with each ``--flag value`` of ``changes`` set (a flag given without a value is
+    dropped with its value), as a command of its own (its own output folder)."""
+    words = list(command.words)
+    for flag, value in zip(changes[::2], changes[1::2]):
+        at = words.index(flag) if flag in words else None
+        if at is not None:
+            del words[at : at + 2]
+        if value:
+            words += [flag, value]
+    return Command(
+        tuple(words), "", command.line + 100_000 + zlib.crc32(" ".join(changes).encode()) % 99_991, command.block
+    )
+
+
+def test_path_patching_and_faithfulness_numbers(runner):
+    """The path patching and faithfulness sentences, against the commands they name, as written
+    (a sentence's direction is its command's: their defaults once disagreed)."""
+    from interp.patching import FaithfulnessCurves
+    from interp.patching.paths import PathScores
+
+    command = readme_command("python", "-m", "interp.patch", "--by", "path", "--receivers")
+    pairs, direction, flags, into_1, into_2, near, restored = said(
+        r"On the toy's `repeat` task \((\d+) pairs\), (\w+) \(the command above, `([^`]+)`\), the previous-token "
+        r"head 0.1 feeds the induction heads' keys \((\S+) and (\S+) of the gap into 1.1 and 1.2\) and, with "
+        r"`--site q`, nothing of it reaches their queries \(\|effect\| < (\S+)\) \(tested\); denoising, one path "
+        r"alone restores little \(0.1's largest, into 1.2, is (\S+):"
+    )
+    assert " ".join(command.words).endswith(flags), f"the sentence names `{flags}`, the command is {command.text}"
+    runs = {}
+    for site, way in (("k", None), ("q", None), ("k", "denoise")):
+        c = variant(command, "--site", site) if site != "k" else command
+        c = variant(c, "--direction", way) if way else c
+        ran = runner.run(c)
+        assert ran.code == 0, ran.err
+        runs[site, way] = PathScores.load(ran.folder / "path_patching.json")
+    keys = runs["k", None]
+    agree(direction, {"noise": "noising", "denoise": "denoising"}[keys.meta["direction"]], "the command's direction")
+    agree(pairs, keys.meta["n_pairs"], "the task's pairs")
+    effect = keys.table.set_index(["sender", "receiver"])["effect"]
+    agree(into_1, float(effect["0.1", "1.1"]), "0.1's path into 1.1's keys")
+    agree(into_2, float(effect["0.1", "1.2"]), "0.1's path into 1.2's keys")
+    assert effect.groupby("sender").sum().idxmax() == "0.1"
+    assert runs["q", None].table["effect"].abs().max() < float(near)
+    back = runs["k", "denoise"].table.set_index(["sender", "receiver"])["effect"]
+    assert runs["k", "denoise"].meta["direction"] == "denoise" and back["0.1"].idxmax() == "1.2"
+    agree(restored, float(back["0.1", "1.2"]), "0.1's denoised path into 1.2's keys")
+
+    command = readme_command("python", "-m", "interp.patch", "--faithfulness")
+    pairs, flags, at8_a, at8_b, at9 = said(
+        r"On the toy's `repeat` task \((\d+) pairs, noising rankings: the command above, `([^`]+)`\) 0.8 is reached "
+        r"with (\d+) heads by the exact and EAP-IG rankings and (\d+) \(all\) by attribution's; 0.9 with ([\d, and]+)\."
+    )
+    assert " ".join(command.words).endswith(flags), f"the sentence names `{flags}`, the command is {command.text}"
+    ran = runner.run(command)
+    assert ran.code == 0, ran.err
+    curves = FaithfulnessCurves.load(ran.folder / "faithfulness.json")
+    own = json.loads((ran.folder / "patch_head.json").read_text())["meta"]
+    assert own["direction"] == "noise", "the sentence says noising rankings"
+    agree(pairs, curves.meta["n_pairs"], "the task's pairs")
+    at8, at9_got = curves.smallest(0.8), curves.smallest(0.9)
+    agree(at8_a, at8["exact"], "the exact ranking's n at 0.8")
+    agree(at8_a, at8["eap-ig"], "EAP-IG's n at 0.8")
+    agree(at8_b, at8["attribution"], "attribution's n at 0.8")
+    agree(at9, f"{at9_got['exact']}, {at9_got['eap-ig']} and {at9_got['attribution']}", "the n at 0.9")
 
 
 def test_pruning_and_gate_numbers(runner):
