@@ -628,3 +628,12 @@ def test_every_patching_entry_point_has_one_default_direction():
     }
     defaults["interp patch"] = build_parser().parse_args([]).direction
     assert defaults == dict.fromkeys(defaults, DEFAULT_DIRECTION)
+
+
+def test_agreement_defaults_to_a_k_that_can_differ_and_refuses_one_that_cannot(carrier):
+    model, task = carrier
+    exact = patch_heads(model, task)
+    attr = patch_heads(model, task, method="attribution")
+    assert agreement(exact, attr)["k"] == 2  # half of the carrier model's 4 heads (was 10, then every head)
+    with pytest.raises(UsageError, match=r"k=4: the top-k overlap of 4 units needs 1 <= k < 4 \(k=4 takes every unit"):
+        agreement(exact, attr, k=4)

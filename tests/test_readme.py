@@ -642,6 +642,51 @@ def test_path_patching_and_faithfulness_numbers(runner):
     agree(at9, f"{at9_got['exact']}, {at9_got['eap-ig']} and {at9_got['attribution']}", "the n at 0.9")
 
 
+def test_patching_agreement_numbers():
+    """The attribution and EAP-IG sentences' agreement with exact patching, recomputed as they say
+    (``interp.patching.agreement`` on the toy's ``repeat`` task, 20 pairs, its default ``k``)."""
+    import interp
+    from interp.patching import agreement, patch_heads
+
+    toy = interp.load_model("toy", device="cpu")
+    got: dict[tuple[str, str, str], dict] = {}
+    for by in ("head", "position"):
+        for direction in ("denoise", "noise"):
+            exact = patch_heads(toy, "repeat", by=by, direction=direction)
+            for method in ("attribution", "eap-ig"):
+                approx = patch_heads(toy, "repeat", by=by, direction=direction, method=method)
+                got[method, by, direction] = agreement(exact, approx)
+    found = said(
+        r"`interp.patching.agreement\(exact, attribution\)` gives Spearman (\S+) / (\S+) per head \(denoise / noise; "
+        r"(\d) of the top (\d) heads shared: `k` defaults to half the units, at most 10\) and (\S+) / (\S+) per head x "
+        r"position \((\d+) and (\d+) of the top (\d+)\)"
+    )
+    a = lambda by, d: got["attribution", by, d]  # noqa: E731
+    agree(found[0], a("head", "denoise")["spearman"], "attribution's Spearman per head, denoising")
+    agree(found[1], a("head", "noise")["spearman"], "attribution's Spearman per head, noising")
+    for d in ("denoise", "noise"):
+        agree(found[2], round(a("head", d)["top_k_overlap"] * a("head", d)["k"]), f"attribution's top-k shared ({d})")
+        agree(found[3], a("head", d)["k"], "the default k per head")
+    agree(found[4], a("position", "denoise")["spearman"], "attribution's Spearman per position, denoising")
+    agree(found[5], a("position", "noise")["spearman"], "attribution's Spearman per position, noising")
+    for written, d in ((found[6], "denoise"), (found[7], "noise")):
+        agree(written, round(a("position", d)["top_k_overlap"] * a("position", d)["k"]), f"top-k shared ({d})")
+    agree(found[8], a("position", "denoise")["k"], "the default k per position")
+    found = said(
+        r"it agrees with exact patching better per head \(Spearman (\S+) / (\S+), denoise / noise; (\d) and (\d) of "
+        r"the top (\d)\) and about as well per position \((\S+) / (\S+); (\d+) of the top (\d+) both ways\)"
+    )
+    g = lambda by, d: got["eap-ig", by, d]  # noqa: E731
+    agree(found[0], g("head", "denoise")["spearman"], "EAP-IG's Spearman per head, denoising")
+    agree(found[1], g("head", "noise")["spearman"], "EAP-IG's Spearman per head, noising")
+    agree(found[2], round(g("head", "denoise")["top_k_overlap"] * 4), "EAP-IG's top-4 shared, denoising")
+    agree(found[3], round(g("head", "noise")["top_k_overlap"] * 4), "EAP-IG's top-4 shared, noising")
+    agree(found[5], g("position", "denoise")["spearman"], "EAP-IG's Spearman per position, denoising")
+    agree(found[6], g("position", "noise")["spearman"], "EAP-IG's Spearman per position, noising")
+    for d in ("denoise", "noise"):
+        agree(found[7], round(g("position", d)["top_k_overlap"] * 10), f"EAP-IG's top-10 shared ({d})")
+
+
 def test_pruning_and_gate_numbers(runner):
     """The ablation section's account of pruning and gates on the toy, against its commands."""
     exact = runner.run(readme_command("python", "-m", "interp.ablate"))
