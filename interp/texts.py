@@ -38,12 +38,16 @@ def check_encoding(encoding: str) -> str:
         ) from None
 
 
-def decode_file(path: str | os.PathLike, encoding: str = ENCODING, *, data: bytes | None = None) -> str:
+def decode_file(
+    path: str | os.PathLike, encoding: str = ENCODING, *, data: bytes | None = None, kind: str | None = None
+) -> str:
     """The text of the file at ``path`` (its bytes ``data``, when already read), decoded with ``encoding``.
 
     A file that is not valid ``encoding`` text raises :class:`DatasetLoadError` in one line naming
     the file, where decoding failed and what to pass instead (``encoding=``; command line:
-    ``--encoding``); an unknown encoding is a :class:`UsageError`.
+    ``--encoding``); an unknown encoding is a :class:`UsageError`. ``kind`` names a file whose format
+    is UTF-8 by definition (``"task file"``: JSON is UTF-8): its error says to save it as UTF-8.
+    Every text file a command reads goes through here.
     """
     codec = check_encoding(encoding)
     raw = Path(path).read_bytes() if data is None else data
@@ -52,10 +56,15 @@ def decode_file(path: str | os.PathLike, encoding: str = ENCODING, *, data: byte
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         bad = raw[e.start : min(e.end, e.start + 4)].hex(" ")
-        raise DatasetLoadError(
-            f"{path} is not {encoding} text: byte(s) {bad} at offset {e.start} (line {line}) cannot be decoded; "
-            "pass the file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, "
+        fix = (
+            f"save the {kind} as UTF-8"
+            if kind is not None
+            else "pass the file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, "
             "or save the file as UTF-8"
+        )
+        shown = "UTF-8" if kind is not None else encoding
+        raise DatasetLoadError(
+            f"{path} is not {shown} text: byte(s) {bad} at offset {e.start} (line {line}) cannot be decoded; {fix}"
         ) from None
 
 
@@ -213,12 +222,16 @@ def tokenize_rows(tokenizer: Any, rows: Iterable[str], budget: int, chunk: int =
     return torch.tensor(ids[:budget], dtype=torch.long)
 
 
+def byte_ids(data: bytes, vocab: Int[Tensor, " n"]) -> Int[Tensor, " n"]:
+    """How a model without a tokenizer (the toy) reads text: byte ``b`` -> ``vocab[b % len(vocab)]``."""
+    return vocab[torch.tensor(list(data), dtype=torch.long) % len(vocab)]
+
+
 def bytes_to_ids(rows: Iterable[str], vocab: Int[Tensor, " n"], budget: int) -> Int[Tensor, " n"]:
-    """UTF-8 bytes of the rows joined by newlines, byte ``b`` -> ``vocab[b % len(vocab)]``."""
+    """UTF-8 bytes of the rows joined by newlines, each byte read by :func:`byte_ids`."""
     data = bytearray()
     for row in rows:
         data += (row.rstrip("\n") + "\n").encode("utf-8")
         if len(data) >= budget:
             break
-    raw = torch.tensor(list(data[:budget]), dtype=torch.long)
-    return vocab[raw % len(vocab)]
+    return byte_ids(bytes(data[:budget]), vocab)

@@ -123,3 +123,39 @@ def test_bad_task_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, arg
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(said)
     written = [p.name for p in out.iterdir() if not p.name.startswith(".")] if out.exists() else []
     assert written == []
+
+
+def _refused(capsys, tmp_path, argv):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        cli(["--out", str(out), "--device", "cpu", "--no-progress", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    written = [p.name for p in out.iterdir() if not p.name.startswith(".")] if out.exists() else []
+    assert written == []
+    return err[0]
+
+
+def test_a_prompts_file_not_in_utf8_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "p.jsonl"
+    bad.write_bytes('{"prompt": "Jos\u00e9", "answer": 3}\n'.encode("latin-1"))
+    line = _refused(capsys, tmp_path, ["--model", "no/such-model", "--prompts", str(bad)])
+    assert line.endswith(
+        f"{bad} is not UTF-8 text: byte(s) e9 at offset 15 (line 1) cannot be decoded; save the --prompts file as UTF-8"
+    )
+
+
+def test_a_one_line_prompts_file_is_read_and_its_defects_named(tmp_path, capsys):
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"prompt": "abcab", "answer": "c", "wrong": "d"}) + "\n")
+    out = tmp_path / "res"
+    assert cli(["--out", str(out), "--analyses", "dla", "--prompts", str(one), "--device", "cpu", "--no-progress"]) == 0
+    assert "direct logit attribution (answer - wrong, 1 prompts; parts add up" in capsys.readouterr().out
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps({"prompt": "abc"}) + "\n")
+    line = _refused(capsys, tmp_path, ["--model", "no/such-model", "--prompts", str(missing)])
+    assert line.endswith('--prompts: prompt 0 needs "answer" and one of "prompt" (text) or "tokens" (ids)')
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "abc", "answer": "cd"}) + "\n")
+    line = _refused(capsys, tmp_path, ["--prompts", str(long), "--analyses", "dla"])
+    assert line.endswith("--prompts: prompt 0's answer 'cd' is 2 tokens; give a single-token answer")

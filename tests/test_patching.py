@@ -540,7 +540,7 @@ def test_path_patching_to_the_logits_of_last_layer_heads_is_their_patching(carri
     torch.manual_seed(0)
     model = ToyTransformer(cfg).eval()
     task = task_probe(model, "repeat", n_pairs=4, seed=0, block_len=4)
-    paths = path_patch(model, task)
+    paths = path_patch(model, task, direction="noise")
     assert abs(paths.meta["clean_metric"] - paths.meta["corrupted_metric"]) > 0.5  # a gap to normalise by
     exact = patch_heads(model, task, direction="noise")
     got = torch.tensor(paths.grid()[:, 0]).float().reshape(2, 4)

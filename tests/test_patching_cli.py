@@ -306,3 +306,65 @@ def test_a_gap_within_the_noise_is_said_before_the_table_in_meta_and_on_the_figu
     fine = PatchScores.load(tmp_path / "fine" / "patch_head.json")
     assert "gap_warning" not in fine.meta and fine.meta["gap_lo"] > 0.5
     assert "not meaningful" not in capsys.readouterr().out
+
+
+def _pairs_file(tmp_path, n=3):
+    f = tmp_path / "t.jsonl"
+    rows = [
+        f'{{"clean": [{i}, 7, 9, 11, 7], "corrupted": [{i}, 8, 9, 11, 7], "answer": 9, "wrong": 11}}' for i in (1, 4, 5)
+    ]
+    f.write_text("\n".join(rows[:n]) + "\n")
+    return f
+
+
+def test_batch_takes_the_first_n_pairs_of_a_task_file_and_the_header_says_so(toy_or_skip, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--task", str(_pairs_file(tmp_path)), "--out", str(out)]
+    assert cli([*argv, "--batch", "2"]) == 0
+    assert "task t: the first 2 of 3 pairs of 6 tokens, read at position 5" in capsys.readouterr().out
+    assert len(PatchScores.load(out / "patch_head.json").pairs) == 2 * 8
+    assert cli([*argv]) == 0
+    assert "task t: 3 pairs of 6 tokens, read at position 5" in capsys.readouterr().out
+
+
+def test_more_pairs_than_the_task_file_holds_is_refused_before_the_model_loads(tmp_path, capsys):
+    f = _pairs_file(tmp_path)
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "no/such-model", "--task", str(f), "--batch", "5", "--out", str(out)], out)
+    assert line.endswith(
+        f"{f} holds 3 pairs, fewer than the 5 asked for (--batch): ask for at most 3, or leave --batch out to use "
+        "every pair"
+    )
+
+
+def test_framed_takes_an_id_files_prompts_as_they_are(toy_or_skip, tmp_path, capsys):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"clean": [0, 7, 9, 11, 7], "corrupted": [0, 8, 9, 11, 7], "answer": 9, "wrong": 11}\n')
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--task", str(f), "--out", str(out), "--batch", "1"]
+    assert cli(argv) == 0  # the BOS the file carries is not added again: 5 tokens, not 6
+    said = capsys.readouterr()
+    assert "task t: 1 pairs of 5 tokens" in said.out
+    assert "warning: every prompt already starts with the model's BOS: it is not added again" in said.err
+    assert cli([*argv, "--framed"]) == 0
+    said = capsys.readouterr()
+    assert "task t: 1 pairs of 5 tokens" in said.out and "warning" not in said.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--by", "path", "--receivers", "0.1"],
+            "--receivers 0.1: receiver 0.1 is in layer 0, and no sender is in an earlier layer: no path reaches it; "
+            "choose receivers in layer 1 or later, or --receivers logits",
+        ),
+        (["--framed"], "would ignore --framed (it applies to a task file, --task FILE): drop it"),
+    ],
+)
+def test_a_path_nothing_reaches_and_framed_on_a_bundled_task_are_refused_before_the_model_loads(
+    tmp_path, capsys, argv, message
+):
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "no/such-model", *argv, "--out", str(out)], out)
+    assert line.endswith(message)

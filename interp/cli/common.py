@@ -103,6 +103,13 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def set_batch_help(p: argparse.ArgumentParser, text: str) -> None:
+    """``--batch`` given no default (None: the command's own choice, which ``text`` states)."""
+    p.set_defaults(batch=None)
+    (action,) = [a for a in p._actions if a.dest == "batch"]
+    action.help = text
+
+
 def add_threads_flag(p: argparse.ArgumentParser) -> None:
     """``--threads N``: torch's CPU threads (default: one for small models or a busy machine)."""
     p.add_argument(
@@ -153,7 +160,8 @@ def add_engine_flag(p: argparse.ArgumentParser) -> None:
 def add_task_flag(p: argparse.ArgumentParser, default: str | None, what: str = "") -> None:
     """``--task repeat|ioi|greater-than|FILE``: a bundled task of :data:`~interp.probes.task.TASKS`
     (``--batch`` pairs, seeded by ``--seed``) or a task file; :func:`check_task` reads it before
-    the model loads, :func:`~interp.probes.task.task_probe` builds it."""
+    the model loads, :func:`~interp.probes.task.task_probe` builds it. And ``--framed``: a task
+    file's prompts carry the model's framing (refused otherwise: :data:`FRAMED_UNREAD`)."""
     from interp.probes.task import COLUMNS, TASKS
 
     p.add_argument(
@@ -165,17 +173,31 @@ def add_task_flag(p: argparse.ArgumentParser, default: str | None, what: str = "
         + ") or a .jsonl/.csv file with the columns "
         + ", ".join(COLUMNS),
     )
+    p.add_argument(
+        "--framed",
+        action="store_true",
+        help="a task file's prompts already carry the model's framing (its BOS, or [CLS] ... [SEP]): take them "
+        "as they are (default: the framing is added, though never a second BOS to a prompt that starts with one)",
+    )
 
 
-def check_task(task: str) -> None:
-    """Before the model loads: ``--task`` is a bundled task, or a readable task file with every column."""
-    from interp.probes.task import TASKS, check_task_file
+def check_task(task: str, n_pairs: int | None = None, flag: str = "--batch") -> None:
+    """Before the model loads: ``--task`` is a bundled task, or a readable task file with every column
+    and at least the ``n_pairs`` pairs asked for (``flag``)."""
+    from interp.probes.task import TASKS, check_task_file, first_pairs
 
     if task in TASKS:
         return
     if Path(task).suffix.lower() not in (".jsonl", ".json", ".csv"):
         raise UsageError(f"unknown task {task!r}: choose from {list(TASKS)} or give a .jsonl/.csv file")
-    check_task_file(task)
+    first_pairs(check_task_file(task), n_pairs, task, flag)
+
+
+def task_pairs(task: Any) -> str:
+    """How many pairs of its file a task holds, for a command's header: ``5 pairs``, or ``the first 2
+    of 5 pairs`` when a file was cut."""
+    every = task.meta.get("file_pairs", task.n_pairs)
+    return f"{task.n_pairs} pairs" if every == task.n_pairs else f"the first {task.n_pairs} of {every} pairs"
 
 
 def add_encoding_flag(p: argparse.ArgumentParser, what: str = "text files") -> None:
@@ -218,6 +240,15 @@ class Unread:
     flag: str
     why: str
     when: Callable[[argparse.Namespace], bool] = lambda args: True
+
+
+def _bundled(task: str | None) -> bool:
+    from interp.probes.task import TASKS
+
+    return task is None or task in TASKS
+
+
+FRAMED_UNREAD = Unread("--framed", "it applies to a task file, --task FILE", lambda args: _bundled(args.task))
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:

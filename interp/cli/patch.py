@@ -1,8 +1,9 @@
 """``python -m interp.patch`` / ``interp patch``: which heads matter for a task, by activation patching.
 
 A thin layer over :func:`interp.patching.patch_heads`: ``--task`` is a bundled task (``repeat``,
-``ioi``, ``greater-than``: ``--batch`` pairs, seeded by ``--seed``) or a JSONL/CSV file with the
-columns ``clean``, ``corrupted``, ``answer``, ``wrong``; ``--by head|position|path``; ``--direction
+``ioi``, ``greater-than``: ``--batch`` pairs, default 20, seeded by ``--seed``) or a JSONL/CSV file
+with the columns ``clean``, ``corrupted``, ``answer``, ``wrong`` (its first ``--batch`` pairs, default
+every pair, the header says which; ``--framed``: its prompts already carry the model's framing); ``--by head|position|path``; ``--direction
 denoise|noise``; ``--method exact|attribution|eap-ig``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
 ``patch_<by>_pairs.csv`` (the effect per pair; ``patch_attribution_<by>...`` for attribution) under
 ``--out``. Every patch finished is journaled there: ``--resume`` continues an
@@ -17,7 +18,7 @@ number of heads that reaches 0.8 and 0.9 of the clean metric per ranking.
 
 Bad input (a task file without a column, pairs of different lengths, an answer of several tokens,
 clean and corrupted prompts with the same metric, a sender in a later layer than its receiver, a
-flag this run would ignore) is one line and exit 2, with nothing written.
+receiver no sender can reach, more pairs than the task file holds, a flag this run would ignore) is one line and exit 2, with nothing written.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from interp.ablation.modes import SITES, parse_heads
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
 from interp.cli.common import (
+    FRAMED_UNREAD,
     Unread,
     add_resume_flags,
     add_task_flag,
@@ -40,6 +42,8 @@ from interp.cli.common import (
     format_table,
     positive_int,
     run_cli,
+    set_batch_help,
+    task_pairs,
 )
 from interp.config import RunConfig
 from interp.errors import InterpError, UsageError
@@ -50,16 +54,15 @@ from interp.patching import (
     METHODS,
     METRICS,
     PatchScores,
-    baselines,
     faithfulness_curves,
     patch_heads,
     path_patch,
     task_metric,
 )
 from interp.patching.faithfulness import TARGETS
-from interp.patching.paths import LOGITS, refuse_late_senders
+from interp.patching.paths import LOGITS, refuse_late_senders, refuse_pathless
 from interp.plots import save_figure
-from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, TaskProbe, task_probe
+from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
 
 STEM = "patch"
 PATH = "path"
@@ -82,9 +85,11 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         "Which heads matter for a task: patch each head's output from one prompt of every clean/corrupted "
         "pair into the other (exact, batched) and measure how much of the answer moves.",
     )
-    p.set_defaults(batch=20)
     add_resume_flags(p)
     add_task_flag(p, "repeat")
+    set_batch_help(
+        p, f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)"
+    )
     p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
     p.add_argument(
         "--by",
@@ -191,6 +196,7 @@ UNREAD = (
     ),
     Unread("--faithfulness", "it ranks heads: it applies to --by head", lambda args: args.by != "head"),
     Unread("--faithfulness-to", "it applies to --faithfulness", lambda args: args.faithfulness is None),
+    FRAMED_UNREAD,
 )
 
 
@@ -210,6 +216,14 @@ def check(args: argparse.Namespace) -> None:
                 refuse_late_senders(senders, receivers)
             except UsageError as e:
                 raise UsageError(f"{e}: choose --senders in earlier layers than --receivers") from None
+        if receivers and not senders:  # every head sends: the earliest is in layer 0
+            try:
+                refuse_pathless([(0, 0)], receivers)
+            except UsageError as e:
+                raise UsageError(
+                    f"--receivers {args.receivers.strip()}: {e}; choose receivers in layer 1 or later, or "
+                    f"--receivers {LOGITS}"
+                ) from None
     if args.faithfulness is not None:
         if args.site not in (None, "z"):
             raise UsageError(f"--faithfulness ranks head outputs (site z): drop --site {args.site}, or --faithfulness")
@@ -227,30 +241,25 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.steps is not None and args.method != "eap-ig":
         raise UsageError(f"--method {args.method} does not read --steps (it applies to --method eap-ig): drop it")
-    check_task(args.task)
+    check_task(args.task, args.batch)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
-    task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed)
+    task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed, framed=args.framed)
     metric, normalised = task_metric(task, args.metric)
     exact = args.method == "exact"
 
     def header(clean: float, corrupted: float) -> None:
         print(
-            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {task.n_pairs} pairs of "
-            f"{task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
+            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {task_pairs(task)} "
+            f"of {task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
             f"{clean:.4f}, corrupted {corrupted:.4f}; {args.direction} by {args.by}"
         )
 
-    if _path(args):  # the other methods measure the baselines in their own run: printed after it
-        clean, corrupted = baselines(
-            model, task.to(info.device), metric, normalised=normalised, minibatch=args.minibatch
-        )
-        header(float(clean.mean()), float(corrupted.mean()))
-    if _path(args):
-        return path_main(args, model, task, config, out)
+    if _path(args):  # every method measures the baselines in its own run: the header is printed after it
+        return path_main(args, model, task, config, out, header)
     journals = getattr(args, "journals", None)
     kind = f"patch_{args.site or 'z'}_{args.by}_{args.direction}"
     journal = journals(kind, task.clean) if journals is not None and exact else None
@@ -305,7 +314,12 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 
 def path_main(
-    args: argparse.Namespace, model: HookedModel, task: TaskProbe, config: RunConfig, out: Path
+    args: argparse.Namespace,
+    model: HookedModel,
+    task: TaskProbe,
+    config: RunConfig,
+    out: Path,
+    header: Callable[[float, float], None],
 ) -> list[Path]:
     """``--by path``: the sender x receiver grid, its top paths printed, the table and figure written."""
     receivers = LOGITS if not _head_receivers(args) else args.receivers
@@ -322,6 +336,7 @@ def path_main(
         config=config,
     )
     paths.meta["model_spec"] = args.model
+    header(paths.meta["clean_metric"], paths.meta["corrupted_metric"])
     into = LOGITS if receivers == LOGITS else f"the receivers' {site}"
     print(
         f"path patching into {into}: {len(paths.senders)} senders x {len(paths.receivers)} receivers, "

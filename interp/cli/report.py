@@ -20,6 +20,7 @@ from pathlib import Path
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
 from interp.cli.common import (
+    FRAMED_UNREAD,
     Unread,
     add_resume_flags,
     add_task_flag,
@@ -30,6 +31,7 @@ from interp.cli.common import (
     run_cli,
 )
 from interp.models import describe
+from interp.probes.task import task_probe
 from interp.report.atlas import STEM
 from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
@@ -95,7 +97,11 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         "attribution on the task's pairs (default: no task part); ",
     )
     p.add_argument(
-        "--task-pairs", type=positive_int, default=TASK_PAIRS, help="pairs of the bundled task (with --task)"
+        "--task-pairs",
+        type=positive_int,
+        default=None,
+        help=f"with --task: the pairs of a bundled task (default: {TASK_PAIRS}), or the first n of a task file "
+        "(default: every pair)",
     )
     return p
 
@@ -103,7 +109,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
 def check(args: argparse.Namespace) -> None:
     """Before the model loads: ``--task`` is a bundled task or a readable task file with every column."""
     if args.task is not None:
-        check_task(args.task)
+        check_task(args.task, args.task_pairs, "--task-pairs")
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -124,8 +130,11 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         progress=args.progress,
         journals=getattr(args, "journals", None),
         retrieval_len=args.retrieval_len,
-        task=args.task,
-        task_pairs=args.task_pairs,
+        # --framed: a task file's prompts as they are (the file read here, its pairs cut to --task-pairs)
+        task=task_probe(model, args.task, n_pairs=args.task_pairs, seed=args.seed, framed=True)
+        if args.framed
+        else args.task,
+        task_pairs=None if args.framed else args.task_pairs,
     )
     atlas.meta["model_spec"] = args.model
     elapsed = time.perf_counter() - t0
@@ -194,6 +203,7 @@ UNREAD = (
     Unread("--view-len", "it applies to the patterns part, skipped", _skipped("patterns")),
     Unread("--retrieval-len", "it applies to the retrieval part, skipped", _skipped("retrieval")),
     Unread("--task", "it applies to the task part, skipped", _skipped("task")),
+    FRAMED_UNREAD,
     Unread("--task-pairs", "it applies to the task part, which runs only with --task", lambda a: a.task is None),
 )
 

@@ -19,7 +19,8 @@ the successor score) is skipped with its reason printed; the rest run.
 "answer": " Mary", "wrong": " John"}`` (answer and wrong single tokens of the model's tokenizer;
 ``wrong`` optional) or ``{"tokens": [ids], "answer": id, "wrong": id}``. ``--text "..."`` (repeatable)
 attributes a text's last token's logit at the position before it. ``--task repeat|ioi|greater-than|FILE``
-(as ``interp patch`` reads it; ``--batch`` pairs) attributes the task's clean prompts at its read
+(as ``interp patch`` reads it; ``--batch`` pairs, default 8 of a bundled task, every pair of a
+file; ``--framed`` as there) attributes the task's clean prompts at its read
 position: the answer's logit minus the wrong answer's, or, with several of either (greater-than),
 the mean answer logit minus the mean wrong one.
 """
@@ -38,18 +39,30 @@ from interp.adapters import HookedModel, ModelInfo
 from interp.circuits import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
 from interp.circuits.composition import N_RANDOM
 from interp.circuits.ov import K_LOWEST, OV_SCORES
-from interp.cli.common import add_task_flag, base_parser, check_task, float_in, positive_int, run_cli
+from interp.cli.common import (
+    FRAMED_UNREAD,
+    add_task_flag,
+    base_parser,
+    check_task,
+    float_in,
+    positive_int,
+    run_cli,
+    set_batch_help,
+)
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
 from interp.probes import text_probe
-from interp.probes.task import task_probe
+from interp.probes.draw import drop_given_prefix
+from interp.probes.task import TASKS, task_probe
+from interp.probes.user import text_ids
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
 from interp.scores import HeadScores, format_table, join_scores
-from interp.texts import BYTES_NOTE
+from interp.texts import BYTES_NOTE, decode_file
 
 STEM = "roles"
+BATCH = 8  # text-probe sequences and a bundled task's pairs unless --batch says otherwise
 ANALYSES: Registry[str] = Registry("roles analysis")
 ANALYSES.add("composition", "Q/K/V composition between every pair of heads, with z-scores")
 ANALYSES.add("ov", "OV roles from weights: copy suppression and successor heads")
@@ -65,7 +78,11 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         "(weights), encoder heads, entropy, positional and rare-word heads (patterns), and direct logit "
         "attribution on your prompts.",
     )
-    p.set_defaults(batch=8)
+    set_batch_help(
+        p,
+        f"text-probe sequences (default: {BATCH}), and a task's pairs: a bundled task's (default: {BATCH}), or the "
+        "first n of a task file (default: every pair)",
+    )
     p.add_argument(
         "--analyses",
         type=_names,
@@ -112,7 +129,7 @@ def _read_json(path: str | None, what: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{what}: no such file {path}")
-    text = file.read_text(encoding="utf-8")
+    text = decode_file(file, kind=f"{what} file")  # JSON is UTF-8
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -138,8 +155,10 @@ def check(args: argparse.Namespace) -> None:
     if len(given) > 1:
         raise UsageError(f"give one of --prompts, --text or --task, not {' and '.join(given)}")
     if args.task is not None:
-        check_task(args.task)
+        check_task(args.task, args.batch)
     args.prompt_rows = _read_json(args.prompts, "--prompts")
+    if isinstance(args.prompt_rows, dict):  # one object: a JSON-lines file of one line
+        args.prompt_rows = [args.prompt_rows]
     if args.text:
         args.prompt_rows = [{"text": t} for t in args.text]
     rows = args.prompt_rows
@@ -155,32 +174,29 @@ def check(args: argparse.Namespace) -> None:
 def prompt_ids(
     model: HookedModel, info: ModelInfo, rows: list[dict]
 ) -> tuple[list[list[int]], list[int], list[int] | None]:
-    """Token ids, answer ids and wrong ids (``None`` when no prompt gives one) of ``--prompts``."""
-    tok = getattr(model, "tokenizer", None)
+    """Token ids, answer ids and wrong ids (``None`` when no prompt gives one) of ``--prompts``. Texts
+    are read by :func:`~interp.probes.user.text_ids` (a model without a tokenizer reads UTF-8 bytes); a
+    text prompt gets the model's BOS unless it starts with one (:func:`drop_given_prefix`)."""
 
     def one(value: Any, i: int, what: str) -> int:
         if isinstance(value, int):
             return value
-        if tok is None:
-            raise UsageError(
-                f"--prompts: prompt {i}'s {what} is text, and {info.name} has no tokenizer: give token ids"
-            )
-        ids = tok.encode(str(value), add_special_tokens=False)
+        ids = text_ids(model, str(value))
         if len(ids) != 1:
             raise UsageError(
                 f"--prompts: prompt {i}'s {what} {value!r} is {len(ids)} tokens; give a single-token {what}"
             )
         return int(ids[0])
 
+    bos = [] if info.bos_token_id is None else [info.bos_token_id]
+    texts = {
+        i: text_ids(model, r["text"] if "text" in r else r["prompt"]) for i, r in enumerate(rows) if "tokens" not in r
+    }
+    given = dict(zip(texts, drop_given_prefix(info, list(texts.values()), "prompt"))) if bos else texts
     tokens, answers, wrongs = [], [], []
     for i, r in enumerate(rows):
         if "text" in r:  # --text: the text's last token, predicted at the position before it
-            if tok is None:
-                raise UsageError(
-                    f"--text needs the model's tokenizer, and {info.name} has none: use --prompts with ids"
-                )
-            ids = list(tok.encode(r["text"], add_special_tokens=False))
-            bos = [] if info.bos_token_id is None else [info.bos_token_id]
+            ids = given[i]
             if len(bos + ids) < 2:
                 raise UsageError(
                     f"--text {i}: {r['text']!r} has fewer than two tokens: nothing to predict its last from"
@@ -189,13 +205,7 @@ def prompt_ids(
             answers.append(ids[-1])
             wrongs.append(None)
             continue
-        if "tokens" in r:
-            tokens.append([int(t) for t in r["tokens"]])
-        elif tok is None:
-            raise UsageError(f'--prompts: prompt {i} is text, and {info.name} has no tokenizer: give "tokens" (ids)')
-        else:
-            bos = [] if info.bos_token_id is None else [info.bos_token_id]
-            tokens.append(bos + list(tok.encode(r["prompt"], add_special_tokens=False)))
+        tokens.append([int(t) for t in r["tokens"]] if "tokens" in r else bos + given[i])
         answers.append(one(r["answer"], i, "answer"))
         wrongs.append(one(r["wrong"], i, "wrong") if "wrong" in r else None)
     if any(w is None for w in wrongs) and not all(w is None for w in wrongs):
@@ -210,7 +220,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if "dla" in args.analyses and prompts is not None:  # first: bad prompts end the run before any write
         dla = logit_attribution(model, *prompts, level=args.ci, seed=args.seed)
     if "dla" in args.analyses and args.task is not None:
-        task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed)
+        n_pairs = args.batch if args.batch is not None or args.task not in TASKS else BATCH
+        task = task_probe(model, args.task, n_pairs=n_pairs, seed=args.seed, framed=args.framed)
         dla = logit_attribution(model, task, level=args.ci, seed=args.seed)
     print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
     written: list[Path] = []
@@ -257,7 +268,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
     probe = None
     if "encoder" in todo or "map" in todo:
-        probe = text_probe(model, batch=args.batch, seq_len=min(args.seq_len, info.n_ctx - 2), seed=args.seed)
+        probe = text_probe(model, batch=args.batch or BATCH, seq_len=min(args.seq_len, info.n_ctx - 2), seed=args.seed)
     if "encoder" in todo:
         enc = encoder_scores(model, probe, frequencies=args.frequency_table, level=args.ci, seed=args.seed)
         tables.append(enc)
@@ -301,7 +312,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM, check=check)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=(FRAMED_UNREAD,))
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def setup(
     metric: str | Metric | Callable | None = None,
     direction: str = DEFAULT_DIRECTION,
     by: str = "head",
-    n_pairs: int = 20,
+    n_pairs: int | None = None,
     config: RunConfig | None = None,
     site: str = "z",
     measured: bool = True,

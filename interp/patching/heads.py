@@ -50,7 +50,7 @@ def patch_heads(
     metric: str | Metric | Callable | None = None,
     direction: str = DEFAULT_DIRECTION,
     by: str = "head",
-    n_pairs: int = 20,
+    n_pairs: int | None = None,
     replay: str | None = None,
     chunk: int | None = None,
     config: RunConfig | None = None,
@@ -61,7 +61,8 @@ def patch_heads(
     """Patch every head's output (``hook_z``) from each pair's other prompt, alone, and score it.
 
     ``task``: a :class:`~interp.probes.task.TaskProbe`, a bundled task name (``repeat``, ``ioi``,
-    ``greater-than``: ``n_pairs`` pairs, seeded by ``config.seed``) or a JSONL/CSV file.
+    ``greater-than``: ``n_pairs`` pairs, default 20, seeded by ``config.seed``) or a JSONL/CSV file
+    (its first ``n_pairs`` pairs, default every pair).
     ``method``: ``exact`` (every patch run, on the ablation replay; ``replay``, ``chunk`` and
     ``journal`` are its settings), ``attribution`` (the first-order estimate from one forward and
     backward) or ``eap-ig`` (the gradient averaged over ``steps`` points between the donor's and the

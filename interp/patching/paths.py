@@ -28,6 +28,7 @@ from interp.ablation.replay import read_out
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import UsageError
+from interp.models import ModelInfo, describe
 from interp.patching.core import Setup, gap_meta, gap_moved, pooled_ratio, setup
 from interp.patching.result import warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
@@ -120,14 +121,15 @@ def path_patch(
         raise UsageError(
             f"site={site!r}: a receiver head receives a path through its queries, keys or values (q, k, v)"
         )
+    info = describe(model)
+    every = [(l, h) for l in info.attention_layers for h in range(info.n_heads)]
+    send = _heads(info, senders) if senders is not None else every
+    recv = LOGITS if receivers == LOGITS else _heads(info, receivers)
+    if recv != LOGITS:  # before any forward
+        (refuse_late_senders if senders is not None else refuse_pathless)(send, recv)
     run = setup(model, task, metric=metric, direction=direction, by="head", config=config)
     if not run.normalised:
         raise UsageError("path patching reports the fraction of the clean-corrupted gap: use a normalised metric")
-    info = run.info
-    send = _heads(run, senders) if senders is not None else list(run.heads)
-    recv = LOGITS if receivers == LOGITS else _heads(run, receivers)
-    if senders is not None and recv != LOGITS:
-        refuse_late_senders(send, recv)
     tokens, donor = run.probe.tokens, run.probe.donor
     mb = run.config.minibatch
     own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
@@ -162,8 +164,20 @@ def refuse_late_senders(senders: Sequence[tuple[int, int]], receivers: Sequence[
         )
 
 
-def _heads(run: Setup, heads: Any) -> list[tuple[int, int]]:
-    mask = head_mask(run.info, heads)
+def refuse_pathless(senders: Sequence[tuple[int, int]], receivers: Sequence[tuple[int, int]]) -> None:
+    """A :class:`UsageError` naming the first receiver that no sender is in an earlier layer than: no
+    path reaches it (a receiver in the first layer, when every head sends)."""
+    first = min(l for l, _ in senders)
+    alone = [r for r in receivers if r[0] <= first]
+    if alone:
+        rl, rh = alone[0]
+        raise UsageError(
+            f"receiver {rl}.{rh} is in layer {rl}, and no sender is in an earlier layer: no path reaches it"
+        )
+
+
+def _heads(info: ModelInfo, heads: Any) -> list[tuple[int, int]]:
+    mask = head_mask(info, heads)
     return [tuple(p) for p in mask.nonzero().tolist()]  # type: ignore[misc]
 
 

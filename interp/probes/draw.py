@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +48,25 @@ def frame_tokens(info: ModelInfo) -> tuple[list[int], list[int], list[str]]:
         suffix = [info.sep_token_id]
         names.append("[SEP]")
     return prefix, suffix, names
+
+
+def drop_given_prefix(
+    info: ModelInfo, rows: Sequence[Sequence[int]], what: str = "sequence", hint: str | None = None
+) -> list[list[int]]:
+    """The body ids of rows that are about to be framed: a row that already starts with the model's
+    prefix (its BOS, or ``[CLS]``) loses it, so that framing adds it once, not twice; a warning says
+    how many rows did (and ``hint``, what else the caller can pass). Every place that frames ids or
+    texts it did not frame itself calls this."""
+    prefix, _, names = frame_tokens(info)
+    n = len(prefix)
+    given = [bool(prefix) and len(r) > n and list(r[:n]) == prefix for r in rows]
+    k = sum(given)
+    if k:
+        who = f"every {what} already starts" if k == len(rows) else f"{k} of {len(rows)} {what}s already start"
+        warnings.warn(
+            f"{who} with the model's {names[0]}: it is not added again" + (f"; {hint}" if hint else ""), stacklevel=3
+        )
+    return [list(r[n:]) if g else list(r) for r, g in zip(rows, given)]
 
 
 def repeated_tokens(

@@ -35,11 +35,14 @@ from torch import Tensor
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
-from interp.probes.draw import draw_blocks, frame_tokens
+from interp.probes.draw import draw_blocks, drop_given_prefix, frame_tokens
 from interp.probes.probe import TokenProbe
+from interp.probes.user import text_ids
 from interp.registry import Registry
+from interp.texts import decode_file
 
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
+FRAMED_HINT = "pass framed=True (command line: --framed) if the prompts carry all of the model's framing"
 DIRECTIONS = ("denoise", "noise")
 DEFAULT_DIRECTION = "denoise"  # every patching entry point (library and command line) reads this one default
 
@@ -164,12 +167,13 @@ class TaskProbe:
         seed: int | None = None,
     ) -> TaskProbe:
         """Pairs from Python lists. A prompt is a text (tokenized with the model's tokenizer, no
-        special tokens) or a list of token ids; the model's framing (a BOS for decoders that expect
-        one, ``[CLS] ... [SEP]`` for encoders) is added unless ``framed``. An answer or wrong answer
-        is a text that must be one token, an id, or a list of them (``"|"`` separates several in one
-        text: ``" 52| 53"``)."""
+        special tokens; a model without one, the toy, reads its UTF-8 bytes, one token a byte) or a
+        list of token ids; the model's framing (a BOS for decoders that expect one, ``[CLS] ... [SEP]``
+        for encoders) is added unless ``framed`` (the prompts are then taken as they are). A prompt
+        that already starts with the BOS (its text or id) gets no second one, with a warning. An
+        answer or wrong answer is a text that must be one token, an id, or a list of texts or ids
+        (``"|"`` separates several in one text: ``" 52| 53"``, as ``[" 52", " 53"]``)."""
         info = describe(model)
-        tokenizer = getattr(model, "tokenizer", None)
         lengths = {len(clean), len(corrupted), len(answer), len(wrong)}
         if len(lengths) != 1:
             raise UsageError(
@@ -179,9 +183,11 @@ class TaskProbe:
         if not clean:
             raise UsageError("a task needs at least one pair")
         prefix, suffix, _ = ([], [], []) if framed else frame_tokens(info)
+        prompts = [_ids(model, p, "prompt") for p in [*clean, *corrupted]]
+        if not framed:  # a prompt that already starts with the BOS gets no second one
+            prompts = drop_given_prefix(info, prompts, "prompt", FRAMED_HINT)
         rows_c, rows_k = [], []
-        for i, (a, b) in enumerate(zip(clean, corrupted)):
-            ca, cb = _ids(tokenizer, a, "prompt"), _ids(tokenizer, b, "prompt")
+        for i, (ca, cb) in enumerate(zip(prompts[: len(clean)], prompts[len(clean) :])):
             if len(ca) != len(cb):
                 raise UsageError(
                     f"pair {i}: the clean prompt is {len(ca)} tokens and the corrupted one {len(cb)}: "
@@ -199,9 +205,9 @@ class TaskProbe:
                 )
         if n > info.n_ctx:
             raise UsageError(f"the prompts are {n} tokens, longer than the model's context of {info.n_ctx}")
-        ans = [_answer_ids(tokenizer, a, i, "answer") for i, a in enumerate(answer)]
+        ans = [_answer_ids(model, a, i, "answer") for i, a in enumerate(answer)]
         bad = [(i, x) for i, ids in enumerate(ans) for x in ids if not 0 <= x < info.d_vocab]
-        wr = [_answer_ids(tokenizer, w, i, "wrong answer") for i, w in enumerate(wrong)]
+        wr = [_answer_ids(model, w, i, "wrong answer") for i, w in enumerate(wrong)]
         bad += [(i, x) for i, ids in enumerate(wr) for x in ids if not 0 <= x < info.d_vocab]
         if bad:
             raise UsageError(
@@ -225,12 +231,11 @@ class TaskProbe:
         )
 
 
-def _ids(tokenizer: Any, value: Any, what: str) -> list[int]:
-    """Token ids of a prompt or an answer: a text through the tokenizer, else ids as they are."""
+def _ids(model: HookedModel, value: Any, what: str) -> list[int]:
+    """Token ids of a prompt or an answer: a text read by :func:`~interp.probes.user.text_ids` (the
+    tokenizer, or the toy's UTF-8 bytes), else ids as they are."""
     if isinstance(value, str):
-        if tokenizer is None:
-            raise UsageError(f"the model has no tokenizer to read the {what} {value!r}: give token ids instead")
-        return list(tokenizer(value, add_special_tokens=False)["input_ids"])
+        return text_ids(model, value)
     if isinstance(value, int):
         return [value]
     try:
@@ -239,25 +244,33 @@ def _ids(tokenizer: Any, value: Any, what: str) -> list[int]:
         raise UsageError(f"cannot read the {what} {value!r}: give a text or a list of token ids") from None
 
 
-def _answer_ids(tokenizer: Any, value: Any, pair: int, what: str) -> list[int]:
-    """An answer (or wrong answer): one token, or several (a list, or ``"|"``-separated text)."""
+def _answer_ids(model: HookedModel, value: Any, pair: int, what: str) -> list[int]:
+    """An answer (or wrong answer): one token, or several: a list of texts or ids, or texts separated
+    by ``"|"`` (``" 52| 53"``); each text must be one token."""
     if isinstance(value, str):
-        parts = value.split("|") if "|" in value else [value]
-        out = []
-        for part in parts:
-            ids = _ids(tokenizer, part, what)
-            if len(ids) != 1:
-                pieces = tokenizer.convert_ids_to_tokens(ids) if ids else []
-                raise UsageError(
-                    f"pair {pair}: the {what} {part!r} is {len(ids)} tokens, not one: the tokenizer splits "
-                    f"it as {pieces}; choose an answer the tokenizer keeps whole (often with a leading space)"
-                )
-            out += ids
-        return out
-    ids = _ids(tokenizer, value, what)
-    if not ids:
-        raise UsageError(f"pair {pair}: the {what} is empty")
-    return ids
+        parts: list[Any] = value.split("|")
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+        parts = list(value)
+    else:
+        ids = _ids(model, value, what)
+        if not ids:
+            raise UsageError(f"pair {pair}: the {what} is empty")
+        return ids
+    out = []
+    for part in parts:
+        ids = _ids(model, part, what)
+        if isinstance(part, str) and len(ids) != 1:
+            tokenizer = getattr(model, "tokenizer", None)
+            split = (
+                f"the tokenizer splits it as {tokenizer.convert_ids_to_tokens(ids) if ids else []}; choose an "
+                "answer the tokenizer keeps whole (often with a leading space)"
+                if tokenizer is not None
+                else "a model without a tokenizer reads a text as its UTF-8 bytes, one token a byte; choose a "
+                "one-byte (ASCII) answer"
+            )
+            raise UsageError(f"pair {pair}: the {what} {part!r} is {len(ids)} tokens, not one: {split}")
+        out += ids
+    return out
 
 
 def _pad(rows: list[list[int]]) -> Int[Tensor, "pair k"]:
@@ -268,15 +281,36 @@ def _pad(rows: list[list[int]]) -> Int[Tensor, "pair k"]:
 # ---- files ---------------------------------------------------------------------------------------
 
 
-def read_task(model: HookedModel, path: str | Path, *, position: int = -1, framed: bool = False) -> TaskProbe:
+def read_task(
+    model: HookedModel, path: str | Path, *, position: int = -1, framed: bool = False, n_pairs: int | None = None
+) -> TaskProbe:
     """A task from a JSONL file (one object per line) or a CSV file with the columns ``clean``,
     ``corrupted``, ``answer`` and ``wrong``. In JSONL a prompt may be a text or a list of token ids;
-    an answer a text, an id or a list of ids. In CSV every cell is a text (``"|"`` separates several
-    answers)."""
+    an answer a text, an id or a list of them. In CSV every cell is a text (``"|"`` separates several
+    answers). ``n_pairs``: the first that many pairs (default every pair; more than the file holds
+    is refused); ``framed`` as for :meth:`TaskProbe.from_pairs`."""
     path = Path(path)
-    rows = check_task_file(path)
+    every = check_task_file(path)
+    rows = first_pairs(every, n_pairs, path)
     cols = {c: [row[c] for row in rows] for c in COLUMNS}
-    return TaskProbe.from_pairs(model, **cols, position=position, framed=framed, name=path.stem)
+    task = TaskProbe.from_pairs(model, **cols, position=position, framed=framed, name=path.stem)
+    task.meta.update(kind="file", file_pairs=len(every))
+    return task
+
+
+def first_pairs(
+    rows: list[dict[str, Any]], n_pairs: int | None, path: str | Path, flag: str = "n_pairs"
+) -> list[dict[str, Any]]:
+    """The first ``n_pairs`` rows of a task file (all of them for None); more than it holds is refused
+    (``flag`` names the setting in the message)."""
+    if n_pairs is None:
+        return rows
+    if n_pairs > len(rows):
+        raise UsageError(
+            f"{path} holds {len(rows)} pair{'s' if len(rows) != 1 else ''}, fewer than the {n_pairs} asked for "
+            f"({flag}): ask for at most {len(rows)}, or leave {flag} out to use every pair"
+        )
+    return rows[:n_pairs]
 
 
 def check_task_file(path: str | Path) -> list[dict[str, Any]]:
@@ -301,15 +335,7 @@ def check_task_file(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:  # one line, not a traceback: a task file is UTF-8 (JSON is, by definition)
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise UsageError(
-            f"{path} is not UTF-8 text: byte(s) {raw[e.start : min(e.end, e.start + 4)].hex(' ')} at offset "
-            f"{e.start} (line {line}) cannot be decoded; save the task file as UTF-8"
-        ) from None
+    text = decode_file(path, kind="task file")
     if path.suffix.lower() == ".csv":
         return list(csv.DictReader(text.splitlines()))
     rows = []
@@ -331,12 +357,27 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 TASKS: Registry[Callable[..., TaskProbe]] = Registry("task")
 
 
-def task_probe(model: HookedModel, task: str | Path, *, n_pairs: int = 20, seed: int = 0, **kw: Any) -> TaskProbe:
-    """A bundled task of :data:`TASKS` by name, or a task file (JSONL or CSV)."""
+N_PAIRS = 20  # the pairs of a bundled task unless asked otherwise
+
+
+def task_probe(
+    model: HookedModel,
+    task: str | Path,
+    *,
+    n_pairs: int | None = None,
+    seed: int = 0,
+    framed: bool = False,
+    **kw: Any,
+) -> TaskProbe:
+    """A bundled task of :data:`TASKS` by name (``n_pairs`` pairs, default :data:`N_PAIRS`), or a
+    task file, JSONL or CSV (its first ``n_pairs`` pairs, default every pair; ``framed``: its prompts
+    carry the model's framing, see :meth:`TaskProbe.from_pairs`)."""
     if isinstance(task, str) and task in TASKS:
-        return TASKS.get(task)(model, n_pairs=n_pairs, seed=seed, **kw)
+        if framed:
+            raise UsageError(f"framed applies to a task file: the bundled task {task!r} frames its own prompts")
+        return TASKS.get(task)(model, n_pairs=N_PAIRS if n_pairs is None else n_pairs, seed=seed, **kw)
     if isinstance(task, Path) or Path(str(task)).suffix.lower() in (".jsonl", ".json", ".csv"):
-        return read_task(model, task)
+        return read_task(model, task, framed=framed, n_pairs=n_pairs)
     raise UsageError(f"unknown task {task!r}: choose from {list(TASKS)} or give a .jsonl/.csv file")
 
 
@@ -469,8 +510,8 @@ def greater_than_task(model: HookedModel, *, n_pairs: int = 20, seed: int = 0, c
             f"the greater-than task needs every two-digit year 00..99 as one token: the tokenizer keeps "
             f"{len(digits)} of them whole"
         )
-    cent = _ids(tokenizer, f" {century}", "century")
-    years = [y for y in range(2, 99) if _ids(tokenizer, f" {century}{y:02d}", "year") == cent + [digits[f"{y:02d}"]]]
+    cent = _ids(model, f" {century}", "century")
+    years = [y for y in range(2, 99) if _ids(model, f" {century}{y:02d}", "year") == cent + [digits[f"{y:02d}"]]]
     nouns = _single_tokens(tokenizer, GT_NOUNS)
     if len(years) < 10 or not nouns:
         raise UsageError(
@@ -500,6 +541,7 @@ __all__ = [
     "PairedProbe",
     "TaskProbe",
     "check_task_file",
+    "first_pairs",
     "greater_than_task",
     "ioi_task",
     "read_task",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,8 +11,36 @@ from torch import Tensor
 from interp.adapters import HookedModel, is_toy
 from interp.errors import UsageError
 from interp.models import describe
-from interp.probes.draw import check_fits, check_positive, frame_tokens, framed_probe, ordinary_vocab
+from interp.probes.draw import (
+    check_fits,
+    check_positive,
+    drop_given_prefix,
+    frame_tokens,
+    framed_probe,
+    ordinary_vocab,
+)
 from interp.probes.probe import TokenProbe, builds
+from interp.texts import byte_ids
+
+
+def text_ids(model: HookedModel, text: str) -> list[int]:
+    """A text's token ids: the model's tokenizer's (no special tokens added), or, for a model without
+    one (the toy), its UTF-8 bytes, byte ``b`` -> the ``(b mod n)``-th of the ``n`` ordinary ids
+    (:func:`interp.texts.byte_ids`; one token a byte). Every text a user gives is read so."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return byte_ids(text.encode("utf-8"), ordinary_vocab(describe(model))).tolist()
+
+
+def tokenization(model: HookedModel) -> str:
+    """How :func:`text_ids` reads text on ``model``, as the probes record it in ``meta``."""
+    if getattr(model, "tokenizer", None) is not None:
+        return "tokenizer"
+    return f"utf-8 bytes mod {len(ordinary_vocab(describe(model)))} ordinary ids"
+
+
+FRAMED_HINT = "pass framed=True if the ids carry all of the model's framing"
 
 
 @builds("from_tokens")
@@ -38,44 +65,48 @@ def probe_from_tokens(
     bad = ids[(ids < 0) | (ids >= info.d_vocab)]
     if len(bad):
         raise UsageError(f"token id {int(bad[0])} is outside the model's vocabulary of {info.d_vocab}")
-    if attention_mask is not None:
-        rows, side = _mask_rows(ids, attention_mask)
-        if len({len(r) for r in rows}) > 1:
-            record = {"kind": "tokens", "batch": ids.shape[0], "seq_len": ids.shape[1], **(meta or {})}
-            return padded_probe(model, rows, side, framed=framed, meta=record)
-        ids = torch.tensor(rows, dtype=torch.long)  # every row whole: no padding at all
+    record = {"kind": "tokens", "batch": ids.shape[0], "seq_len": ids.shape[1], **(meta or {})}
+    rows, side = _mask_rows(ids, attention_mask) if attention_mask is not None else (ids.tolist(), "right")
+    if not framed:
+        return _body_probe(model, rows, side, record, "sequence", FRAMED_HINT)
+    if len({len(r) for r in rows}) > 1:
+        return padded_probe(model, rows, side, framed=True, meta=record)
+    ids = torch.tensor(rows, dtype=torch.long)  # every row whole: no padding at all
     prefix, suffix, names = frame_tokens(info)
-    starts_framed = (
-        bool(prefix) and ids.shape[1] > len(prefix) and bool((ids[:, : len(prefix)] == torch.tensor(prefix)).all())
-    )
-    if framed:
-        n_pre, n_suf = len(prefix), len(suffix)
-        ends_framed = not suffix or bool((ids[:, ids.shape[1] - n_suf :] == torch.tensor(suffix)).all())
-        if (prefix and not starts_framed) or not ends_framed or ids.shape[1] <= n_pre + n_suf:
-            raise UsageError(
-                f"framed=True, but the sequences are not framed as this model expects "
-                f"({' ... '.join(names)}): pass framed=False to have the framing added"
-            )
-        ids = ids[:, n_pre : ids.shape[1] - n_suf]
-    elif starts_framed:
-        warnings.warn(
-            f"every sequence already starts with the model's {names[0]}; it is added again: pass "
-            "framed=True if the ids carry the framing",
-            stacklevel=3,
+    n_pre, n_suf = len(prefix), len(suffix)
+    starts_framed = not prefix or bool((ids[:, :n_pre] == torch.tensor(prefix)).all())
+    ends_framed = not suffix or bool((ids[:, ids.shape[1] - n_suf :] == torch.tensor(suffix)).all())
+    if not starts_framed or not ends_framed or ids.shape[1] <= n_pre + n_suf:
+        raise UsageError(
+            f"framed=True, but the sequences are not framed as this model expects "
+            f"({' ... '.join(names)}): pass framed=False to have the framing added"
         )
+    return _framed_rows(info, ids[:, n_pre : ids.shape[1] - n_suf], record)
+
+
+def _body_probe(
+    model: HookedModel, rows: list[list[int]], padding: str, record: dict[str, Any], what: str, hint: str | None = None
+) -> TokenProbe:
+    """Rows of body ids framed for the model (a row that already starts with its BOS gets no second
+    one: :func:`drop_given_prefix`), padded when their lengths differ."""
+    rows = drop_given_prefix(describe(model), rows, what, hint)
+    if len({len(r) for r in rows}) > 1:
+        return padded_probe(model, rows, padding, meta=record)
+    return _framed_rows(describe(model), torch.tensor(rows, dtype=torch.long), record)
+
+
+def _framed_rows(info: Any, ids: Tensor, record: dict[str, Any]) -> TokenProbe:
     n = ids.shape[1]
     check_fits(info, n, str(n), lambda room: f"the longest body is {room}; pass shorter sequences")
-    record = {"kind": "tokens", "batch": ids.shape[0], "seq_len": n, **(meta or {})}
-    return framed_probe(info, ids, meta=record)
+    return framed_probe(info, ids, meta={**record, "batch": ids.shape[0], "seq_len": n})
 
 
 @builds("from_texts")
 def probe_from_texts(
     model: HookedModel, texts: str | Sequence[str], *, seq_len: int | None = None, padding: str = "right"
 ) -> TokenProbe:
-    """:meth:`TokenProbe.from_texts`: each text tokenized by the model's tokenizer; a model without
-    one (the toy) reads each text as its UTF-8 bytes, byte ``b`` -> the ``(b mod n)``-th of its ``n``
-    ordinary ids (one token a byte)."""
+    """:meth:`TokenProbe.from_texts`: each text read by :func:`text_ids` (the model's tokenizer; a
+    model without one, the toy, reads each text as its UTF-8 bytes, one token a byte)."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise UsageError("texts must be a string or a non-empty list of strings")
@@ -83,25 +114,15 @@ def probe_from_texts(
         raise UsageError(f"padding must be 'right' or 'left', got {padding!r}")
     if seq_len is not None:
         check_positive(seq_len=seq_len)
-    info = describe(model)
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        rows = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        how = "tokenizer"
-    else:
-        vocab = ordinary_vocab(info)
-        rows = [vocab[torch.tensor(list(t.encode("utf-8")), dtype=torch.long) % len(vocab)].tolist() for t in texts]
-        how = f"utf-8 bytes mod {len(vocab)} ordinary ids"
+    rows = [text_ids(model, t) for t in texts]
     lengths = [len(r) for r in rows]
     empty = [i for i, n in enumerate(lengths) if n == 0]
     if empty:
         raise UsageError(f"text {empty[0]} has no tokens: drop it, or give it some text")
     if seq_len is not None:
         rows = [r[:seq_len] for r in rows]
-    record = {"kind": "texts", "tokenization": how, "text_tokens": lengths}
-    if len({len(r) for r in rows}) == 1:  # one length: no padding, no mask
-        return probe_from_tokens(model, torch.tensor(rows, dtype=torch.long), meta=record)
-    return padded_probe(model, rows, padding, meta=record)
+    record = {"kind": "texts", "tokenization": tokenization(model), "text_tokens": lengths}
+    return _body_probe(model, rows, padding, record, "text")
 
 
 PADDINGS = ("right", "left")

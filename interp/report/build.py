@@ -40,6 +40,7 @@ from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe, random_tokens, repeated_tokens
 from interp.probes.draw import frame_tokens
 from interp.probes.needle import default_distances
+from interp.probes.task import N_PAIRS
 from interp.progress import Plan, announcer, forward_work, plan_note
 from interp.registry import Registry
 from interp.report.atlas import Atlas
@@ -93,7 +94,7 @@ RETRIEVAL_MIN = 512
 ABLATION_PARTS = ("exact", "gradient", "pruning")
 CARD_TOP = 8  # tokens written / suppressed and compositions in / out on each head card
 ENCODER_DROP = ("prev", "own")
-TASK_PAIRS = 20  # the task part's pairs (task_pairs=, --task-pairs), as interp patch's default
+TASK_PAIRS = N_PAIRS  # a bundled task's pairs unless task_pairs= (--task-pairs) says otherwise, as interp patch's
 SKIP_HINT = "skip={parts!r} leaves {them} out (command line: --skip {flag})"  # after the note on long parts
 
 
@@ -116,7 +117,7 @@ def head_atlas(
     journals: Any = None,
     retrieval_len: int | None = None,
     task: Any = None,
-    task_pairs: int = TASK_PAIRS,
+    task_pairs: int | None = None,
 ) -> Atlas:
     """Run every per-head analysis of ``model`` and gather them into an :class:`Atlas`.
 
@@ -134,7 +135,8 @@ def head_atlas(
     bundled toy (context 256) the default atlas stays a matter of seconds.
 
     ``task`` (a :class:`~interp.probes.task.TaskProbe`, a bundled task's name, ``repeat``, ``ioi``,
-    ``greater-than``, of ``task_pairs`` pairs seeded by the seed, or a JSONL/CSV task file) adds the
+    ``greater-than``, of ``task_pairs`` pairs seeded by the seed (default :data:`TASK_PAIRS`), or a
+    JSONL/CSV task file, its first ``task_pairs`` pairs, default every pair) adds the
     task part, run first so that a task the model cannot run stops the atlas before the long parts:
     the role table gains ``patch_effect`` (exact per-head patching, denoising: the fraction of the
     clean-corrupted gap of the task's normalised metric that patching the head's clean output into
@@ -163,7 +165,7 @@ def head_atlas(
     run_task = task is not None and "task" not in skip
     if task is not None and not run_task:
         raise UsageError("task= is read by the task part, and skip= leaves it out: drop one of them")
-    if task is None and task_pairs != TASK_PAIRS:
+    if task is None and task_pairs is not None:
         raise UsageError("task_pairs= sizes the task part, which runs only with a task: give task= or drop it")
     pairs = _task(model, task, task_pairs, cfg.seed) if run_task else None  # a bad task ends the run here
     plan = atlas_work(
@@ -253,11 +255,11 @@ def head_atlas(
     return atlas
 
 
-def _task(model: HookedModel, task: Any, n_pairs: int, seed: int) -> Any:
+def _task(model: HookedModel, task: Any, n_pairs: int | None, seed: int) -> Any:
     """The task's pairs: a :class:`~interp.probes.task.TaskProbe` as given, else built by name or read from a file."""
     from interp.probes.task import TaskProbe, task_probe
 
-    if isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1:
+    if n_pairs is not None and (isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1):
         raise UsageError(f"task_pairs must be an integer >= 1, got {n_pairs!r}")
     return task if isinstance(task, TaskProbe) else task_probe(model, task, n_pairs=n_pairs, seed=seed)
 
