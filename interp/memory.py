@@ -51,7 +51,9 @@ def gib(n_bytes: float) -> str:
 
 
 def free_bytes(device: torch.device | str) -> int | None:
-    """Bytes free on ``device`` now: ``MemAvailable`` on a CPU, free CUDA memory; None if unknown."""
+    """Bytes free on ``device`` now: on a CPU the least of ``MemAvailable``, the room left under this
+    process's memory cgroup limit and under its address-space limit (``ulimit -v``); free CUDA memory;
+    None if unknown."""
     device = torch.device(device)
     if device.type == "cuda":
         try:
@@ -59,13 +61,69 @@ def free_bytes(device: torch.device | str) -> int | None:
         except (RuntimeError, AssertionError):
             return None
     if device.type == "cpu":
-        try:
-            with open(MEMINFO, encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
+        room = [n for n in (_meminfo_available(), _cgroup_room(), _address_space_room()) if n is not None]
+        return min(room) if room else None
+    return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return None
+
+
+def _meminfo_available() -> int | None:
+    for line in (_read(MEMINFO) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            try:
+                return int(line.split()[1]) * 1024
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """The memory cgroup's limit less its usage (cgroup v2, else v1); None where there is no limit."""
+    groups = dict(
+        line.split(":", 2)[1:] for line in (_read("/proc/self/cgroup") or "").splitlines() if line.count(":") >= 2
+    )
+    v2, v1 = groups.get("", "/").rstrip("/"), groups.get("memory", "/").rstrip("/")
+    candidates = [
+        (f"/sys/fs/cgroup{v2}/memory.max", f"/sys/fs/cgroup{v2}/memory.current"),
+        (f"/sys/fs/cgroup/memory{v1}/memory.limit_in_bytes", f"/sys/fs/cgroup/memory{v1}/memory.usage_in_bytes"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ]
+    for limit, usage in candidates:
+        lim, used = _read(limit), _read(usage)
+        if lim is None or used is None:
+            continue
+        lim = lim.strip()
+        if lim == "max" or not lim.isdigit() or int(lim) >= 1 << 60:  # v1 writes "no limit" as a huge number
             return None
+        try:
+            return max(0, int(lim) - int(used.strip()))
+        except ValueError:
+            return None
+    return None
+
+
+def _address_space_room() -> int | None:
+    """The address-space limit (``ulimit -v``) less this process's virtual size; None where unlimited."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    for line in (_read("/proc/self/status") or "").splitlines():
+        if line.startswith("VmSize:"):
+            try:
+                return max(0, soft - int(line.split()[1]) * 1024)
+            except (ValueError, IndexError):
+                return None
     return None
 
 
@@ -132,10 +190,44 @@ def gradient_estimate(shape: Shape, seq_len: int, minibatch: int, n_read: int) -
     return Estimate("the gradient pass", 0, per_forward, minibatch, "")
 
 
-def check(estimate_for: Callable[[int], Estimate], minibatch: int, device: torch.device | str) -> None:
+def forward_estimate(
+    shape: Shape, seq_len: int, minibatch: int, n_read: int, what: str, kept: int = 0, kept_is: str = ""
+) -> Estimate:
+    """One forward without gradients of ``minibatch`` sequences (one block's temporaries at a time,
+    and the read-out of ``n_read`` vocabulary-wide rows), beside ``kept`` bytes held for the whole work."""
+    s, T = shape, seq_len
+    width = s.n_heads * s.d_head
+    block = T * (4 * s.d_model + 3 * width + 2 * s.n_heads * T + 2 * s.d_mlp)
+    per_forward = s.itemsize * minibatch * (T * s.d_model + block + 2 * n_read * s.d_vocab)
+    return Estimate(what, kept, per_forward, minibatch, kept_is)
+
+
+def forward_memory(
+    model: HookedModel,
+    info: Any,
+    batch: int,
+    seq_len: int,
+    metric: Any,
+    what: str,
+    kept: int = 0,
+    kept_is: str = "",
+) -> Callable[[int], Estimate]:
+    """:func:`forward_estimate` for ``model`` on ``batch`` sequences of ``seq_len`` tokens read by
+    ``metric``, as a function of the minibatch."""
+    n_read = positions_read(metric, info, seq_len)
+    shape = Shape.of(model, info)
+    return lambda minibatch: forward_estimate(shape, seq_len, min(minibatch, batch), n_read, what, kept, kept_is)
+
+
+def check(
+    estimate_for: Callable[[int], Estimate],
+    minibatch: int,
+    device: torch.device | str,
+    fewer: str = "use fewer or shorter probe sequences (command line: --batch, --seq-len)",
+) -> None:
     """Refuse (:class:`~interp.errors.UsageError`) when ``estimate_for(minibatch)`` is above what
     ``device`` has free (:func:`free_bytes`, read when called); the message names the largest
-    smaller minibatch that would fit, if one does."""
+    smaller minibatch that would fit, if one does, else says ``fewer``."""
     device = torch.device(device)
     available = free_bytes(device)
     estimate = estimate_for(minibatch)
@@ -147,11 +239,12 @@ def check(estimate_for: Callable[[int], Estimate], minibatch: int, device: torch
         need += f" ({gib(estimate.kept)} for {estimate.kept_is}, {gib(estimate.per_forward)} per forward"
         need += f" of {estimate.minibatch} sequence(s))"
     else:
-        need += f" for a forward and backward of {estimate.minibatch} sequence(s)"
+        backward = " and backward" if estimate.what == "the gradient pass" else ""
+        need += f" for a forward{backward} of {estimate.minibatch} sequence(s)"
     if fits:
         todo = f"pass minibatch={fits} (or less) to run fewer sequences per forward (command line: the same to --minibatch)"
     else:
-        todo = "use fewer or shorter probe sequences (command line: --batch, --seq-len)"
+        todo = fewer
     raise UsageError(f"{need}, but the {device.type} has {gib(available)} free: {todo}")
 
 

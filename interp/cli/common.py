@@ -372,7 +372,19 @@ def run_cli(
             return fail(parser, e, EXIT_MODEL, quiet=not lead)
         if isinstance(e, InterpError):
             return fail(parser, e, EXIT_USAGE, quiet=not lead)
+        if out_of_memory(e):  # past the estimates made before the work (they do not count everything)
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            advice = "run fewer sequences per forward (--minibatch), or fewer of them (--batch)"
+            return fail(parser, RuntimeError(f"out of memory ({why[:160]}): {advice}"), EXIT_MODEL, quiet=not lead)
         raise
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Was ``error`` an allocation that failed (a CPU or CUDA out-of-memory error)?"""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
 def print_written(written: Sequence[Path], replaced: Container[Path]) -> None:

@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from interp import memory
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, refuse_site
 from interp.ablation.replay import read_out
@@ -35,6 +36,7 @@ from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_
 from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio
 
+FEWER_PAIRS = "use fewer pairs (command line: --batch)"
 BY: Registry[str] = Registry("patching granularity")
 BY.add("head", "each head at every position at once: a layer x head grid")
 BY.add("position", "each head at each position alone: a (layer, head) x position grid")
@@ -229,6 +231,9 @@ def baselines(
 ) -> tuple[Float[Tensor, " pair"], Float[Tensor, " pair"]]:
     """The metric per pair on the clean and on the corrupted prompts (plain forwards). A normalised
     metric whose two means agree (the normalisation would divide by 0) is refused with both."""
+    info = describe(model)
+    estimate = memory.forward_memory(model, info, task.n_pairs, task.seq_len, metric, "the baseline pass")
+    memory.check(estimate, minibatch or task.n_pairs, info.device, fewer=FEWER_PAIRS)  # before any forward
     clean = _metric_of(model, task.clean, metric, minibatch)
     corrupted = _metric_of(model, task.corrupted, metric, minibatch)
     refuse_equal(clean, corrupted, metric, normalised)

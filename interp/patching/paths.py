@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp import memory
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, clean_site, head_mask
 from interp.ablation.replay import read_out
@@ -29,7 +30,7 @@ from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import ModelInfo, describe
-from interp.patching.core import Setup, gap_meta, gap_moved, pooled_ratio, setup
+from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, gap_moved, pooled_ratio, setup
 from interp.patching.result import warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.scores import load_table, save_table
@@ -132,6 +133,21 @@ def path_patch(
         raise UsageError("path patching reports the fraction of the clean-corrupted gap: use a normalised metric")
     tokens, donor = run.probe.tokens, run.probe.donor
     mb = run.config.minibatch
+    B, T = tokens.shape
+    # both prompts' head outputs, and one sender's frozen copy of every layer's
+    z = 3 * B * T * len(info.attention_layers) * info.n_heads * info.d_head * memory.Shape.of(model, info).itemsize
+    estimate = memory.forward_memory(
+        model,
+        info,
+        B,
+        T,
+        run.metric,
+        "path patching",
+        kept=z,
+        kept_is="the head outputs of both prompts and a frozen copy, kept",
+    )
+    whole = estimate(B)  # its frozen forwards run every pair at once: a minibatch would not help
+    memory.check(lambda minibatch: whole, B, info.device, fewer=FEWER_PAIRS)
     own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
     columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
     values = torch.full((len(send), len(columns), tokens.shape[0]), float("nan"))

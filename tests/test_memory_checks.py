@@ -1,0 +1,110 @@
+"""Patching sizes its work before any forward and refuses in one line (as the sweep does), the free
+memory it compares with honours the process's own limits, and an allocation that fails anyway is
+one line from a command, not a traceback."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from interp import memory
+from interp.cli.patch import cli
+from interp.errors import UsageError
+from interp.models import describe, load_model
+from interp.patching import patch_heads, path_patch
+from interp.patching.metrics import task_metric
+from interp.probes.task import task_probe
+from tests.helpers import child_env
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy", device="cpu")
+
+
+@pytest.fixture
+def forwards(toy):
+    """Count the forward passes through the toy's first block."""
+    seen = [0]
+    handle = toy.blocks[0].register_forward_pre_hook(lambda *a: seen.__setitem__(0, seen[0] + 1))
+    yield seen
+    handle.remove()
+
+
+def test_patching_refuses_before_its_baseline_forwards_naming_a_minibatch_that_fits(toy, forwards, monkeypatch):
+    task = task_probe(toy, "repeat", n_pairs=8, seed=0)
+    metric, _ = task_metric(task, None)
+    estimate = memory.forward_memory(toy, describe(toy), 8, task.seq_len, metric, "the baseline pass")
+    assert estimate(8).per_forward == 8 * estimate(1).per_forward and estimate(8).kept == 0
+    room = 3 * estimate(1).per_forward
+    monkeypatch.setattr(memory, "free_bytes", lambda device: room)
+    with pytest.raises(UsageError) as e:
+        patch_heads(toy, task)
+    assert str(e.value) == (
+        f"the baseline pass needs about {memory.gib(estimate(8).total)} for a forward of 8 sequence(s), but the "
+        f"cpu has {memory.gib(room)} free: pass minibatch=3 (or less) to run fewer sequences per forward (command "
+        "line: the same to --minibatch)"
+    )
+    assert forwards[0] == 0
+
+
+def test_path_patching_refuses_before_any_forward_of_its_own(toy, forwards, monkeypatch):
+    task = task_probe(toy, "repeat", n_pairs=8, seed=0)
+    metric, _ = task_metric(task, None)
+    info = describe(toy)
+    baseline = memory.forward_memory(toy, info, 8, task.seq_len, metric, "the baseline pass")(8)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: baseline.total + 1)  # the baselines fit, the paths not
+    with pytest.raises(UsageError, match=r"^path patching needs about .* for the head outputs of both prompts and a "):
+        path_patch(toy, task)
+    assert forwards[0] == 2  # the two baseline forwards, nothing of path patching's own
+    with pytest.raises(UsageError, match=r"free: use fewer pairs \(command line: --batch\)$"):
+        path_patch(toy, task)
+
+
+def test_the_free_memory_honours_an_address_space_limit():
+    code = (
+        "import resource; from interp import memory; "
+        "resource.setrlimit(resource.RLIMIT_AS, (6 << 30, resource.RLIM_INFINITY)); "
+        "print(memory.free_bytes('cpu'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 0 < int(done.stdout) < 6 << 30  # at most the limit less what the process already maps
+
+
+def test_a_batch_too_large_for_a_memory_limit_is_one_line_not_a_traceback(tmp_path):
+    """Under ``ulimit -v`` (4 GiB), 20,000 pairs are refused before the work (they ended in an
+    allocation traceback: the check read only the machine's free memory)."""
+    out = tmp_path / "out"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+
+    argv = [sys.executable, "-m", "interp.patch", "--batch", "20000", "--no-progress", "--out", str(out)]
+    done = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m interp.patch: error: the "), lines
+    assert " free: pass minibatch=" in lines[0]
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
+def test_an_allocation_that_fails_anyway_is_one_line_and_exit_1(toy, tmp_path, capsys, monkeypatch):
+    import interp.cli.patch as command
+
+    def short_of_memory(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 141120000 bytes. Error code 12 (Cannot allocate memory)"
+        )
+
+    monkeypatch.setattr(command, "patch_heads", short_of_memory)
+    assert cli(["--model", "toy", "--device", "cpu", "--out", str(tmp_path / "out")]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("python -m interp.patch: error: out of memory ([enforce fail at alloc_cpu.cpp:127]")
+    assert line.endswith(": run fewer sequences per forward (--minibatch), or fewer of them (--batch)")
