@@ -687,6 +687,35 @@ def test_patching_agreement_numbers():
         agree(found[7], round(g("position", d)["top_k_overlap"] * 10), f"EAP-IG's top-10 shared ({d})")
 
 
+def test_composition_and_logit_attribution_numbers():
+    """The circuits section's composition z range and the task attribution on the toy, recomputed
+    with the defaults the sentences name."""
+    import interp
+    from interp.probes.task import task_probe
+
+    toy = interp.load_model("toy", device="cpu")
+    lo, hi, n_random = said(
+        r"strongest K-composition is with the previous-token head 0.1 \(z (\S+)-(\S+) against the default (\d+) random heads; test\)"
+    )
+    from interp.circuits.composition import N_RANDOM
+
+    agree(n_random, N_RANDOM, "the default number of random heads")
+    t = interp.composition_scores(toy).table
+    induction = t[(t["kind"] == "K") & (t["src"] == "0.1") & (t["dst_layer"] == 1)]["z"]
+    agree(lo, float(induction.min()), "the induction heads' lowest K-composition z with 0.1")
+    agree(hi, float(induction.max()), "the induction heads' highest K-composition z with 0.1")
+    (bound,) = said(r"the `repeat` task \(8 pairs\) the parts add up to the model's difference within (\S+) \(float32")
+    attribution = interp.logit_attribution(toy, task_probe(toy, "repeat", n_pairs=8, seed=0))
+    assert attribution.meta["max_error"] < float(bound), attribution.meta["max_error"]
+    found = said(
+        r"the four induction heads carry it: 1.2 (\S+), 1.0 (\S+), 1.1 (\S+), 1.3 (\S+), every layer-0 head under (\S+) "
+    )
+    dla = attribution.heads.table.set_index("label")["dla"]
+    for head, written in zip(("1.2", "1.0", "1.1", "1.3"), found):
+        agree(written, float(dla[head]), f"{head}'s attribution")
+    assert dla[[f"0.{h}" for h in range(4)]].abs().max() < float(found[4])
+
+
 def test_pruning_and_gate_numbers(runner):
     """The ablation section's account of pruning and gates on the toy, against its commands."""
     exact = runner.run(readme_command("python", "-m", "interp.ablate"))
