@@ -156,6 +156,25 @@ def _unit(value: Any) -> Any:
     return tuple(_unit(v) for v in value) if isinstance(value, list) else value
 
 
+def finished_units(out: str | os.PathLike, kind: str) -> int:
+    """How many finished units the journal of ``kind`` under ``out`` holds (0: none, or no journal),
+    read without opening it: for what a command says and checks before its journaled work starts."""
+    path = Path(out) / FOLDER / f"{kind}.jsonl"
+    return max(0, len(_read_lines(path)[0]) - 1) if path.is_file() else 0
+
+
+def refuse_unfinished(out: str | os.PathLike, kind: str, resume: bool, fresh: bool) -> None:
+    """The refusal of :meth:`Journal.open` for an unfinished run's journal without ``--resume`` or
+    ``--fresh``, given before work that comes ahead of the journaled part (the toy's training ahead
+    of its checkpoint sweep), so that it is not done first and refused after."""
+    n = finished_units(out, kind)
+    if n and not (resume or fresh):
+        raise UsageError(
+            f"{Path(out) / FOLDER / f'{kind}.jsonl'} holds {n} finished unit(s) of an unfinished run: pass --resume "
+            "to continue it, or --fresh to start over"
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # the journal
 

@@ -160,7 +160,12 @@ def test_ctrl_c_keeps_the_rows_computed(loaded, monkeypatch, tmp_path, capsys):
     out = tmp_path / "c"
     assert cli(["--out", str(out), *SMALL]) == 130
     captured = capsys.readouterr()
-    assert "interrupted: wrote the rows computed so far" in captured.out
+    assert "wrote the rows computed so far, marked partial:" in captured.out
+    assert (
+        "top 4 heads by exact importance (larger = ablating it hurts more) (partial: 4 of 8 heads missing"
+        in captured.out
+    )
+    assert captured.err.endswith("\npython -m interp.ablate: interrupted\n")  # said once, on stderr
     table = pd.read_csv(out / "ablate_exact.partial.csv", dtype={"label": str})
     assert table["label"].tolist() == ["L0H0", "L0H1", "L0H2", "L0H3"]  # layer 0 done, layer 1 not
     meta = json.loads((out / "ablate_exact.partial.json").read_text())["meta"]

@@ -539,9 +539,101 @@ def test_ctrl_c_marks_what_was_written_partial_and_exits_130(tmp_path, capsys, m
     code, got, err = _cli(["--model", "toy-training", "--out", str(out), "--no-progress"], capsys)
     assert code == 130
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoints.partial.csv"]
-    assert "interrupted; these files were written before the interrupt, marked partial:" in got
+    assert f"{PROG}: these files were written before the interrupt, marked partial:" in got
     lines = err.strip().splitlines()
-    assert lines[0] == f"{PROG}: the revisions scored so far are journaled: --resume continues"
+    assert lines[0] == f"{PROG}: no revision was scored yet: nothing is journaled, and a rerun starts the sweep over"
     assert lines[-1] == f"{PROG}: interrupted" and "Traceback" not in err
     if while_stopping:
         assert lines[1] == f"{PROG}: while stopping: OSError: a cleanup failed on the way out"
+
+
+# --------------------------------------------------------------------------------------------
+# reruns, other schedules, journals and probes (issue 28)
+
+TINY_TRAINING = ["--train-steps", "4", "--every", "2"]
+SWEEP_FLAGS = ["--batch", "2", "--seq-len", "8", "--icl-len", "40", "--icl-batch", "2", "--no-sinks", "--no-progress"]
+
+
+def test_a_rerun_says_it_reuses_the_checkpoints_and_each_log_names_its_probe(tmp_path, capsys):
+    out = tmp_path / "o"
+    code, first, _ = _cli(["--out", str(out), *TINY_TRAINING, *SWEEP_FLAGS], capsys)
+    assert code == 0
+    assert f"training the toy from scratch (seed 0, 4 steps, a checkpoint every 2) into {out / 'training'}" in first
+    lines = first.splitlines()
+    assert (
+        "the training log scores induction on its own probe: BOS + 20 random tokens + the same again, batch 32, seed 2"
+        in lines
+    )
+    sweep_probe = "the sweep scores every revision on one probe: 2 sequences of 17 tokens (1 of framing, then 2 x a block of 8 random tokens), seed 0"  # fmt: skip
+    assert lines[lines.index(sweep_probe) + 1].startswith("[1/3] step0 (step 0): best induction score")
+    code, again, _ = _cli(["--out", str(out), *TINY_TRAINING, *SWEEP_FLAGS], capsys)
+    assert code == 0
+    assert f"reusing the toy's checkpoints trained earlier (seed 0, 4 steps, a checkpoint every 2) in {out / 'training'}" in again  # fmt: skip
+    assert "training the toy" not in again and "trained in" not in again
+
+
+def test_another_schedule_replaces_the_step_folders_of_the_last_one(tmp_path):
+    """Chosen: the training folder holds this run's schedule only; step folders of another are removed."""
+    tiny = ToyConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=24, d_vocab=20, attn_only=True)
+    train = replace(ToyTraining().train, steps=4, seq_len=24, min_period=3, max_period=8, probe_half=5, eval_every=4)
+    train_checkpoints(tmp_path, ToyTraining(tiny, train, every=2))
+    (tmp_path / "notes").mkdir()  # not a step folder: left alone
+    train_checkpoints(tmp_path, ToyTraining(tiny, replace(train, steps=3), every=3))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["notes", "step0", "step3"]
+
+
+def _journal_with(out, n):
+    from interp.journal import _line
+
+    journal = out / ".journal" / "checkpoints.jsonl"
+    journal.parent.mkdir(parents=True)
+    lines = [_line({"journal": 1, "kind": "checkpoints", "fingerprint": {}})]
+    journal.write_bytes(b"".join(lines + [_line({"unit": f"step{i}", "payload": {}}) for i in range(n)]))
+    return journal
+
+
+def test_an_unfinished_journal_is_refused_before_the_toy_trains(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o"
+    journal = _journal_with(out, 2)
+    monkeypatch.setattr(cli_checkpoints, "train_checkpoints", lambda *a, **k: pytest.fail("trained first"))
+    code, _, err = _cli(["--out", str(out), *TINY_TRAINING, *SWEEP_FLAGS], capsys)
+    assert code == 2
+    assert err == (
+        f"{PROG}: error: {journal} holds 2 finished unit(s) of an unfinished run: pass --resume to continue it, "
+        "or --fresh to start over\n"
+    )
+
+
+@pytest.mark.parametrize("journaled", [0, 2])
+def test_ctrl_c_while_training_says_what_the_journal_holds(journaled, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "o"
+    if journaled:
+        _journal_with(out, journaled)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_checkpoints, "train_checkpoints", interrupted)
+    code, _, err = _cli(["--out", str(out), *TINY_TRAINING, *SWEEP_FLAGS, "--resume"], capsys)
+    assert code == 130
+    said = (
+        f"2 revision(s) scored so far are journaled in {out / '.journal'}: --resume continues"
+        if journaled
+        else "no revision was scored yet: nothing is journaled, and a rerun starts the sweep over"
+    )
+    assert err.splitlines() == [f"{PROG}: {said}", f"{PROG}: interrupted"]
+
+
+def test_the_library_and_the_command_share_one_default_probe_that_fits_the_trained_toy(tmp_path, capsys):
+    assert [sweep.default_block_len(room, 2) for room in (1023, 100, 95, 30)] == [50, 50, 20, 15]
+    plan = ToyTraining(train=replace(ToyTraining().train, steps=2), every=2)  # the 96-token toy
+    train_checkpoints(tmp_path / "training", plan)
+    folders = str(tmp_path / "training" / "step*")
+    small = dict(batch=2, icl_len=40, icl_batch=2, sinks=False)
+    result = checkpoint_scores(folders, **small)  # no seq_len: the default rule
+    assert result.meta["probe"] == {"batch": 2, "seq_len": 41, "block_len": 20, "n_repeats": 2}
+    assert result.meta["settings"]["seq_len"] == 20
+    flags = ["--batch", "2", "--icl-len", "40", "--icl-batch", "2", "--no-sinks", "--no-progress"]
+    code, _, err = _cli(["--checkpoints", folders, "--out", str(tmp_path / "o"), *flags], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "checkpoints.json").read_text())["meta"]["probe"] == result.meta["probe"]

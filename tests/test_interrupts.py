@@ -19,6 +19,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import interp.browser
@@ -26,6 +27,7 @@ from interp import interrupts
 from interp._io import atomic_write, partial_name, writes_partial
 from interp.browser import find_browser
 from interp.cli import ablate
+from interp.patching import PatchScores
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--device", "cpu", "--batch", "2", "--seq-len", "8", "--no-progress"]
@@ -326,3 +328,90 @@ def test_ctrl_c_right_after_a_temporary_file_is_made_leaves_nothing(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         atomic_write(tmp_path / "x.csv", "1")
     assert list(tmp_path.iterdir()) == []
+
+
+def _interrupted_patch(monkeypatch, out):
+    """``interp patch --by position`` stopped by Ctrl-C after its first group of patches."""
+    from interp.ablation.replay import Sweeper
+    from interp.cli import patch
+
+    real, calls = Sweeper._evaluate_group, []
+
+    def stopping(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    argv = ["--out", str(out), "--device", "cpu", "--batch", "3", "--no-progress", "--by", "position"]
+    with monkeypatch.context() as m:
+        m.setattr(Sweeper, "_evaluate_group", stopping)
+        assert patch.cli(argv) == 130
+    return argv
+
+
+def test_an_interrupted_patch_run_names_its_files_once_says_interrupted_once_and_marks_its_top(
+    monkeypatch, capsys, tmp_path
+):
+    out = tmp_path / "o"
+    _interrupted_patch(monkeypatch, out)
+    printed = capsys.readouterr()
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert names == [  # one name for the pairs file: <stem>_pairs.partial.csv, as a file marked at writing
+        "patch_position.partial.csv",
+        "patch_position.partial.html",
+        "patch_position.partial.json",
+        "patch_position_pairs.partial.csv",
+    ]
+    said = [line for line in (printed.out + printed.err).splitlines() if "interrupted" in line.replace(str(out), "")]
+    assert said == ["python -m interp.patch: interrupted"], printed
+    assert printed.err.endswith("\npython -m interp.patch: interrupted\n")
+    table = pd.read_csv(out / "patch_position.partial.csv")
+    missing = int(table["effect"].isna().sum())
+    assert 0 < missing < len(table) == 8 * 21  # 8 heads x 21 positions, some done, some not
+    (title,) = [line for line in printed.out.splitlines() if line.startswith("top ")]
+    assert title.endswith(f"(partial: {missing} of {len(table)} head-positions missing, not yet computed):")
+    assert len(PatchScores.load(out / "patch_position.partial.json", "patch_position").pairs)  # read back whole
+
+
+def test_a_resumed_patch_run_removes_the_partial_files_it_supersedes_and_no_other(monkeypatch, capsys, tmp_path):
+    from interp.cli import patch
+
+    out = tmp_path / "o"
+    argv = _interrupted_patch(monkeypatch, out)
+    (out / "patch_head.partial.csv").write_text("another output's partial file\n")
+    capsys.readouterr()
+    assert patch.cli([*argv, "--resume"]) == 0
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert names == [
+        "patch_head.partial.csv",  # not this output's: left alone
+        "patch_position.csv",
+        "patch_position.html",
+        "patch_position.json",
+        "patch_position_pairs.csv",
+    ]
+    printed = capsys.readouterr().out
+    assert f"superseded by the complete ones above):\n  {out / 'patch_position.partial.csv'}\n" in printed
+
+
+def test_an_interrupt_after_every_file_is_written_keeps_their_names_and_says_they_are_complete(
+    tmp_path, capsys, monkeypatch
+):
+    """Chosen: the run is complete once every file is written; a Ctrl-C while the last lines print
+    renames nothing, says so in one line, and exits 130 (the signal was still a Ctrl-C)."""
+    from interp.cli import common
+
+    def main(args, model, out):
+        (out / "a.csv").write_text("x")
+        return [out / "a.csv"]
+
+    def print_then_ctrl_c(written, replaced, removed=()):
+        print("\nwrote:")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "print_written", print_then_ctrl_c)
+    argv = ["--out", str(tmp_path / "o"), "--device", "cpu"]
+    assert common.run_cli(common.base_parser("p", "a test"), main, argv, "t") == 130
+    printed = capsys.readouterr()
+    assert printed.err == "p: interrupted after every file was written: they are complete\n"
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.csv"]

@@ -36,6 +36,9 @@ KIND = "checkpoints"
 OUTPUTS = [f"{STEM}.csv", f"{STEM}_revisions.csv", f"{STEM}.json", f"{STEM}.html", f"{PAGE}.html"]
 # the retrieval score's needle probe: Wu et al.'s needles at three depths, as `interp retrieval` reads them
 DEPTHS, NEEDLE_LEN, NEEDLE_BATCH = (0.1, 0.5, 0.9), 8, 2
+BLOCK_LENS = (50, 20)
+"""The head-score probe's block when none is asked: the first of these whose repeats fit the context
+(50 on GPT-2 and Pythia; 20 on the 96-token toy of ``toy-training``), else the longest that fits."""
 RETRIEVAL_COLUMNS = (
     "retrieval",
     "retrieval_lo",
@@ -45,6 +48,20 @@ RETRIEVAL_COLUMNS = (
     "streaming_lo",
     "streaming_hi",
 )
+
+
+def default_block_len(room: int, repeats: int) -> int:
+    """The probe's block length for a context of ``room`` body tokens (the context less the framing)
+    holding ``repeats`` copies: the rule of :data:`BLOCK_LENS`, the library's and the command line's."""
+    fits = room // repeats
+    return next((n for n in BLOCK_LENS if n <= fits), fits)
+
+
+def body_room(info: Any) -> int:
+    """The tokens of a probe's body that a model's context holds: its context less the framing."""
+    from interp.probes.draw import frame_tokens
+
+    return info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -84,7 +101,7 @@ def checkpoint_scores(
     model: str | None = None,
     revisions: str | Sequence[str | int] | None = None,
     batch: int = 10,
-    seq_len: int = 50,
+    seq_len: int | None = None,
     repeats: int = 2,
     icl_data: str | None = None,
     icl_len: int | None = None,
@@ -116,7 +133,9 @@ def checkpoint_scores(
     downloaded once it is scored (the free disk is checked before each download).
 
     The head scores are :func:`interp.heads.head_scores` on ``repeated_tokens(batch, seq_len,
-    repeats, seed)``, the same tokens for every revision; the in-context learning score is
+    repeats, seed)``, the same tokens for every revision (``seq_len=None``: 50 tokens per block, or
+    20 where the context cannot hold ``repeats`` blocks of 50, else the longest block that fits:
+    :func:`default_block_len`, which the command line's ``--seq-len`` default reads); the in-context learning score is
     :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``). With
     ``sinks`` (the default) each head's first-token attention mass ``first_mass`` (with its CI, on
     ``sink_batch`` x ``sink_seq_len`` random tokens, as the atlas reads it) joins the table, and
@@ -169,6 +188,8 @@ def checkpoint_scores(
                 payloads.append(done[rev.label])
                 continue
             payload = _score_revision(rev, settings, cfg, device, dtype, evict, payloads or list(done.values()))
+            if i == next(j for j, r in enumerate(todo) if r.label not in done):  # what the lines score on, once
+                say(probe_line(payload["probe_meta"], cfg.seed))
             say(
                 f"[{i + 1}/{len(todo)}] {rev.label} (step {rev.step}): best induction score "
                 f"{max(r['induction'] for r in payload['rows']):.3f}, in-context score {payload['icl']['score']:.3f}"
@@ -216,8 +237,9 @@ def _score_revision(
     try:
         needles = _needle_probe(model, rev, settings, cfg) if settings.get("retrieval") else None
         needles_hash = _same_tokens(rev, earlier, "needles", "needle-probe", needles) if needles is not None else None
+        block = settings["seq_len"] or default_block_len(body_room(describe(model)), settings["repeats"])
         probe = repeated_tokens(
-            model, batch=settings["batch"], block_len=settings["seq_len"], n_repeats=settings["repeats"], seed=cfg.seed
+            model, batch=settings["batch"], block_len=block, n_repeats=settings["repeats"], seed=cfg.seed
         )
         probe_hash = _same_tokens(rev, earlier, "probe", "probe", probe)
         scores = head_scores(model, probe, config=cfg, progress=False)
@@ -284,7 +306,6 @@ def _with_sinks(
 def _needle_probe(model: Any, rev: Revision, settings: dict[str, Any], cfg: RunConfig) -> Any:
     """The retrieval score's needle probe (the same tokens for every revision of one model), or a
     one-line :class:`UsageError` when ``rev``'s context cannot hold it."""
-    from interp.probes.draw import frame_tokens
     from interp.probes.needle import needle_probe
 
     info = describe(model)
@@ -292,7 +313,7 @@ def _needle_probe(model: Any, rev: Revision, settings: dict[str, Any], cfg: RunC
         raise UsageError(
             f"the retrieval score reads a copy teacher-forced, which needs a causal model; {rev.label} is an encoder"
         )
-    room = info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
+    room = body_room(info)
     length = retrieval_fits(rev.label, room, settings.get("retrieval_len"))
     return needle_probe(model, seq_len=length, depths=DEPTHS, needle_len=NEEDLE_LEN, batch=NEEDLE_BATCH, seed=cfg.seed)
 
@@ -329,6 +350,15 @@ def _with_retrieval(model: Any, table: pd.DataFrame, needles: Any, cfg: RunConfi
 def _needle_meta(probe: Any) -> dict[str, Any]:
     m = probe.meta
     return {"batch": probe.batch, "seq_len": m["seq_len"], "n_needles": m["n_needles"], "needle_len": m["needle_len"]}
+
+
+def probe_line(meta: dict[str, Any], seed: int) -> str:
+    """What the sweep's head scores (its "best induction score" lines) are read on, sizes and seed."""
+    framing = meta["seq_len"] - meta["block_len"] * meta["n_repeats"]
+    return (
+        f"the sweep scores every revision on one probe: {meta['batch']} sequences of {meta['seq_len']} tokens "
+        f"({framing} of framing, then {meta['n_repeats']} x a block of {meta['block_len']} random tokens), seed {seed}"
+    )
 
 
 def _probe_meta(probe: TokenProbe) -> dict[str, Any]:
@@ -370,7 +400,7 @@ def assemble(
     meta = {
         "model": name,
         "sources": [r.as_dict() for r in todo],
-        "settings": settings,
+        "settings": {**settings, "seq_len": first["probe_meta"]["block_len"]},  # None: the default rule's
         "probe": first["probe_meta"],
         "baselines": first["baselines"],
         "icl": {

@@ -12,6 +12,8 @@ width, head size and learning rate.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -46,20 +48,33 @@ class ToyTraining:
         return {"model": self.model.to_dict(), "train": asdict(self.train), "every": self.every}
 
 
+def trained(folder: str | Path, plan: ToyTraining | None = None) -> bool:
+    """Does ``folder`` hold this ``plan``'s finished training (its ``training.json`` and every
+    checkpoint)? :func:`train_checkpoints` then reuses it instead of training again."""
+    plan, folder = plan or ToyTraining(), Path(folder)
+    done = folder / DONE
+    if not done.is_file() or json.loads(done.read_text()).get("plan") != json.loads(json.dumps(plan.as_dict())):
+        return False
+    return all((folder / f"step{s}" / "model.safetensors").is_file() for s in plan.steps())
+
+
 def train_checkpoints(folder: str | Path, plan: ToyTraining | None = None, *, progress: bool = False) -> list[Revision]:
     """Train the toy as ``plan`` says and save ``folder/step<N>`` every ``plan.every`` steps; the
-    revisions, in step order. A folder already holding this plan's finished training is reused."""
+    revisions, in step order. A folder already holding this plan's finished training is reused
+    (:func:`trained`). Step folders of another schedule (an earlier run with other steps or another
+    stride) are removed first: ``folder/step*`` is always this plan's checkpoints and no others."""
     plan = plan or ToyTraining()
     if plan.every < 1:
         raise UsageError(f"checkpoints every {plan.every} steps: it must be at least 1")
     folder = Path(folder)
     steps = plan.steps()
     revisions = [Revision(f"step{s}", s, str(folder / f"step{s}")) for s in steps]
-    done = folder / DONE
-    if done.is_file() and json.loads(done.read_text()).get("plan") == json.loads(json.dumps(plan.as_dict())):
-        if all((folder / f"step{s}" / "model.safetensors").is_file() for s in steps):
-            return revisions
     wanted = set(steps)
+    for old in folder.glob("step*"):
+        if old.is_dir() and re.fullmatch(r"step\d+", old.name) and int(old.name[4:]) not in wanted:
+            shutil.rmtree(old)
+    if trained(folder, plan):
+        return revisions
 
     def save(step: int, model: ToyTransformer) -> None:
         if step in wanted:
@@ -67,5 +82,6 @@ def train_checkpoints(folder: str | Path, plan: ToyTraining | None = None, *, pr
 
     threads = torch.get_num_threads()
     model, history = train(plan.model, plan.train, progress=progress, on_step=save)
+    done = folder / DONE
     atomic_write(done, json.dumps({"plan": plan.as_dict(), "threads": threads, "history": history}, indent=1) + "\n")
     return revisions

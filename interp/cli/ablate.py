@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from interp._io import PARTIAL, writes_partial, writing
+from interp._io import writes_partial
 from interp.ablation import (
     ABLATIONS,
     METRICS,
@@ -60,8 +60,10 @@ from interp.cli.common import (
     base_parser,
     float_in,
     format_table,
+    partial_note,
     positive_int,
     run_cli,
+    stop_partial,
 )
 from interp.config import RunConfig
 from interp.models import describe
@@ -336,19 +338,13 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 def _finish(written: list[Path], partial: bool, args: argparse.Namespace | None = None) -> list[Path]:
     """Partial results are written, listed, and the run ends as interrupted (exit 130), its journal
-    kept for ``--resume``; complete results are written, and the journal goes."""
+    kept for ``--resume``; complete results are written, and the journal goes (the command shell
+    removes the partial files they supersede)."""
+    journals = getattr(args, "journals", None)
     if partial:
-        print("\ninterrupted: wrote the rows computed so far:")
-        for path in written:
-            print(f"  {path}")
-        if getattr(args, "journals", None) is not None and args.journals.opened:
-            print("the finished units are journaled: run the same command with --resume to finish it")
-        raise KeyboardInterrupt
-    if getattr(args, "journals", None) is not None:
-        args.journals.finish()
-        if written and writing():  # an interrupted run's rows are in the complete files now
-            for stale in written[0].parent.glob(f"{STEM}_{args.method}*{PARTIAL}.*"):
-                stale.unlink(missing_ok=True)
+        stop_partial(written, journals)
+    if journals is not None:
+        journals.finish()
     return written
 
 
@@ -363,7 +359,9 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
         + "\n"
     )
     ranked = scores.rank("importance", top=args.top).dropna(subset=["importance"])
-    print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more):")
+    missing = meta["heads_total"] - meta["heads_done"] if partial and "heads_total" in meta else 0
+    note = partial_note(missing, meta.get("heads_total", 0), "heads")
+    print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more){note}:")
     columns = [c for c in ("importance", "metric_ablated", "delta") if c in scores.table]
     print(format_table(ranked, columns, fmt=".4g"))
     stem = f"{STEM}_{args.method}"

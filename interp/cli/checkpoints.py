@@ -27,8 +27,9 @@ from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores,
 from interp.checkpoints.icl import ICL_DATA
 from interp.checkpoints.result import fmt_steps
 from interp.checkpoints.roles import holder_runs
-from interp.checkpoints.sweep import retrieval_fits
+from interp.checkpoints.sweep import BLOCK_LENS, KIND, retrieval_fits
 from interp.checkpoints.toy import NAME as TOY_TRAINING
+from interp.checkpoints.toy import trained
 from interp.cli.common import (
     EXIT_MODEL,
     EXIT_USAGE,
@@ -45,7 +46,7 @@ from interp.cli.common import (
     stop_interrupted,
 )
 from interp.errors import InterpError, ModelLoadError, UsageError
-from interp.journal import run_arguments
+from interp.journal import FOLDER, finished_units, refuse_unfinished, run_arguments
 from interp.lock import out_lock
 from interp.models import resolve_device, resolve_dtype
 from interp.saving import cli_owned
@@ -54,7 +55,6 @@ from interp.threads import choose_threads
 
 STEM = "checkpoints"
 PROG = "python -m interp.checkpoints"
-SEQ_LEN, TOY_SEQ_LEN = 50, 20
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -87,8 +87,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "--seq-len",
         type=positive_int,
         default=None,
-        help=f"tokens per repeated block of the head-score probe (default: {SEQ_LEN}; {TOY_SEQ_LEN} for "
-        f"{TOY_TRAINING}, whose context is {ToyTraining().model.n_ctx} tokens)",
+        help=f"tokens per repeated block of the head-score probe (default: {BLOCK_LENS[0]}, or {BLOCK_LENS[1]} where "
+        f"the context cannot hold --repeats blocks of {BLOCK_LENS[0]}, as {TOY_TRAINING}'s "
+        f"{ToyTraining().model.n_ctx} tokens, else the longest block that fits)",
     )
     p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
     p.add_argument(
@@ -201,25 +202,26 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
     print(f"threads: {threads} ({why})", flush=True)
     checkpoints = args.checkpoints
     if trains:
+        refuse_unfinished(out, KIND, args.resume, args.fresh)  # before the training, not after it
         plan = plan_of(args)
-        print(
-            f"training the toy from scratch (seed {plan.train.seed}, {plan.train.steps} steps, a checkpoint every "
-            f"{plan.every}) into {out / 'training'}",
-            flush=True,
-        )
-        t0 = time.perf_counter()
-        checkpoints = train_checkpoints(out / "training", plan)
-        print(f"trained in {time.perf_counter() - t0:.0f} s", flush=True)
+        how = f"seed {plan.train.seed}, {plan.train.steps} steps, a checkpoint every {plan.every}"
+        if trained(out / "training", plan):
+            print(f"reusing the toy's checkpoints trained earlier ({how}) in {out / 'training'}", flush=True)
+            checkpoints = train_checkpoints(out / "training", plan)
+        else:
+            print(f"training the toy from scratch ({how}) into {out / 'training'}", flush=True)
+            t0 = time.perf_counter()
+            checkpoints = train_checkpoints(out / "training", plan)
+            print(f"trained in {time.perf_counter() - t0:.0f} s", flush=True)
     elif checkpoints is not None and len(checkpoints) == 1:
         checkpoints = checkpoints[0]  # a glob, or one folder
-    seq_len = args.seq_len or (TOY_SEQ_LEN if trains else SEQ_LEN)
     t0 = time.perf_counter()
     result = checkpoint_scores(
         checkpoints,
         model=None if args.revisions is None else args.model,
         revisions=args.revisions,
         batch=args.batch,
-        seq_len=seq_len,
+        seq_len=args.seq_len,
         repeats=args.repeats,
         icl_data=args.icl_data,
         icl_len=args.icl_len,
@@ -305,6 +307,14 @@ def _retrieval_line(kept) -> str:
     return "retrieval score of the best head: " + ", ".join(ends)
 
 
+def _journaled(out: Path | None) -> str:
+    """What an interrupted sweep leaves for ``--resume``: the revisions its journal holds, or none."""
+    n = finished_units(out, KIND) if out is not None else 0
+    if n:
+        return f"{n} revision(s) scored so far are journaled in {out / FOLDER}: --resume continues"
+    return "no revision was scored yet: nothing is journaled, and a rerun starts the sweep over"
+
+
 def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -331,7 +341,7 @@ def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     except BaseException as e:  # Ctrl-C at any moment: what was written is marked partial, exit 130
         if not interrupted(e):
             raise
-        print(f"{parser.prog}: the revisions scored so far are journaled: --resume continues", file=sys.stderr)
+        print(f"{parser.prog}: {_journaled(run.get('out'))}", file=sys.stderr)
         return stop_interrupted(parser.prog, e, run, started, lead=True)
     print_written(written, replaced)
     return 0

@@ -360,10 +360,11 @@ def run_cli(
                 with distributed.checked(f"running {analysis}"), cli_owned() as replaced:
                     written = main(args, model, out)  # a command owns its --out: its earlier outputs are replaced
                     run["done"] = True
+                removed = remove_superseded(written) if lead else []
         finally:
             distributed.stop()
         if lead:
-            print_written(written, replaced)
+            print_written(written, replaced, removed)
         return 0
     except BaseException as e:
         if interrupted(e):
@@ -387,11 +388,47 @@ def out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
-def print_written(written: Sequence[Path], replaced: Container[Path]) -> None:
-    """The run's last lines: each path written, ``(replaced)`` where an earlier output was."""
+def print_written(written: Sequence[Path], replaced: Container[Path], removed: Sequence[Path] = ()) -> None:
+    """The run's last lines: each path written, ``(replaced)`` where an earlier output was; then the
+    partial files of an earlier interrupted run that they supersede, removed (:func:`remove_superseded`)."""
     print("\nwrote:")
     for path in written:
         print(f"  {path}" + (" (replaced)" if Path(path) in replaced else ""))
+    if removed:
+        print("removed (an interrupted run's partial files, superseded by the complete ones above):")
+        for path in removed:
+            print(f"  {path}")
+
+
+def remove_superseded(written: Sequence[Path]) -> list[Path]:
+    """Delete the ``.partial`` twin (:func:`~interp._io.partial_name`) of each complete file ``written``:
+    what an interrupted run of the same output left, now complete beside it. Nothing else is touched
+    (another command's or another output's partial files stay). Returns the paths removed."""
+    removed = []
+    for path in written:
+        twin = partial_name(path)
+        if twin != Path(path) and twin.is_file():
+            twin.unlink()
+            removed.append(twin)
+    return removed
+
+
+def partial_note(missing: int, total: int, units: str) -> str:
+    """What a summary of an interrupted run adds to its title: `` (partial: 3 of 8 heads missing, not
+    yet computed)``; nothing when no unit is missing."""
+    return f" (partial: {missing} of {total} {units} missing, not yet computed)" if missing else ""
+
+
+def stop_partial(written: Sequence[Path], journals: Journals | None = None) -> None:
+    """A run that ends with partial results (a Ctrl-C inside journaled work): list the files just
+    written (each named ``.partial``), say whether ``--resume`` can finish it, and raise
+    :class:`KeyboardInterrupt` for :func:`run_cli`, which says "interrupted" once and exits 130."""
+    print("\nwrote the rows computed so far, marked partial:")
+    for path in written:
+        print(f"  {path}")
+    if journals is not None and journals.opened:
+        print("the finished units are journaled: run the same command with --resume to finish it")
+    raise KeyboardInterrupt
 
 
 def interrupted(error: BaseException) -> bool:
@@ -408,8 +445,10 @@ def interrupted(error: BaseException) -> bool:
 
 
 def stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], started: float, lead: bool) -> int:
-    """Exit 130 after a Ctrl-C: what this run wrote under ``--out`` is marked partial (unless the run
-    had finished writing), and a failure met while stopping is named in one line. A second Ctrl-C
+    """Exit 130 after a Ctrl-C: what this run wrote under ``--out`` is marked partial, and a failure
+    met while stopping is named in one line. A run that had finished writing (``run["done"]``: the
+    interrupt came while its last lines were printed) is complete: its files keep their names and
+    the one line says they are complete; the exit is still 130, as the Ctrl-C asked. A second Ctrl-C
     meanwhile is ignored: the marking is not cut in half."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
@@ -419,12 +458,15 @@ def stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], start
         out = run.get("out")
         marked = mark_partial(out, started) if out is not None and out.is_dir() and not run.get("done") else []
         if marked:
-            print(f"{prog}: interrupted; these files were written before the interrupt, marked partial:")
+            print(f"{prog}: these files were written before the interrupt, marked partial:")
             for path in marked:
                 print(f"  {path}")
         if not isinstance(error, KeyboardInterrupt):
             print(f"{prog}: while stopping: {type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
-        print(f"{prog}: interrupted", file=sys.stderr)
+        if run.get("done"):  # every file was written: the run is complete, only its last lines were cut
+            print(f"{prog}: interrupted after every file was written: they are complete", file=sys.stderr)
+        else:
+            print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     finally:
         if main_thread:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from interp._io import writes_partial
 from interp.ablation.modes import SITES, parse_heads
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
@@ -40,9 +41,11 @@ from interp.cli.common import (
     base_parser,
     check_task,
     format_table,
+    partial_note,
     positive_int,
     run_cli,
     set_batch_help,
+    stop_partial,
     task_pairs,
 )
 from interp.config import RunConfig
@@ -296,16 +299,15 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         )
     if "gap_warning" in scores.meta:
         print(scores.meta["gap_warning"])
-    print(f"top {len(ranked)} by effect ({what}):")
+    units = "heads" if args.by == "head" else "head-positions"
+    missing = int(scores.table["effect"].isna().sum()) if partial else 0
+    print(f"top {len(ranked)} by effect ({what})" + partial_note(missing, len(scores.table), units) + ":")
     print(format_table(ranked, ["effect", "delta"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
-    stem = scores.kind + (".partial" if partial else "")
-    written = scores.save(out, stem)
-    written += save_figure(scores.figure(), out, stem)
+    with writes_partial(partial):  # <stem>.partial.<ext>, every file: the earlier complete files are kept
+        written = scores.save(out)
+        written += save_figure(scores.figure(), out, scores.kind)
     if partial:
-        print("\ninterrupted: wrote the rows computed so far:")
-        for path in written:
-            print(f"  {path}")
-        raise KeyboardInterrupt
+        stop_partial(written, journals)
     if args.faithfulness is not None:
         written += faithfulness_main(args, model, task, config, scores, out)
     if journals is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from interp._io import atomic_write
+from interp._io import PARTIAL, atomic_write, partial_name
 from interp.scores import HeadScores, file_frame, memory_frame
 
 if TYPE_CHECKING:
@@ -83,7 +83,9 @@ class PatchScores(HeadScores):
         scores = HeadScores.load(path, stem)
         path = Path(path)
         json_path = path / f"{stem}.json" if path.is_dir() else path
-        pairs_path = json_path.with_name(f"{json_path.stem}_pairs.csv")
+        base = json_path.stem.removesuffix(PARTIAL)  # an interrupted run's files: <stem>_pairs.partial.csv
+        pairs_path = json_path.with_name(f"{base}_pairs.csv")
+        pairs_path = partial_name(pairs_path) if base != json_path.stem else pairs_path
         pairs = memory_frame(pd.read_csv(pairs_path, dtype={"label": str})) if pairs_path.is_file() else pd.DataFrame()
         return cls(scores.table, scores.meta, pairs)
 

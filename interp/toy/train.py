@@ -199,6 +199,7 @@ def _train(
     probe = induction_probe(tc.probe_batch, tc.probe_half, cfg.d_vocab, torch.Generator().manual_seed(tc.seed + 2))
 
     history: list[dict] = []
+    tqdm.write(f"the training log scores induction on its own probe: {probe_text(tc, tc.seed + 2)}")
     bar = tqdm(range(tc.steps + 1), disable=not progress, desc="training the toy")
     for step in bar:
         if step % tc.eval_every == 0 or step == tc.steps:
@@ -272,6 +273,11 @@ def second_repeat_loss(
     return loss[:, half + 1 :].mean().item()  # index i predicts token i + 1
 
 
+def probe_text(tc: TrainConfig, seed: int) -> str:
+    """The trainer's induction probe (its log's "best induction score"), sizes and seed."""
+    return f"BOS + {tc.probe_half} random tokens + the same again, batch {tc.probe_batch}, seed {seed}"
+
+
 def make_card(model: ToyTransformer, tc: TrainConfig, history: list[dict], seconds: float, probe_seed: int) -> dict:
     cfg = model.cfg
     probe = induction_probe(tc.probe_batch, tc.probe_half, cfg.d_vocab, torch.Generator().manual_seed(probe_seed))
@@ -297,7 +303,7 @@ def make_card(model: ToyTransformer, tc: TrainConfig, history: list[dict], secon
             f"tiled to {cfg.n_ctx} tokens"
         ),
         "final": {k: round(v, 4) for k, v in history[-1].items() if k != "step"},
-        "probe": f"BOS + {tc.probe_half} random tokens + the same again, batch {tc.probe_batch}, seed {probe_seed}",
+        "probe": probe_text(tc, probe_seed),
         "induction_heads": induction_heads,
         "previous_token_heads": head_table(scores["previous_token"], tc.prev_token_threshold),
         "scores": {name: [[round(x, 4) for x in row] for row in s.tolist()] for name, s in scores.items()},
