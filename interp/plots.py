@@ -56,9 +56,11 @@ DIVERGING = (
     (0.75, "#d6604d"),
     (1.0, "#67001f"),
 )
-# one template for every figure the toolkit draws: heatmaps, bars, curves, the sinks and gate plots
+# one template for every figure the toolkit draws: heatmaps, bars, curves, the sinks and gate plots;
+# strings that look like numbers (head labels "0.1" and "0.10") stay strings, as plotly's own template has it
 TEMPLATE = go.layout.Template(
     layout=dict(
+        autotypenumbers="strict",
         font=dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=13, color="#1f2933"),
         title=dict(x=0.0, xanchor="left", font=dict(size=16)),
         paper_bgcolor="white",
@@ -126,6 +128,9 @@ class Scale:
 MASS = Scale("attention mass", zmin=0.0, zmax=1.0)
 SIGNED = Scale("copying score", colorscale="RdBu_r", zmin=-1.0, zmax=1.0, zmid=0.0)
 IMPORTANCE = Scale("importance", colorscale="Viridis", anchor=0.0, diverging=DIVERGING)
+# a patching or path effect: the fraction of the clean-corrupted gap moved, -1..1 whatever the data
+# (an effect of 1e-8 is pale, not saturated); no grey on it, for grey marks the noise floor
+EFFECT = Scale("effect (fraction of the gap)", colorscale=DIVERGING, zmin=-1.0, zmax=1.0, zmid=0.0)
 FAMILIES: dict[str, Scale] = {
     "prev_token": MASS,
     "current": MASS,
@@ -165,6 +170,16 @@ def grey_free(colorscale: str | Sequence, samples: int = 401) -> bool:
     """Whether no colour of ``colorscale`` reads as grey: its channels differ by at least
     :data:`GREY_CHROMA` everywhere (Viridis, Plasma and :data:`DIVERGING` do; Cividis, RdBu_r do not)."""
     return all(max(c) - min(c) >= GREY_CHROMA for c in (colour_at(colorscale, t) for t in np.linspace(0, 1, samples)))
+
+
+def refuse_greys(scale: Scale, what: str) -> None:
+    """Refuse ``scale`` for ``what`` (panels with a noise floor) when a colour of it reads as grey."""
+    for cs in (scale.colorscale, scale.diverging if scale.anchor is not None else scale.colorscale):
+        if not grey_free(cs):
+            raise ValueError(
+                f"the colour scale {cs if isinstance(cs, str) else 'given'} of {what} holds greys, and "
+                "grey marks the cells inside the noise floor: choose one without (Viridis, Plasma, plots.DIVERGING)"
+            )
 
 
 def short_name(name: str) -> str:
@@ -237,12 +252,8 @@ def heatmap(
         groups.setdefault(family[c], []).append(c)
 
     for scale, cols in groups.items():
-        for cs in (scale.colorscale, scale.diverging if scale.anchor is not None else scale.colorscale):
-            if any(c in noise_floor for c in cols) and not grey_free(cs):
-                raise ValueError(
-                    f"the colour scale {cs if isinstance(cs, str) else 'given'} of {', '.join(cols)} holds greys, and "
-                    "grey marks the cells inside the noise floor: choose one without (Viridis, Plasma, plots.DIVERGING)"
-                )
+        if any(c in noise_floor for c in cols):
+            refuse_greys(scale, ", ".join(cols))
 
     L, H = scores.n_layers, scores.n_heads
     pw, ph, cell = panel_size(L, H)
@@ -324,14 +335,116 @@ def heatmap(
     return styled(fig)
 
 
-def inside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndarray:
-    """``[layer, head]``: cells indistinguishable from 0: the CI reaches 0, or ``|value| <= floor``."""
-    z = scores.grid(col)
-    inside = np.zeros(z.shape, dtype=bool) if floor is None else np.abs(z) <= floor
-    if floor is not None and scores.has_ci(col):
-        lo, hi = scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi")
+def noise_mask(
+    z: np.ndarray, floor: float | None, lo: np.ndarray | None = None, hi: np.ndarray | None = None
+) -> np.ndarray:
+    """Cells of ``z`` indistinguishable from 0: ``|value| <= floor``, or (with a floor) the CI
+    ``[lo, hi]`` reaches 0; none without a floor."""
+    if floor is None:
+        return np.zeros(z.shape, dtype=bool)
+    inside = np.abs(z) <= floor
+    if lo is not None and hi is not None:
         inside |= (lo <= 0) & (hi >= 0)
     return inside & np.isfinite(z)
+
+
+def inside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndarray:
+    """``[layer, head]``: cells indistinguishable from 0: the CI reaches 0, or ``|value| <= floor``."""
+    if scores.has_ci(col):
+        return noise_mask(scores.grid(col), floor, scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi"))
+    return noise_mask(scores.grid(col), floor)
+
+
+def noise_layer(noise: np.ndarray, x: Sequence, y: Sequence) -> go.Heatmap:
+    """The neutral layer drawn under a coloured heatmap: :data:`NEUTRAL` on the cells inside the
+    noise floor (``noise``), nothing elsewhere."""
+    return go.Heatmap(
+        z=np.where(noise, 0.0, np.nan),
+        x=x,
+        y=y,
+        colorscale=[[0, NEUTRAL], [1, NEUTRAL]],
+        showscale=False,
+        hoverinfo="skip",
+        xgap=1,
+        ygap=1,
+        name="noise",
+    )
+
+
+def cell_text(
+    z: np.ndarray,
+    lo: np.ndarray | None = None,
+    hi: np.ndarray | None = None,
+    noise: np.ndarray | None = None,
+    baseline: float | None = None,
+) -> np.ndarray:
+    """Each cell's hover text: its value, its CI when there is one, the ``baseline`` when given, and
+    whether it lies inside the noise floor (``noise``)."""
+    if lo is None or hi is None:
+        text = np.vectorize(lambda v: f"{v:.3g}")(z)
+    else:
+        text = np.vectorize(lambda v, a, b: f"{v:.3g} [{a:.3g}, {b:.3g}]")(z, lo, hi)
+    if baseline is not None:
+        text = np.char.add(text.astype(str), f"<br>uniform: {baseline:.3g}")
+    if noise is not None and noise.any():
+        text = np.where(noise, np.char.add(text.astype(str), "<br>inside the noise floor"), text)
+    return text
+
+
+def labelled_heatmap(
+    z: np.ndarray,
+    x: Sequence[str],
+    y: Sequence[str],
+    scale: Scale,
+    *,
+    lo: np.ndarray | None = None,
+    hi: np.ndarray | None = None,
+    floor: float | None = None,
+    title: str | None = None,
+    x_title: str,
+    y_title: str,
+    x_name: str,
+    y_name: str,
+) -> go.Figure:
+    """A heatmap whose rows and columns are named (heads ``"0.10"``, receivers, tokens): both axes
+    categorical, so that no label is read as a number (``"0.1"`` and ``"0.10"`` are two ticks) and
+    every tick is a label. Coloured on ``scale``, with the cells inside the noise floor ``floor``
+    (``|value| <= floor`` or the CI ``[lo, hi]`` reaching 0) drawn :data:`NEUTRAL`; the hover names
+    the row and column (``y_name``, ``x_name``) and gives the value with its CI."""
+    if floor is not None:
+        refuse_greys(scale, scale.title)
+    noise = noise_mask(z, floor, lo, hi)
+    text = cell_text(z, lo, hi, noise)
+    zmin, zmax, zmid, colorscale = scale.limits(np.where(noise, np.nan, z))
+    fig = go.Figure([noise_layer(noise, x, y)] if noise.any() else [])
+    fig.add_trace(
+        go.Heatmap(
+            z=np.where(noise, np.nan, z),
+            x=list(x),
+            y=list(y),
+            text=text,
+            zmin=zmin,
+            zmax=zmax,
+            zmid=zmid,
+            colorscale=colorscale,
+            colorbar={"title": {"text": scale.title, "side": "right"}},
+            hovertemplate=f"{y_name} %{{y}}<br>{x_name} %{{x}}<br>%{{text}}<extra></extra>",
+            xgap=1,
+            ygap=1,
+        )
+    )
+    note = f"noise floor {floor:.3g}: grey cells lie inside it or their CI reaches 0" if floor is not None else None
+    fig.update_layout(
+        title=title if note is None else f"{title or ''}<br><span style='font-size:11px'>{note}</span>",
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        width=int(min(MAX_WIDTH, max(560, title_width(title), 240 + 22 * len(x)))),
+        height=int(max(360, 200 + 18 * len(y))),
+        plot_bgcolor="white",
+    )
+    fig.update_xaxes(type="category", showgrid=False, zeroline=False)
+    fig.update_yaxes(type="category", autorange="reversed", showgrid=False, zeroline=False)
+    return styled(fig)
 
 
 def _outside_noise(scores: HeadScores, col: str, floor: float | None) -> np.ndarray:
@@ -403,33 +516,11 @@ def _add_panel(
     z = scores.grid(col)
     noise = inside_noise(scores, col, floor)
     name = PRETTY.get(col, col)
-    if scores.has_ci(col):
-        lo, hi = scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi")
-        text = np.vectorize(lambda v, a, b: f"{v:.3g} [{a:.3g}, {b:.3g}]")(z, lo, hi)
-    else:
-        lo = hi = None
-        text = np.vectorize(lambda v: f"{v:.3g}")(z)
-    if baseline is not None:
-        text = np.char.add(text.astype(str), f"<br>uniform: {baseline:.3g}")
-    if noise.any():
-        text = np.where(noise, np.char.add(text.astype(str), "<br>inside the noise floor"), text)
+    lo, hi = (scores.grid(f"{col}_lo"), scores.grid(f"{col}_hi")) if scores.has_ci(col) else (None, None)
+    text = cell_text(z, lo, hi, noise, baseline)
     label = np.vectorize(lambda l, h: f"{l}.{h}")(*np.meshgrid(np.arange(L), np.arange(H), indexing="ij"))
     if noise.any():  # the neutral layer under the coloured one: cells inside the noise floor
-        fig.add_trace(
-            go.Heatmap(
-                z=np.where(noise, 0.0, np.nan),
-                x=np.arange(H),
-                y=np.arange(L),
-                colorscale=[[0, NEUTRAL], [1, NEUTRAL]],
-                showscale=False,
-                hoverinfo="skip",
-                xgap=1,
-                ygap=1,
-                name="noise",
-            ),
-            row=row,
-            col=cell_col,
-        )
+        fig.add_trace(noise_layer(noise, np.arange(H), np.arange(L)), row=row, col=cell_col)
     fig.add_trace(
         go.Heatmap(
             z=np.where(noise, np.nan, z),

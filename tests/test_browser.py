@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from interp.browser import find_browser, screenshot_png
@@ -363,3 +364,42 @@ def test_clicking_the_task_heatmap_or_the_head_map_opens_that_heads_card(chromiu
     assert not visit.errors
     card = visit.values["card"]
     assert card["hidden"] is False and card["head"] == head and card["text"].startswith(f"Head {head} ")
+
+
+TICKS = """(() => { const out = {};
+  document.querySelectorAll('.plotly-graph-div').forEach(gd => {
+    const axes = {};
+    gd._fullLayout._subplots.cartesian.forEach(id => {
+      const [, x, y] = id.match(/^(x\\d*)(y\\d*)$/);
+      for (const [name, letter] of [[x, 'x'], [y, 'y']]) {
+        const texts = gd.querySelectorAll(`.subplot.${id} .${letter}axislayer-above .${name}tick text`);
+        const at = t => { const r = t.getBoundingClientRect(); return letter === 'x' ? r.left + r.right : r.top + r.bottom; };
+        // in the order they stand on the page: left to right, top to bottom
+        axes[name.replace(/^(.)/, '$1axis')] = Array.from(texts).sort((a, b) => at(a) - at(b)).map(t => t.textContent);
+      }
+    });
+    out[gd.id] = axes;
+  });
+  return out; })()"""
+
+
+def test_the_ticks_plotly_draws_on_every_head_axis_are_the_head_labels(chromium, tmp_path):
+    """Every figure with an axis of head labels, written as the commands write it (save_figure: the
+    toolkit's template, plotly.js inlined) and drawn in Chromium, on a model of 12 heads a layer: the
+    tick labels read back from the page are the heads themselves, "0.1" and "0.10" two of them (a
+    linear axis parses both as 0.1 and ticks 0, 0.2, ...); the layer x head grid ticks whole heads."""
+    from interp.plots import heatmap, save_figure
+    from interp.scores import HeadScores
+    from tests.test_head_axes import H, head_figures
+
+    figures = head_figures()
+    figures["composition"][0].update_layout(width=2400, height=900)  # room for every one of its 24 ticks
+    grid = heatmap(HeadScores.from_grids({"induction": np.zeros((2, H))}), ["induction"])
+    figures["grid"] = (grid, {"xaxis": [str(h) for h in range(H)], "yaxis": ["0", "1"]})
+    for name, (fig, axes) in figures.items():
+        (page,) = save_figure(fig, tmp_path, name, png=False)
+        visit = chromium.visit(page.as_uri(), width=2600, script=TICKS)
+        assert not visit.errors and visit.drawn, name
+        (drawn,) = visit.value.values()
+        for axis, labels in axes.items():
+            assert drawn[axis] == list(labels), f"{name} {axis}: plotly drew {drawn[axis]}"

@@ -551,7 +551,10 @@ def test_path_patching_to_the_logits_of_last_layer_heads_is_their_patching(carri
     assert paths.grid()[:, 0].round(5).tolist() == [0.0, 0.0, 0.0, 1.0]  # senders 0.0, 0.1, 1.0, 1.1
     back = PathScores.load(paths.save(tmp_path)[1])
     np.testing.assert_allclose(back.grid(), paths.grid())
-    assert back.receivers == ["logits"] and len(paths.figure().data) == 1
+    assert back.receivers == ["logits"]
+    noise, coloured = paths.figure().data  # the three senders that move nothing lie inside the noise floor: grey
+    assert np.isnan(np.asarray(noise.z, dtype=float))[:, 0].tolist() == [False, False, False, True]
+    assert (coloured.zmin, coloured.zmax) == (-1.0, 1.0) and coloured.z[3][0] == paths.grid()[3, 0]
 
 
 def test_on_the_toy_the_previous_token_head_feeds_the_induction_heads_keys():

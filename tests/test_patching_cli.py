@@ -66,8 +66,8 @@ def test_the_api_and_the_command_agree(toy_or_skip, tmp_path, capsys):
     direct = interp.patch_heads(model, "repeat", n_pairs=4, by="position", direction="noise")
     np.testing.assert_allclose(saved.grid("effect"), direct.grid("effect"), atol=1e-6)
     assert saved.grid("effect").shape == (2, 4, 21) and saved.tokens()[0] == "0"
-    fig = direct.figure()
-    assert fig.data[0].zmid is None and fig.data[0].zmin == -fig.data[0].zmax  # centred on 0
+    coloured = [t for t in direct.figure().data if t.name != "noise"][0]
+    assert (coloured.zmin, coloured.zmid, coloured.zmax) == (-1.0, 0.0, 1.0)  # the fixed scale of effects
 
 
 def test_a_task_file_without_a_column_is_refused_before_the_model_loads(tmp_path, capsys):

@@ -161,8 +161,9 @@ class Compositions:
             fig.add_trace(
                 go.Heatmap(z=self.grid(kind), x=labels, y=labels, coloraxis="coloraxis", name=kind), row=1, col=i
             )
-            fig.update_xaxes(title_text="later head", row=1, col=i)
-            fig.update_yaxes(title_text="earlier head", autorange="reversed", row=1, col=i)
+            # heads are labels ("0.1" and "0.10" two ticks), never numbers on a linear axis
+            fig.update_xaxes(title_text="later head", type="category", row=1, col=i)
+            fig.update_yaxes(title_text="earlier head", type="category", autorange="reversed", row=1, col=i)
         fig.update_layout(title=title or f"composition scores: {self.meta.get('model', '')}", coloraxis={})
         return fig
 

@@ -31,9 +31,9 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import ModelInfo, describe
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, gap_moved, pooled_ratio, setup
-from interp.patching.result import warned
+from interp.patching.result import effect_scale, warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
-from interp.scores import load_table, save_table
+from interp.scores import NOISE_FLOOR_FRACTION, load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -66,32 +66,28 @@ class PathScores:
         return list(dict.fromkeys(self.table["receiver"]))
 
     def figure(self, title: str | None = None) -> go.Figure:
-        """The sender x receiver grid, a diverging heatmap centred on 0."""
-        import plotly.graph_objects as go
+        """The sender x receiver grid, diverging around 0 on the one fixed scale of effects (-1..1 of
+        the gap, :func:`~interp.patching.result.effect_scale`), heads as labels; paths inside the
+        noise floor (or whose CI reaches 0) grey."""
+        from interp.plots import labelled_heatmap
 
-        z = self.grid()
-        bound = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
-        fig = go.Figure(
-            go.Heatmap(
-                z=z,
-                x=self.receivers,
-                y=self.senders,
-                zmin=-bound,
-                zmax=bound,
-                colorscale="RdBu_r",
-                colorbar={"title": "effect"},
-            )
-        )
         site = self.meta.get("site")
-        fig.update_layout(
+        return labelled_heatmap(
+            self.grid(),
+            self.receivers,
+            self.senders,
+            effect_scale(self.meta),
+            lo=self.grid("effect_lo"),
+            hi=self.grid("effect_hi"),
+            floor=float(self.meta.get("noise_floor", NOISE_FLOOR_FRACTION)),  # a path's effect is always normalised
             title=warned(
                 title or f"{self.meta.get('model', 'model')}: path patching, sender -> receiver {site}", self.meta
             ),
-            xaxis_title="receiver",
-            yaxis_title="sender",
-            yaxis_autorange="reversed",
+            x_title="receiver",
+            y_title="sender",
+            x_name="receiver",
+            y_name="sender",
         )
-        return fig
 
     def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
         return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
@@ -264,5 +260,6 @@ def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values:
         "clean_metric": float(run.clean.mean()),
         "corrupted_metric": float(run.corrupted.mean()),
         **gap_meta(run),
+        "noise_floor": NOISE_FLOOR_FRACTION,
     }
     return PathScores(pd.DataFrame(rows), meta)

@@ -24,9 +24,7 @@ from interp.scores import HeadScores, file_frame, memory_frame
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-
-DIVERGING = "RdBu_r"  # red where a patch moves the metric toward the donor, blue against it; white at 0
-# with a noise floor, grey (and white) must mean "inside the floor" only: interp.plots.DIVERGING has no white middle
+    from interp.plots import Scale
 
 
 def warned(title: str, meta: dict[str, Any]) -> str:
@@ -97,41 +95,47 @@ class PatchScores(HeadScores):
         return [str(t) for t in first["token"]]
 
     def figure(self, scores: Sequence[str] | None = None, *, title: str | None = None, **kwargs: Any) -> go.Figure:
-        """A diverging heatmap centred on 0: layer x head (the CIs in the hover; cells whose CI reaches 0
-        or whose size is under ``meta["noise_floor"]`` greyed), or per position head x position with
-        the tokens as column labels."""
+        """A diverging heatmap on the one fixed scale of effects (:func:`effect_scale`: -1..1 of the gap,
+        never fitted to the data): layer x head (the CIs in the hover), or per position head x position
+        with the heads and the tokens as labels; cells whose CI reaches 0 or whose size is under
+        ``meta["noise_floor"]`` grey."""
         score = (list(scores) if scores else ["effect"])[0]
-        values = self.grid(score)
-        finite = values[np.isfinite(values)]
-        bound = float(np.abs(finite).max()) if finite.size else 1.0
-        bound = bound or 1.0
         what = f"{self.meta.get('direction', '')} patching, {self.meta.get('metric', '')}".strip(", ")
         title = warned(title or f"{self.meta.get('model', 'model')}: {score} of each head ({what})", self.meta)
+        floor = self.meta.get("noise_floor") if self.has_ci(score) else None
+        scale = effect_scale(self.meta)
         if self.by == "head":
-            floor = self.meta.get("noise_floor")
-            kwargs.setdefault("noise_floor", {score: floor} if floor is not None and self.has_ci(score) else {})
-            from interp.plots import DIVERGING as NO_GREY
-
-            scale = NO_GREY if kwargs["noise_floor"] else DIVERGING
-            return super().figure(
-                [score], title=title, zmin=-bound, zmax=bound, colorscale=scale, value_name=score, **kwargs
-            )
-        import plotly.graph_objects as go
+            kwargs.setdefault("noise_floor", {score: floor} if floor is not None else {})
+            return super().figure([score], title=title, scales={score: scale}, **kwargs)
+        from interp.plots import labelled_heatmap
 
         rows = [f"{l}.{h}" for l in range(self.n_layers) for h in range(self.n_heads)]
-        z = values.reshape(len(rows), self.n_positions)
-        labels = [f"{p}: {t}" for p, t in enumerate(self.tokens())]
-        fig = go.Figure(
-            go.Heatmap(
-                z=z,
-                x=labels,
-                y=rows,
-                zmin=-bound,
-                zmax=bound,
-                colorscale=DIVERGING,
-                colorbar={"title": score},
-                hovertemplate="head %{y}<br>position %{x}<br>" + score + " %{z:.4f}<extra></extra>",
-            )
+        shape = (len(rows), self.n_positions)
+        ci = {"lo": self.grid(f"{score}_lo").reshape(shape), "hi": self.grid(f"{score}_hi").reshape(shape)}
+        return labelled_heatmap(
+            self.grid(score).reshape(shape),
+            [f"{p}: {t}" for p, t in enumerate(self.tokens())],
+            rows,
+            scale,
+            **(ci if self.has_ci(score) else {}),
+            floor=floor,
+            title=title,
+            x_title="position (token)",
+            y_title="head",
+            x_name="position",
+            y_name="head",
         )
-        fig.update_layout(title=title, xaxis_title="position (token)", yaxis_title="head", yaxis_autorange="reversed")
-        return fig
+
+
+def effect_scale(meta: dict[str, Any]) -> Scale:
+    """The colour scale of patching effects, fixed by the metric and never by the data: -1..1 (the
+    whole clean-corrupted gap, either way) for a normalised metric, the gap in the metric's own units
+    for a raw one."""
+    from dataclasses import replace
+
+    from interp.plots import EFFECT
+
+    if meta.get("normalised", True):
+        return EFFECT
+    gap = abs(float(meta["clean_metric"]) - float(meta["corrupted_metric"])) or 1.0
+    return replace(EFFECT, title=f"change of {meta.get('metric', 'the metric')}", zmin=-gap, zmax=gap)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plots import DIVERGING, PRETTY, Scale, curves, heatmap, short_name
+from interp.plots import DIVERGING, EFFECT, PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
 from interp.report.roles import ROLES, THRESHOLD, role_columns
 from interp.report.viewer import CARD_JS, VIEWER_JS
@@ -220,9 +221,11 @@ def _task_section(atlas: Atlas) -> str:
     listed = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else ""
     frame = atlas.roles[["layer", "head", "label", *[f"{c}{e}" for c in cols for e in ("", "_lo", "_hi")]]]
     scores = HeadScores(frame)
-    # centred on 0, each its own bar; the patching scale holds no grey (grey marks its noise floor)
-    colours = {"patch_effect": DIVERGING, "dla": "RdBu_r"}
-    scales = {c: Scale(NAMES[c], colours[c], zmin=-_bound(frame[c]), zmax=_bound(frame[c]), zmid=0.0) for c in cols}
+    # centred on 0, each its own bar: patching on the fixed scale of effects (no grey: grey marks its noise
+    # floor), attribution fitted to its logits
+    scales = {"patch_effect": replace(EFFECT, title=NAMES["patch_effect"])}
+    if "dla" in cols:
+        scales["dla"] = Scale(NAMES["dla"], "RdBu_r", zmin=-_bound(frame["dla"]), zmax=_bound(frame["dla"]), zmid=0.0)
     fig = heatmap(
         scores,
         cols,
