@@ -488,6 +488,17 @@ def memory_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def with_interval(value: float, lo: float, hi: float, fmt: str = ".3f") -> str:
+    """``value [lo, hi]``: the value in ``fmt``, its bounds with as many decimals as the value shows
+    (``0.0982 [0.0703, 0.1329]``, not ``[0.07031, 0.1329]``); a value ``fmt`` writes in exponent
+    form keeps ``fmt`` for its bounds too."""
+    text = f"{value:{fmt}}"
+    if "e" in text or not math.isfinite(value):
+        return f"{text} [{lo:{fmt}}, {hi:{fmt}}]"
+    places = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} [{lo:.{places}f}, {hi:.{places}f}]"
+
+
 def format_table(
     frame: pd.DataFrame,
     columns: Sequence[str],
@@ -506,7 +517,7 @@ def format_table(
     for col in columns:
         if col in ci:
             shown[col] = [
-                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]{flag}"
+                with_interval(v, a, b, fmt) + flag
                 for v, a, b in zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])
             ]
         else:
