@@ -125,7 +125,12 @@ def faithfulness_curves(
     masks = torch.stack(
         [every & ~head_mask(info, order[:n], allow_empty=True) for order in orders.values() for n in ns]
     )
-    values = sweeper.evaluate(masks, desc="faithfulness", scope=f"faithfulness-{to}")
+    values = sweeper.evaluate(
+        masks,
+        desc="faithfulness",
+        scope=f"faithfulness-{to}",
+        named=f"the faithfulness curves (the rest patched to {to})",
+    )
     num = values - run.corrupted[None]  # [row, pair]: each pair's share of its own gap, pooled over pairs
     point, lo, hi = pooled_ratio(num.T, (run.clean - run.corrupted)[:, None].expand(-1, len(num)), run.config)
     rows = []
