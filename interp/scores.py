@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -184,8 +184,79 @@ def interval_notes(name: str, ci: RatioInterval, unit: str = "sequence") -> list
     return notes
 
 
-@dataclass
-class HeadScores:
+SHOWN_ROWS = 5  # the rows a result's repr and notebook summary show
+SHOWN_COLUMNS = 6  # the columns its repr shows (its notebook table: twice as many)
+# the columns that name a row, shown first where a table has them (a label stands for layer and head)
+KEY_COLUMNS = ("label", "sender", "receiver", "kind", "ranking", "revision", "role")
+
+
+class Shown:
+    """What every result object shows: a short ``repr`` (its class, model, shape and a few top rows,
+    never whole arrays) and, in a notebook, that summary as a table followed by its :meth:`figure`
+    (``_repr_html_``). A class mixes it in and is declared ``@dataclass(repr=False)``; it needs a
+    ``.table``, a ``.meta`` and a ``.figure()``. ``shown_by`` names the column its top rows are
+    ranked by (largest first); ``None`` keeps the table's own order."""
+
+    shown_by: ClassVar[str | None] = None
+
+    def ranked_by(self) -> str | None:
+        """The column the top rows are ranked by: :attr:`shown_by` where the table has it."""
+        return self.shown_by if self.shown_by in self.table.columns else None  # type: ignore[attr-defined]
+
+    def shown_rows(self, n: int = SHOWN_ROWS) -> pd.DataFrame:
+        """The first ``n`` rows of :attr:`table`, ranked by :attr:`shown_by` where it is a column."""
+        table = self.table  # type: ignore[attr-defined]
+        by = self.ranked_by()
+        if by is not None:
+            table = table.sort_values(by, ascending=False, kind="mergesort", na_position="last")
+        return table.head(n)
+
+    def shown_columns(self, n: int = SHOWN_COLUMNS) -> list[str]:
+        """At most ``n`` columns: those naming a row (:data:`KEY_COLUMNS`), the ranked one and its CI,
+        then the rest in the table's order."""
+        cols = list(self.table.columns)  # type: ignore[attr-defined]
+        first = [c for c in KEY_COLUMNS if c in cols]
+        by = self.ranked_by()
+        ranked = [c for c in (by, f"{by}_lo", f"{by}_hi") if by is not None and c in cols]
+        skip = {"layer", "head"} if "label" in first else set()
+        rest = [c for c in cols if c not in first + ranked and c not in skip]
+        return (first + ranked + rest)[:n]
+
+    def headline(self) -> str:
+        """One line: the class, the model, the table's rows and the model's layers x heads."""
+        meta = getattr(self, "meta", None) or {}
+        rows = len(self.table)  # type: ignore[attr-defined]
+        line = f"{type(self).__name__} of {meta.get('model', 'a model')}: {plural(rows, 'row')}"
+        if meta.get("n_layers") is not None and meta.get("n_heads") is not None:
+            line += f" ({plural(meta['n_layers'], 'layer')} x {plural(meta['n_heads'], 'head')})"
+        by = self.ranked_by()
+        return line + (f", top by {by}" if by else "")
+
+    def __repr__(self) -> str:
+        rows = self.shown_rows()[self.shown_columns()].to_string(
+            index=False, max_colwidth=16, float_format=lambda v: f"{v:.4g}"
+        )
+        return f"{self.headline()}\n{rows}"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = self.shown_rows()[self.shown_columns(2 * SHOWN_COLUMNS)]
+        table = rows.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+        figure = self.figure().to_html(  # type: ignore[attr-defined]
+            full_html=False, include_plotlyjs="cdn", config={"displaylogo": False}
+        )
+        return f"<div><p><b>{html.escape(self.headline())}</b></p>{table}{figure}</div>"
+
+
+def plural(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 pair``, ``3 pairs`` (``plural``: an irregular
+    plural, ``1 query``/``2 queries``)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+@dataclass(repr=False)
+class HeadScores(Shown):
     """A tidy per-head table plus the facts of the run that made it."""
 
     table: pd.DataFrame
@@ -251,6 +322,10 @@ class HeadScores:
         """Whether the CIs rest on fewer than :data:`MIN_CI_SEQUENCES` sequences (flagged when shown)."""
         n = self.n_sequences
         return n is not None and n < MIN_CI_SEQUENCES and any(self.has_ci(c) for c in self.score_names)
+
+    def ranked_by(self) -> str | None:
+        names = self.score_names
+        return names[0] if names else None
 
     def has_ci(self, score: str) -> bool:
         return f"{score}_lo" in self.table and f"{score}_hi" in self.table
@@ -413,6 +488,17 @@ def memory_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def with_interval(value: float, lo: float, hi: float, fmt: str = ".3f") -> str:
+    """``value [lo, hi]``: the value in ``fmt``, its bounds with as many decimals as the value shows
+    (``0.0982 [0.0703, 0.1329]``, not ``[0.07031, 0.1329]``); a value ``fmt`` writes in exponent
+    form keeps ``fmt`` for its bounds too."""
+    text = f"{value:{fmt}}"
+    if "e" in text or not math.isfinite(value):
+        return f"{text} [{lo:{fmt}}, {hi:{fmt}}]"
+    places = len(text.split(".")[1]) if "." in text else 0
+    return f"{text} [{lo:.{places}f}, {hi:.{places}f}]"
+
+
 def format_table(
     frame: pd.DataFrame,
     columns: Sequence[str],
@@ -431,7 +517,7 @@ def format_table(
     for col in columns:
         if col in ci:
             shown[col] = [
-                f"{v:{fmt}} [{a:{fmt}}, {b:{fmt}}]{flag}"
+                with_interval(v, a, b, fmt) + flag
                 for v, a, b in zip(frame[col], frame[f"{col}_lo"], frame[f"{col}_hi"])
             ]
         else:

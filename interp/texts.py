@@ -12,7 +12,9 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import re
 from collections.abc import Iterable, Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from interp.errors import DatasetLoadError, UsageError
 
 TEXT_FILE = "sentences.txt"
 ENCODING = "utf-8"  # how text files are read unless the caller says otherwise
+SPACE_MARK = "\u2423"  # "␣": a token's leading space, wherever a token is shown (labels, tables, errors)
 
 
 def check_encoding(encoding: str) -> str:
@@ -235,3 +238,54 @@ def bytes_to_ids(rows: Iterable[str], vocab: Int[Tensor, " n"], budget: int) -> 
         if len(data) >= budget:
             break
     return byte_ids(bytes(data[:budget]), vocab)
+
+
+# ---- tokens as people read them ----------------------------------------------------------
+
+
+@cache
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2, Llama 3): the printable Latin-1 bytes stand for themselves;
+    every other byte, in order, is drawn as the character 256, 257, ..."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    table = {chr(b): b for b in shown}
+    others = sorted(set(range(256)) - set(shown))
+    table.update({chr(256 + n): b for n, b in enumerate(others)})
+    return table
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
+    """The bytes a token stands for, read from its piece: a byte-level BPE piece (``"\u0120cat"``) or a
+    SentencePiece byte (``"<0xE2>"``); ``None`` for any other piece."""
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    if not isinstance(piece, str) or not piece:
+        return None
+    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+    if byte:
+        return bytes([int(byte.group(1), 16)])
+    table = _byte_alphabet()
+    return bytes(table[c] for c in piece) if all(c in table for c in piece) else None
+
+
+def shown_text(text: str) -> str:
+    """A token's text as every label, table and error shows it: each leading space as
+    :data:`SPACE_MARK` (``" Mary"`` is ``"␣Mary"``), newlines, carriage returns and tabs as ``\\n``,
+    ``\\r``, ``\\t``; the rest as it is. (Byte-level BPE's own pieces, ``"ĠMary"``, ``"Ċ"``, are
+    never shown.)"""
+    body = text.lstrip(" ")
+    text = SPACE_MARK * (len(text) - len(body)) + body
+    return text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def token_label(tokenizer: Any, token_id: int) -> str:
+    """The label of one token: its decoded text through :func:`shown_text`; a token holding part of
+    one character (a byte of a curly quote or an emoji), which decodes to U+FFFD, shows its bytes
+    instead (``"\\xe2\\x80"``, text before them kept)."""
+    text = tokenizer.decode([int(token_id)])
+    raw = token_bytes(tokenizer, token_id) if "\ufffd" in text else None
+    return shown_text(raw.decode("utf-8", errors="backslashreplace") if raw is not None else text)
+
+
+def token_list(tokenizer: Any, ids: Iterable[int]) -> str:
+    """Tokens as an error names them: ``['␣Mary', 's']``."""
+    return "[" + ", ".join(f"'{token_label(tokenizer, i)}'" for i in ids) + "]"

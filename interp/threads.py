@@ -27,20 +27,23 @@ def choose_threads(
     """``(threads, why)`` for a model of ``n_params`` parameters on this machine.
 
     One thread when the model is small (below :data:`SMALL` parameters) or when fewer than two
-    CPUs are free (``cpus`` minus the load average); else the free CPUs, rounded down.
+    CPUs are free (``cpus`` minus the load average); else the free CPUs, rounded down. ``why`` calls
+    the machine busy only when the load is above half its CPUs (a load of 0.6 on 2 CPUs leaves one
+    free: that is what it says), and reads without nested parentheses inside ``threads: n (why)``.
     """
     cpus = cpus or os.cpu_count() or 1
     load = machine_load() if load is None else load
     if n_params is not None and n_params < SMALL:
-        return 1, f"a small model ({n_params / 1e6:.2g}M parameters) runs as fast on one thread"
+        return 1, f"a small model, {n_params / 1e6:.2g}M parameters, runs as fast on one thread"
     if cpus < 2:
         return 1, "this machine has one CPU"
     if load is None:
-        return cpus, f"{cpus} CPUs (the load is unknown here)"
-    free = int(cpus - load)
-    if free < 2:
-        return 1, f"the machine is busy (load {load:.1f} on {cpus} CPUs)"
-    return free, f"{free} of {cpus} CPUs are free (load {load:.1f})"
+        return cpus, f"{cpus} CPUs, the load unknown here"
+    free = max(int(cpus - load), 0)
+    n = free if free >= 2 else 1
+    if load > cpus / 2:
+        return n, f"the machine is busy: load {load:.1f} on {cpus} CPUs, {free} free"
+    return n, f"{free} of {cpus} CPUs free, load {load:.1f}"
 
 
 def count_parameters(model: object) -> int | None:

@@ -3,6 +3,7 @@ are dropped and counted, the interval covers a known score, and few units are fl
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -119,3 +120,20 @@ def test_pairs_whose_gaps_differ_in_sign_and_size_are_covered_at_their_level():
     assert 0.93 <= covered <= 0.97, covered  # 0.9385
     # every estimate inside its own interval (resampling the pairs with a positive gap alone: 5 outside)
     assert bool(((lo <= point) & (point <= hi)).all())
+
+
+def test_interval_bounds_print_with_the_values_decimals():
+    frame = pd.DataFrame(
+        {
+            "label": ["0.1", "1.2", "2.3"],
+            "effect": [0.0982, 12.5, 1.2e-05],
+            "effect_lo": [0.07031, 3.217, 1e-06],
+            "effect_hi": [0.1329, 20.01, 3.4e-05],
+        }
+    )
+    lines = format_table(frame, ["effect"], ci=["effect"], fmt=".4g").splitlines()
+    assert lines[1].split(None, 1)[1] == "0.0982 [0.0703, 0.1329]"  # was "0.0982 [0.07031, 0.1329]"
+    assert lines[2].split(None, 1)[1].strip() == "12.5 [3.2, 20.0]"
+    assert lines[3].split(None, 1)[1].strip() == "1.2e-05 [1e-06, 3.4e-05]"  # exponent form keeps fmt
+    fixed = format_table(frame.head(1), ["effect"], ci=["effect"]).splitlines()[1]
+    assert fixed.split(None, 1)[1] == "0.098 [0.070, 0.133]"

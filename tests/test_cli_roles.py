@@ -150,7 +150,7 @@ def test_a_one_line_prompts_file_is_read_and_its_defects_named(tmp_path, capsys)
     one.write_text(json.dumps({"prompt": "abcab", "answer": "c", "wrong": "d"}) + "\n")
     out = tmp_path / "res"
     assert cli(["--out", str(out), "--analyses", "dla", "--prompts", str(one), "--device", "cpu", "--no-progress"]) == 0
-    assert "direct logit attribution (answer - wrong, 1 prompts; parts add up" in capsys.readouterr().out
+    assert "direct logit attribution (answer - wrong, 1 prompt; parts add up" in capsys.readouterr().out
     missing = tmp_path / "missing.jsonl"
     missing.write_text(json.dumps({"prompt": "abc"}) + "\n")
     line = _refused(capsys, tmp_path, ["--model", "no/such-model", "--prompts", str(missing)])

@@ -278,10 +278,13 @@ def test_model_folder_without_tokenizer_is_a_model_load_error(tmp_path, capsys):
 def test_threads_default_never_oversubscribes():
     assert choose_threads(150_000, cpus=16, load=0.0) == (
         1,
-        "a small model (0.15M parameters) runs as fast on one thread",
+        "a small model, 0.15M parameters, runs as fast on one thread",
     )
-    assert choose_threads(100_000_000, cpus=2, load=1.5) == (1, "the machine is busy (load 1.5 on 2 CPUs)")
-    assert choose_threads(100_000_000, cpus=16, load=3.2) == (12, "12 of 16 CPUs are free (load 3.2)")
+    assert choose_threads(100_000_000, cpus=2, load=1.5) == (1, "the machine is busy: load 1.5 on 2 CPUs, 0 free")
+    assert choose_threads(100_000_000, cpus=16, load=3.2) == (12, "12 of 16 CPUs free, load 3.2")
+    # a nearly idle 2-CPU machine is not busy: one CPU is free, so one thread, and the line says so
+    assert choose_threads(100_000_000, cpus=2, load=0.6) == (1, "1 of 2 CPUs free, load 0.6")
+    assert choose_threads(100_000_000, cpus=16, load=9.5) == (6, "the machine is busy: load 9.5 on 16 CPUs, 6 free")
     assert choose_threads(100_000_000, cpus=1, load=0.0) == (1, "this machine has one CPU")
 
 
@@ -290,7 +293,7 @@ def test_the_first_line_says_what_threads_were_picked(capsys, tmp_path):
     try:
         assert induction_cli(["--out", str(tmp_path / "a"), "--batch", "2", "--seq-len", "8"]) == 0
         first = capsys.readouterr().out.splitlines()[0]
-        assert first == "threads: 1 (a small model (0.15M parameters) runs as fast on one thread)"
+        assert first == "threads: 1 (a small model, 0.15M parameters, runs as fast on one thread)"
         assert induction_cli(["--out", str(tmp_path / "b"), "--batch", "2", "--seq-len", "8", "--threads", "2"]) == 0
         assert capsys.readouterr().out.splitlines()[0] == "threads: 2 (--threads)"
         assert torch.get_num_threads() == 2

@@ -198,6 +198,10 @@ def test_path_patching_from_the_command_equals_the_api(toy_or_skip, tmp_path, ca
     best = saved.table.dropna().sort_values("effect").iloc[-1]
     assert best["sender"] == "0.1" and best["effect"] > 0.1
     assert "0.1 -> 1.2" in text.split("top ")[1].splitlines()[2]  # the first row printed
+    assert cli([*argv, "--senders", "0.1", "--receivers", "1.2", "--out", str(tmp_path / "one")]) == 0
+    text = capsys.readouterr().out  # one of each: singular, as the words are
+    assert "path patching into the receivers' k: 1 sender x 1 receiver," in text
+    assert "top 1 path by |effect|" in text
 
 
 def test_a_last_layer_path_to_the_logits_is_the_heads_own_patch(toy_or_skip, tmp_path, capsys):
@@ -344,11 +348,11 @@ def test_framed_takes_an_id_files_prompts_as_they_are(toy_or_skip, tmp_path, cap
     argv = ["--model", "toy", "--device", "cpu", "--task", str(f), "--out", str(out), "--batch", "1"]
     assert cli(argv) == 0  # the BOS the file carries is not added again: 5 tokens, not 6
     said = capsys.readouterr()
-    assert "task t: 1 pairs of 5 tokens" in said.out
+    assert "task t: 1 pair of 5 tokens" in said.out
     assert "warning: every prompt already starts with the model's BOS: it is not added again" in said.err
     assert cli([*argv, "--framed"]) == 0
     said = capsys.readouterr()
-    assert "task t: 1 pairs of 5 tokens" in said.out and "warning" not in said.err
+    assert "task t: 1 pair of 5 tokens" in said.out and "warning" not in said.err
 
 
 @pytest.mark.parametrize(
@@ -368,3 +372,18 @@ def test_a_path_nothing_reaches_and_framed_on_a_bundled_task_are_refused_before_
     out = tmp_path / "out"
     line = _refused(capsys, ["--model", "no/such-model", *argv, "--out", str(out)], out)
     assert line.endswith(message)
+
+
+@pytest.mark.parametrize("command", ["patch", "ablate", "sinks", "retrieval"])
+def test_minibatch_help_says_what_no_value_means_and_batch_counts_pairs(command, capsys):
+    import importlib
+
+    run = importlib.import_module(f"interp.cli.{command}").cli
+    with pytest.raises(SystemExit):
+        run(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # the help, its line breaks undone
+    minibatch = text.split("--minibatch MINIBATCH ")[1].split(" --")[0]
+    assert "(default: every " in minibatch and "None" not in minibatch
+    if command == "patch":
+        assert "--batch BATCH pairs: of a bundled task" in text and "probe sequences" not in text
+        assert "--minibatch MINIBATCH pairs per forward (default: every pair in one forward)" in text

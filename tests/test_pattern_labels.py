@@ -1,5 +1,6 @@
 """Token labels in the pattern viewers: a byte-level token that holds part of one character (a curly
-quote, an emoji) shows its bytes, never U+FFFD."""
+quote, an emoji) shows its bytes, never U+FFFD; a leading space shows as "␣" and a newline as "\\n",
+never as byte-level BPE's "Ġ" and "Ċ", in every label, table and error (one function)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from interp.report.patterns import _byte_alphabet, token_bytes, token_labels
+from interp.report.patterns import token_labels
+from interp.texts import _byte_alphabet, token_bytes
 
 TEXT = "She said \u201cyes\u201d \U0001f600."
 
@@ -39,9 +41,9 @@ def test_partial_characters_show_their_bytes(bpe):
         if "\ufffd" in text:  # bytes written out, text around them kept
             assert label == "".join(chr(b) if b < 128 else f"\\x{b:02x}" for b in raw)
         else:
-            assert label == text
+            assert label == text.replace(" ", "\u2423")  # this text's only spaces lead a token
     pieces = [label for label in labels if "\\x" in label]
-    assert "".join(pieces).replace(" ", "") == "\\xe2\\x80\\x9c\\xe2\\x80\\x9d\\xf0\\x9f\\x98\\x80"
+    assert "".join(pieces).replace("\u2423", "") == "\\xe2\\x80\\x9c\\xe2\\x80\\x9d\\xf0\\x9f\\x98\\x80"
 
 
 def test_sentencepiece_byte_pieces_are_read_too():
@@ -52,7 +54,7 @@ def test_sentencepiece_byte_pieces_are_read_too():
         def decode(self, ids):
             return {1: "\ufffd", 2: " cat"}[ids[0]]
 
-    assert token_labels(SimpleNamespace(tokenizer=Pieces()), [1, 2]) == ["\\xe2", " cat"]
+    assert token_labels(SimpleNamespace(tokenizer=Pieces()), [1, 2]) == ["\\xe2", "\u2423cat"]
 
 
 def test_the_pattern_page_and_figure_label_byte_tokens(bpe, tmp_path):
@@ -71,3 +73,56 @@ def test_the_pattern_page_and_figure_label_byte_tokens(bpe, tmp_path):
     tokens = page.texts[0]["tokens"]
     assert "\\xe2" in tokens and not any("\ufffd" in t for t in tokens) and "\ufffd" not in page.html
     assert "\\xe2" in "".join(fig.data[0].x) and not any("\ufffd" in x for x in fig.data[0].x)
+
+
+LINES = "Mary and John went to the store.\nJohn gave a drink to Mary."
+
+
+def test_spaces_and_newlines_show_as_marks_not_bpe_pieces(bpe):
+    from interp.texts import shown_text, token_label, token_list
+
+    assert shown_text(" Mary") == "\u2423Mary" and shown_text("  ") == "\u2423\u2423" and shown_text("a b") == "a b"
+    assert shown_text("\n") == "\\n" and shown_text(" \t") == "\u2423\\t"
+    ids = bpe(LINES)["input_ids"]
+    pieces = bpe.convert_ids_to_tokens(ids)
+    assert any(p.startswith("\u0120") for p in pieces) and "\u010a" in "".join(pieces)  # what was shown before
+    labels = [token_label(bpe, i) for i in ids]
+    assert not any("\u0120" in x or "\u010a" in x for x in labels)
+    assert "\u2423and" in labels and "\\n" in "".join(labels)
+    assert "".join(labels).replace("\u2423", " ").replace("\\n", "\n") == LINES
+    assert token_list(bpe, ids[:2]) == f"['{labels[0]}', '{labels[1]}']"
+
+
+@pytest.fixture(scope="module")
+def bpe_model(bpe, tmp_path_factory):
+    from interp.models import load_model
+    from tests.helpers import gpt2_model
+
+    folder = tmp_path_factory.mktemp("bpe_model")
+    gpt2_model(vocab=300).save_pretrained(folder)
+    bpe.save_pretrained(folder)
+    return load_model(str(folder), device="cpu")
+
+
+def test_patching_sinks_and_task_errors_show_the_marks(bpe_model):
+    import torch
+
+    from interp.errors import UsageError
+    from interp.patching.core import _token_labels
+    from interp.probes import TokenProbe
+    from interp.probes.task import TaskProbe
+    from interp.sinks import sink_scores
+    from tests.helpers import one_thread
+
+    ids = bpe_model.tokenizer(LINES)["input_ids"]
+    labels = _token_labels(bpe_model, torch.tensor(ids))
+    assert "\u2423and" in labels and not any("\u0120" in x or "\u010a" in x for x in labels)
+    with one_thread():
+        report = sink_scores(bpe_model, TokenProbe(torch.tensor([ids, ids]), 0, len(ids), True), n_boot=10)
+    shown = set(report.tokens["token"])
+    assert "\u2423the" in shown and "\\n" in shown and not any("\u0120" in x or "\u010a" in x for x in shown)
+    newline = report.tokens[report.tokens["token"] == "\\n"]
+    assert newline["role"].tolist() == ["newline"]  # roles still read the text itself
+    with pytest.raises(UsageError) as e:
+        TaskProbe.from_pairs(bpe_model, ["the store and"], ["the store to"], [" and the"], [" to"])
+    assert "the tokenizer splits it as ['\u2423and', '\u2423the']" in str(e.value)

@@ -68,3 +68,17 @@ def test_resume_without_a_journal_says_it_starts_from_the_beginning(header_only,
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume")]
     why = "holds no finished unit" if header_only else "does not exist"
     assert said == [f"resume: {journal} {why}: starting exact from the beginning"]
+
+
+def test_a_resumed_patching_run_names_it_in_words(monkeypatch, tmp_path, capsys):
+    from interp.patch import cli as patch_cli
+
+    out = tmp_path / "o"
+    argv = ["--model", "toy", "--device", "cpu", "--batch", "3", "--by", "position", "--out", str(out), "--no-progress"]
+    with monkeypatch.context() as m:
+        _interrupt_at(m, interp.ablation.Sweeper, "_evaluate_group", 2)
+        assert patch_cli(argv) == 130
+    capsys.readouterr()
+    assert patch_cli([*argv, "--resume"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume")]
+    assert len(said) == 1 and " head sets of exact patching (z, denoise, by position) from " in said[0], said

@@ -42,7 +42,7 @@ def test_causal_random_probe_end_to_end(gpt2_dir, tmp_path, capsys):
         "probe: 3 x (BOS+16) tokens of random tokens",
         "Sink_0^eps (eps = 0.3)",
         "top 3 sink heads by first-token (BOS) mass",
-        "sink tokens (attention x uniform",  # tokens seen < 3 times are left out
+        "sink token",  # "top n sink tokens (attention x uniform ...": tokens seen < 3 times are left out
         "no massive activations",
         "outlier ratio",
         "wrote:",

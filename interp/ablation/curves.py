@@ -16,6 +16,7 @@ import pandas as pd
 
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import AblationError
+from interp.scores import Shown
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 CURVE_ATTRS = ("metric", "ablation", "reestimate", "clean_metric", "partial")
 
 
-@dataclass
-class PruningCurves:
+@dataclass(repr=False)
+class PruningCurves(Shown):
     """Pruning curves of several orders: ``table`` a row per (curve, step), ``meta`` the run header.
 
     ``table`` columns: ``order``, ``seed``, ``step``, ``n_pruned``, ``frac_pruned``, ``metric``,

@@ -29,7 +29,7 @@ from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.progress import tqdm
-from interp.scores import HeadScores, file_frame, memory_frame
+from interp.scores import HeadScores, Shown, file_frame, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -59,8 +59,8 @@ def gate_value(log_alpha: Tensor) -> Tensor:
     return (torch.sigmoid(log_alpha) * (hi - lo) + lo).clamp(0, 1)
 
 
-@dataclass
-class GateSweep:
+@dataclass(repr=False)
+class GateSweep(Shown):
     """Gates trained for each lambda: ``summary`` a row per lambda, ``gates`` a row per (lambda, head)."""
 
     summary: pd.DataFrame

@@ -314,7 +314,7 @@ class Sweeper:
     # ---- evaluation ---------------------------------------------------------------------------
 
     def evaluate(
-        self, masks: Any, *, desc: str = "ablating heads", scope: str | None = None
+        self, masks: Any, *, desc: str = "ablating heads", scope: str | None = None, named: str | None = None
     ) -> Float[Tensor, "n batch"]:
         """The metric per sequence under each head set in ``masks`` (``[n, layer, head]``, added to base).
 
@@ -324,7 +324,8 @@ class Sweeper:
         On Ctrl-C the evaluation stops, :attr:`interrupted` is set, and the rows not reached are NaN.
 
         With a :attr:`journal`, each head set is a unit keyed ``(scope, base heads, its heads)``
-        (``scope`` defaults to ``desc``: give each kind of evaluation its own), recorded with its
+        (``scope`` defaults to ``desc``: give each kind of evaluation its own; ``named``: the words a
+        resume's line names it by, ``"exact patching (z, denoise, by head)"``, default ``the <scope>``), recorded with its
         values as soon as its batched forward is done; head sets already recorded are filled in from
         the journal and not evaluated again. The head sets are cut into batched forwards exactly as
         an uninterrupted run cuts them (a forward whose sets are all recorded is skipped, one with
@@ -366,7 +367,7 @@ class Sweeper:
                 if key in found:
                     result[i] = torch.tensor(found[key], dtype=result.dtype)
                     done.add(i)
-            journal.resumed(len(done), len(todo), f"head sets of the {where}")
+            journal.resumed(len(done), len(todo), f"head sets of {named or 'the ' + where}")
         # every rank's forwards, cut from its whole share as an uninterrupted run cuts them
         world = distributed.world_size()
         me = distributed.rank() if distributed.active() else 0

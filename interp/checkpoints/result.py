@@ -26,7 +26,7 @@ from interp._io import atomic_write, atomic_write_json
 from interp.checkpoints import roles as roles_over_time
 from interp.errors import UsageError
 from interp.report.roles import ROLES, THRESHOLD
-from interp.scores import HeadScores, file_frame, from_records, json_records, memory_frame
+from interp.scores import HeadScores, Shown, file_frame, from_records, json_records, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -35,8 +35,8 @@ STEM = "checkpoints"
 PAGE = f"{STEM}_atlas"  # the page over revisions
 
 
-@dataclass
-class CheckpointScores:
+@dataclass(repr=False)
+class CheckpointScores(Shown):
     table: pd.DataFrame
     revisions: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)

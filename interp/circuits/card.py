@@ -30,6 +30,7 @@ from interp.circuits.ov import effective_embedding
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes import TokenProbe, ordinary_vocab
+from interp.texts import token_label
 
 
 def mean_write(model: HookedModel, layer: int, head: int) -> Float[Tensor, " d_vocab"]:
@@ -61,7 +62,7 @@ def _check_head(info: Any, layer: int, head: int) -> None:
 
 def _tokens(model: HookedModel, ids: list[int]) -> list[str]:
     tok = getattr(model, "tokenizer", None)
-    return [tok.decode([i]) if tok is not None else str(i) for i in ids]
+    return [token_label(tok, i) if tok is not None else str(i) for i in ids]
 
 
 def head_card(

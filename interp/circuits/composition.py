@@ -43,7 +43,7 @@ from interp.adapters import HookedModel, describe
 from interp.adapters.weights import HeadWeights, read_head_weights
 from interp.errors import UsageError
 from interp.registry import Registry
-from interp.scores import load_table, save_table
+from interp.scores import Shown, load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -125,12 +125,13 @@ def composition_grid(w: HeadWeights, kind: str) -> Float[Tensor, "layer head lay
     return pair_scores(w.W_V, w.W_O, C, D)
 
 
-@dataclass
-class Compositions:
+@dataclass(repr=False)
+class Compositions(Shown):
     """A row per (kind, earlier head, later head): score, baseline mean and sd, z-score."""
 
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    shown_by = "score"
 
     def grid(self, kind: str) -> np.ndarray:
         """``[layer * head, layer * head]`` of one kind (rows: earlier head; NaN where not scored)."""

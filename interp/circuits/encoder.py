@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
@@ -51,7 +52,7 @@ from interp.heads import HeadScore, attention_scores
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe
 from interp.registry import Registry
-from interp.scores import HeadScores, bootstrap_ratio, interval_notes
+from interp.scores import HeadScores, Shown, bootstrap_ratio, interval_notes
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -334,8 +335,8 @@ def _frequency_table(model: HookedModel, info: ModelInfo, given: Any) -> Tensor:
 # the map of heads
 
 
-@dataclass
-class HeadMap:
+@dataclass(repr=False)
+class HeadMap(Shown):
     """Jensen-Shannon distances between every pair of heads' patterns and a 2-D embedding of them."""
 
     distance: np.ndarray  # [layer * head, layer * head]
@@ -346,6 +347,21 @@ class HeadMap:
     def labels(self) -> list[str]:
         H, L = int(self.meta["n_heads"]), int(self.meta["n_layers"])
         return [f"{l}.{h}" for l in range(L) for h in range(H)]
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """A row per head: its label, layer, head and map coordinates ``x``, ``y``."""
+        H = int(self.meta["n_heads"])
+        n = len(self.labels)
+        return pd.DataFrame(
+            {
+                "label": self.labels,
+                "layer": [i // H for i in range(n)],
+                "head": [i % H for i in range(n)],
+                "x": self.coords[:, 0],
+                "y": self.coords[:, 1],
+            }
+        )
 
     def figure(self, title: str | None = None, *, width: int = MAP_WIDTH, height: int = MAP_HEIGHT) -> go.Figure:
         """The heads as points (classical MDS of the distances), coloured by layer, ``width`` x

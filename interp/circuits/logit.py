@@ -46,7 +46,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -68,19 +68,57 @@ from interp.config import run_header
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
-from interp.scores import HeadScores, bootstrap_mean
+from interp.scores import HeadScores, Shown, bootstrap_mean, read_csv
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 STEM = "logit_attribution"
 
 
-@dataclass
-class LogitAttribution:
-    """Per prompt, each part's share of the logit difference; per head with CIs, per head x position."""
+@dataclass(repr=False)
+class LogitAttribution(Shown):
+    """Per prompt, each part's share of the logit difference; per head with CIs, per head x position.
+
+    The shape every result has: :attr:`table` (the per-head table of :attr:`heads`), :attr:`meta`,
+    :meth:`grid`, :meth:`figure`, :meth:`save` and :meth:`load`."""
 
     heads: HeadScores  # columns dla, dla_lo, dla_hi: mean over prompts
     per_position: Float[np.ndarray, "batch layer head pos"]  # each head's term split by source position
     parts: pd.DataFrame  # a row per prompt: every non-head part, the heads' sum, the total, the model's
     meta: dict[str, Any] = field(default_factory=dict)
+    shown_by = "dla"
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The per-head table (a row per (layer, head): ``dla`` and its CI), as every result has."""
+        return self.heads.table
+
+    def grid(self, score: str = "dla") -> np.ndarray:
+        """The ``[n_layers, n_heads]`` matrix of ``dla`` (or of its CI bounds, ``dla_lo``, ``dla_hi``)."""
+        return self.heads.grid(score)
+
+    def figure(self, title: str | None = None, **kwargs: Any) -> go.Figure:
+        """The layer x head heatmap of each head's mean direct logit attribution."""
+        return self.heads.figure(
+            ["dla"], title=title or f"direct logit attribution: {self.meta.get('model', '')}", **kwargs
+        )
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = STEM) -> LogitAttribution:
+        """Read back what :meth:`save` wrote, from its ``<stem>.json`` or the folder holding it."""
+        path = Path(path)
+        path = path / f"{stem}.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"no saved logit attribution at {path}: pass the {stem}.json that save() wrote")
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        if "per_position" not in blob:
+            raise UsageError(f"{path} holds no per-position terms (it was saved by an older version): run it again")
+        stem = path.name[: -len(".json")]
+        heads = HeadScores.load(path.with_name(f"{stem}_heads.json"))
+        parts = read_csv(path.with_name(f"{stem}_parts.csv"))
+        per_position = np.array(blob["per_position"], dtype=float)  # null (past a prompt's end) reads as NaN
+        return cls(heads, per_position, parts, blob["meta"])
 
     def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
         """``<stem>_heads.csv/json`` (the head table), ``<stem>_parts.csv`` and ``<stem>.json``
@@ -97,6 +135,7 @@ class LogitAttribution:
             "meta": self.meta,
             "parts": json.loads(self.parts.to_json(orient="records")),
             "per_position_mean": np.nanmean(self.per_position, 0).tolist(),
+            "per_position": np.where(np.isnan(self.per_position), None, self.per_position).tolist(),
         }
         files.append(atomic_write_json(js_path, blob))
         return files

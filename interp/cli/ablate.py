@@ -69,7 +69,7 @@ from interp.config import RunConfig
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
-from interp.scores import HeadScores
+from interp.scores import HeadScores, plural
 from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "ablate"
@@ -157,7 +157,9 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         default=argparse.SUPPRESS,
         help="deprecated: use --replay (removed in the next release)",
     )
-    p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward")
+    p.add_argument(
+        "--minibatch", type=positive_int, default=None, help="sequences per forward (default: every sequence in one)"
+    )
     p.add_argument("--normalize", action="store_true", help="gradient: divide each layer's scores by their L2 norm")
     p.add_argument(
         "--per",
@@ -361,7 +363,7 @@ def _write_scores(args: argparse.Namespace, scores: HeadScores, out: Path, elaps
     ranked = scores.rank("importance", top=args.top).dropna(subset=["importance"])
     missing = meta["heads_total"] - meta["heads_done"] if partial and "heads_total" in meta else 0
     note = partial_note(missing, meta.get("heads_total", 0), "heads")
-    print(f"top {len(ranked)} heads by {args.method} importance (larger = ablating it hurts more){note}:")
+    print(f"top {plural(len(ranked), 'head')} by {args.method} importance (larger = ablating it hurts more){note}:")
     columns = [c for c in ("importance", "metric_ablated", "delta") if c in scores.table]
     print(format_table(ranked, columns, fmt=".4g"))
     stem = f"{STEM}_{args.method}"

@@ -29,7 +29,7 @@ from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
 from interp.models import load_model, resolve_device, resolve_dtype
 from interp.saving import cli_owned
-from interp.scores import format_table  # noqa: F401  (the commands' summary table; it lives with the results)
+from interp.scores import format_table, plural  # noqa: F401  (the commands' summary table; it lives with the results)
 
 EXIT_MODEL = 1
 EXIT_USAGE = 2
@@ -197,7 +197,11 @@ def task_pairs(task: Any) -> str:
     """How many pairs of its file a task holds, for a command's header: ``5 pairs``, or ``the first 2
     of 5 pairs`` when a file was cut."""
     every = task.meta.get("file_pairs", task.n_pairs)
-    return f"{task.n_pairs} pairs" if every == task.n_pairs else f"the first {task.n_pairs} of {every} pairs"
+    return (
+        plural(task.n_pairs, "pair")
+        if every == task.n_pairs
+        else f"the first {task.n_pairs} of {plural(every, 'pair')}"
+    )
 
 
 def add_encoding_flag(p: argparse.ArgumentParser, what: str = "text files") -> None:

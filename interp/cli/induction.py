@@ -20,7 +20,7 @@ from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
 from interp.plots import MARK_THRESHOLD, save_figure, short_name
 from interp.probes import repeated_tokens
-from interp.scores import format_table
+from interp.scores import format_table, plural
 
 STEM = "induction"
 
@@ -71,7 +71,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         + "\n"
     )
     ranked = scores.rank("induction", top=args.top)
-    print(f"top {len(ranked)} heads by induction score ({args.ci:.0%} bootstrap CI over sequences):")
+    print(f"top {plural(len(ranked), 'head')} by induction score ({args.ci:.0%} bootstrap CI over sequences):")
     print(format_table(ranked, [*ATTENTION_SCORES, "copying"], ci=ATTENTION_SCORES, n_sequences=scores.n_sequences))
     for name in ATTENTION_SCORES:
         print(top_line(scores, name, baselines[name]))

@@ -42,6 +42,7 @@ from interp.cli.common import (
     check_task,
     format_table,
     partial_note,
+    plural,
     positive_int,
     run_cli,
     set_batch_help,
@@ -159,7 +160,9 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         default=None,
         help="eap-ig: integration steps between the activations (default: 5)",
     )
-    p.add_argument("--minibatch", type=positive_int, default=None, help="pairs per forward")
+    p.add_argument(
+        "--minibatch", type=positive_int, default=None, help="pairs per forward (default: every pair in one forward)"
+    )
     return p
 
 
@@ -341,7 +344,7 @@ def path_main(
     header(paths.meta["clean_metric"], paths.meta["corrupted_metric"])
     into = LOGITS if receivers == LOGITS else f"the receivers' {site}"
     print(
-        f"path patching into {into}: {len(paths.senders)} senders x {len(paths.receivers)} receivers, "
+        f"path patching into {into}: {plural(len(paths.senders), 'sender')} x {plural(len(paths.receivers), 'receiver')}, "
         f"{time.perf_counter() - t0:.2f}s\n"
     )
     ranked = paths.table.dropna(subset=["effect"])
@@ -349,7 +352,7 @@ def path_main(
     ranked = ranked.assign(label=[f"{s} -> {r}" for s, r in zip(ranked["sender"], ranked["receiver"])])
     if "gap_warning" in paths.meta:
         print(paths.meta["gap_warning"])
-    print(f"top {len(ranked)} paths by |effect| (fraction of the clean-corrupted gap the path moves):")
+    print(f"top {plural(len(ranked), 'path')} by |effect| (fraction of the clean-corrupted gap the path moves):")
     print(format_table(ranked, ["effect"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
     written = paths.save(out)
     return written + save_figure(paths.figure(), out, "path_patching")
@@ -375,7 +378,7 @@ def faithfulness_main(
     targets = " / ".join(f"{t:g}" for t in TARGETS)
     print(
         f"\nfaithfulness (the top n heads kept, every other head's output patched to {what}): the smallest n "
-        f"reaching {targets} of the clean metric, of {len(own.table)} heads:"
+        f"reaching {targets} of the clean metric, of {plural(len(own.table), 'head')}:"
     )
     smallest = {t: curves.smallest(t) for t in TARGETS}
     width = max(len(name) for name in rankings)

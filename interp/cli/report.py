@@ -35,7 +35,7 @@ from interp.probes.task import task_probe
 from interp.report.atlas import STEM
 from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
-from interp.scores import format_table
+from interp.scores import format_table, plural
 
 
 def _parts(text: str) -> list[str]:
@@ -182,7 +182,7 @@ def _print_task(atlas, top: int) -> None:
     """The task part's summary: the heads of largest patching effect, with their attribution."""
     t = atlas.meta["task"]
     print(
-        f"\ntask {t['name']} ({t['n_pairs']} pairs of {t['seq_len']} tokens, read at position {t['read_position']}; "
+        f"\ntask {t['name']} ({plural(t['n_pairs'], 'pair')} of {t['seq_len']} tokens, read at position {t['read_position']}; "
         f"{t['metric']} clean {t['clean_metric']:.4f}, corrupted {t['corrupted_metric']:.4f}): heads by exact "
         f"patching effect (denoising; score [{atlas.meta['ci_level']:.0%} CI]):"
     )

@@ -37,7 +37,7 @@ import pandas as pd
 from interp._io import atomic_write
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, plural, positive_int, run_cli
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -98,7 +98,12 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
         "'none' skips the profile",
     )
     p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
-    p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
+    p.add_argument(
+        "--minibatch",
+        type=positive_int,
+        default=None,
+        help="sequences per forward pass (default: every sequence in one)",
+    )
     add_engine_flag(p)
     return p
 
@@ -172,7 +177,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         f"the first {args.sink} + last {window} keys >= {STREAMING_THRESHOLD}, else neither\n"
     )
     ranked = scores.rank("retrieval", top=args.top)
-    print(f"top {len(ranked)} heads by retrieval score ({args.ci:.0%} bootstrap CI over needles):")
+    print(f"top {plural(len(ranked), 'head')} by retrieval score ({args.ci:.0%} bootstrap CI over needles):")
     print(summary_table(ranked))
     counts = scores.table["role"].value_counts()
     print("heads per role: " + ", ".join(f"{r} {int(counts.get(r, 0))}" for r in ("retrieval", "streaming", "neither")))

@@ -58,7 +58,7 @@ from interp.probes.task import TASKS, task_probe
 from interp.probes.user import text_ids
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
-from interp.scores import HeadScores, format_table, join_scores
+from interp.scores import HeadScores, format_table, join_scores, plural
 from interp.texts import BYTES_NOTE, decode_file
 
 STEM = "roles"
@@ -285,7 +285,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         task = dla.meta.get("task")
         on = f"task {task['name']}, read at position {task['read_position']}; " if task else ""
         print(
-            f"\ndirect logit attribution ({on}{dla.meta['direction']}, {dla.meta['n_prompts']} prompts; "
+            f"\ndirect logit attribution ({on}{dla.meta['direction']}, {plural(dla.meta['n_prompts'], 'prompt')}; "
             f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
         )
         print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))

@@ -69,7 +69,12 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
         default=REL_THRESHOLD,
         help="massive activation: |x| above this times its hidden state's median |x|",
     )
-    p.add_argument("--minibatch", type=positive_int, default=None, help="sequences per forward pass")
+    p.add_argument(
+        "--minibatch",
+        type=positive_int,
+        default=None,
+        help="sequences per forward pass (default: every sequence in one)",
+    )
     add_engine_flag(p)
     return p
 

@@ -35,6 +35,7 @@ from interp.patching.result import PatchScores
 from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio
+from interp.texts import token_label
 
 FEWER_PAIRS = "use fewer pairs (command line: --batch)"
 BY: Registry[str] = Registry("patching granularity")
@@ -308,7 +309,7 @@ def _token_labels(model: HookedModel, tokens: Tensor) -> list[str]:
     ids = tokens.tolist()
     if tokenizer is None:
         return [str(t) for t in ids]
-    return [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
+    return [token_label(tokenizer, t) for t in ids]
 
 
 def _tables(

@@ -39,7 +39,12 @@ def exact_values(
     )
     masks = masks_of(run.heads, run.positions, info.n_layers, info.n_heads, T, run.group)
     desc = f"patching heads ({run.site}, {run.direction}, by {run.by})"
-    values = sweeper.evaluate(masks, desc=desc, scope=f"patch-{run.site}-{run.direction}-{run.by}")
+    values = sweeper.evaluate(
+        masks,
+        desc=desc,
+        scope=f"patch-{run.site}-{run.direction}-{run.by}",  # the journal's key: kept as journals hold it
+        named=f"exact patching ({run.site}, {run.direction}, by {run.by})",
+    )
     facts: dict[str, Any] = {"replay": sweeper.replay, "shortcuts": sweeper.shortcuts}
     if sweeper.interrupted:
         facts["partial"] = True

@@ -27,7 +27,7 @@ from interp.errors import UsageError
 from interp.patching.core import gap_meta, pooled_ratio, setup
 from interp.patching.result import PatchScores, warned
 from interp.probes.task import TaskProbe
-from interp.scores import load_table, save_table
+from interp.scores import Shown, load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -36,8 +36,8 @@ TARGETS = (0.8, 0.9)
 STEM = "faithfulness"
 
 
-@dataclass
-class FaithfulnessCurves:
+@dataclass(repr=False)
+class FaithfulnessCurves(Shown):
     """A row per (ranking, n): ``faithfulness`` (normalised metric, pooled over pairs, with its
     bootstrap CI over pairs in ``faithfulness_lo`` and ``faithfulness_hi``) and ``heads`` kept."""
 
@@ -125,7 +125,12 @@ def faithfulness_curves(
     masks = torch.stack(
         [every & ~head_mask(info, order[:n], allow_empty=True) for order in orders.values() for n in ns]
     )
-    values = sweeper.evaluate(masks, desc="faithfulness", scope=f"faithfulness-{to}")
+    values = sweeper.evaluate(
+        masks,
+        desc="faithfulness",
+        scope=f"faithfulness-{to}",
+        named=f"the faithfulness curves (the rest patched to {to})",
+    )
     num = values - run.corrupted[None]  # [row, pair]: each pair's share of its own gap, pooled over pairs
     point, lo, hi = pooled_ratio(num.T, (run.clean - run.corrupted)[:, None].expand(-1, len(num)), run.config)
     rows = []

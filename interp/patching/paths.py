@@ -33,7 +33,7 @@ from interp.models import ModelInfo, describe
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, gap_moved, pooled_ratio, setup
 from interp.patching.result import effect_scale, warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
-from interp.scores import NOISE_FLOOR_FRACTION, load_table, save_table
+from interp.scores import NOISE_FLOOR_FRACTION, Shown, load_table, save_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -42,13 +42,14 @@ LOGITS = "logits"
 STEM = "path_patching"
 
 
-@dataclass
-class PathScores:
+@dataclass(repr=False)
+class PathScores(Shown):
     """A row per (sender, receiver): ``effect`` (the fraction of the clean-corrupted gap the path
     moves) with its bootstrap CI over pairs; ``.grid()`` is the sender x receiver matrix."""
 
     table: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    shown_by = "effect"
 
     def grid(self, score: str = "effect") -> np.ndarray:
         return (

@@ -33,7 +33,7 @@ def warned(title: str, meta: dict[str, Any]) -> str:
     return f"{title}<br><sup>{html.escape(warning)}</sup>" if warning else title
 
 
-@dataclass
+@dataclass(repr=False)
 class PatchScores(HeadScores):
     """Activation patching's table: ``.table``, ``.grid``, ``.save``, ``.load``, ``.figure``.
 

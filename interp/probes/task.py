@@ -39,7 +39,7 @@ from interp.probes.draw import draw_blocks, drop_given_prefix, frame_tokens
 from interp.probes.probe import TokenProbe
 from interp.probes.user import text_ids
 from interp.registry import Registry
-from interp.texts import decode_file
+from interp.texts import decode_file, token_list
 
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
 FRAMED_HINT = "pass framed=True (command line: --framed) if the prompts carry all of the model's framing"
@@ -262,7 +262,7 @@ def _answer_ids(model: HookedModel, value: Any, pair: int, what: str) -> list[in
         if isinstance(part, str) and len(ids) != 1:
             tokenizer = getattr(model, "tokenizer", None)
             split = (
-                f"the tokenizer splits it as {tokenizer.convert_ids_to_tokens(ids) if ids else []}; choose an "
+                f"the tokenizer splits it as {token_list(tokenizer, ids)}; choose an "
                 "answer the tokenizer keeps whole (often with a leading space)"
                 if tokenizer is not None
                 else "a model without a tokenizer reads a text as its UTF-8 bytes, one token a byte; choose a "

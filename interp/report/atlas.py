@@ -21,7 +21,7 @@ import pandas as pd
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 from interp.report.roles import role_column
-from interp.scores import HeadScores, file_frame, from_records, json_records, memory_frame, read_csv
+from interp.scores import HeadScores, Shown, file_frame, from_records, json_records, memory_frame, read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -54,8 +54,8 @@ def plain(value: Any) -> Any:
     return value
 
 
-@dataclass
-class Atlas:
+@dataclass(repr=False)
+class Atlas(Shown):
     """What :func:`~interp.report.head_atlas` found; :meth:`save` writes the page and its tables.
 
     ``roles`` is the tidy per-head table (every score with its CI, importances, ``role``), also

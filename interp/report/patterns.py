@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 import torch
@@ -14,6 +12,7 @@ from torch import Tensor
 from interp.adapters import HookedModel, run_with_reducers
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
+from interp.texts import shown_text, token_label
 
 
 def attention_patterns(model: HookedModel, tokens: Int[Tensor, " pos"]) -> Float[Tensor, "layer head q k"]:
@@ -38,44 +37,14 @@ def attention_patterns(model: HookedModel, tokens: Int[Tensor, " pos"]) -> Float
     return out
 
 
-@cache
-def _byte_alphabet() -> dict[str, int]:
-    """Byte-level BPE's alphabet (GPT-2, Llama 3): the printable Latin-1 bytes stand for themselves;
-    every other byte, in order, is drawn as the character 256, 257, ..."""
-    shown = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    table = {chr(b): b for b in shown}
-    others = sorted(set(range(256)) - set(shown))
-    table.update({chr(256 + n): b for n, b in enumerate(others)})
-    return table
-
-
-def token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
-    """The bytes a token stands for, read from its piece: a byte-level BPE piece (``"\u0120cat"``) or a
-    SentencePiece byte (``"<0xE2>"``); ``None`` for any other piece."""
-    piece = tokenizer.convert_ids_to_tokens(int(token_id))
-    if not isinstance(piece, str) or not piece:
-        return None
-    byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
-    if byte:
-        return bytes([int(byte.group(1), 16)])
-    table = _byte_alphabet()
-    return bytes(table[c] for c in piece) if all(c in table for c in piece) else None
-
-
 def token_labels(model: HookedModel, ids: Sequence[int], probe: Any = None) -> list[str]:
-    """A readable label per position: the token's text; a token holding part of one character (a
-    byte of a curly quote or an emoji), which decodes to U+FFFD, shows its bytes instead
-    (``"\\xe2\\x80"``, text before them kept). Without a tokenizer: :func:`interp.sinks.token_texts`."""
+    """A readable label per position, :func:`interp.texts.token_label` (the token's text, a leading
+    space as ``␣``, a partial character as its bytes). Without a tokenizer: :func:`interp.sinks.token_texts`."""
     from interp.sinks import token_texts
 
     ids = [int(i) for i in ids]
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         names = token_texts(model, probe, sorted(set(ids))) if probe is not None else {i: f"<{i}>" for i in ids}
-        return [names[i] for i in ids]
-    out = []
-    for i in ids:
-        text = tokenizer.decode([i])
-        raw = token_bytes(tokenizer, i) if "\ufffd" in text else None
-        out.append(raw.decode("utf-8", errors="backslashreplace") if raw is not None else text)
-    return out
+        return [shown_text(names[i]) for i in ids]
+    return [token_label(tokenizer, i) for i in ids]

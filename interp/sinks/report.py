@@ -18,7 +18,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes import TokenProbe, random_tokens
-from interp.scores import HeadScores, json_records, read_csv
+from interp.scores import HeadScores, Shown, json_records, read_csv
 from interp.sinks.stats import (
     ABS_THRESHOLD,
     EPSILON,
@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 
-@dataclass
-class SinkReport:
+@dataclass(repr=False)
+class SinkReport(Shown):
     """Everything :func:`sink_scores` found: one per-head table and four tidy tables.
 
     - ``heads``: a :class:`HeadScores`, a row per (layer, head) (see the module docstring);
@@ -69,6 +69,7 @@ class SinkReport:
     tokens: pd.DataFrame
     massive: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    shown_by = "first_mass"
 
     def __post_init__(self) -> None:
         # float64 throughout (float32 values are exact in it), so that saved tables read back bit for bit

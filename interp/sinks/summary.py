@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from interp.probes import TokenProbe
-from interp.scores import format_table
+from interp.scores import format_table, plural
 from interp.sinks.tables import MIN_OCCURRENCES
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: 
         + ["confidence", "confidence_no_first", "value_norm_ratio", "first_mass_by_norm"]
     )
     lines += [
-        f"top {len(ranked)} sink heads by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
+        f"top {plural(len(ranked), 'sink head')} by first-token ({first}) mass ({m['ci_level']:.0%} bootstrap CI):",
         format_table(ranked, score_cols, ci=["first_mass"], n_sequences=report.heads.n_sequences),
         "",
     ]
@@ -75,7 +75,7 @@ def sink_summary(report: SinkReport, probe: TokenProbe, top: int = 10, elapsed: 
         ]
     elif len(toks):
         lines += [
-            f"top {len(toks)} sink tokens (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
+            f"top {plural(len(toks), 'sink token')} (attention x uniform; a sink draws >= {m['sink_ratio']:g} x, "
             f"or a head dumps > {eps} on it; tokens seen at least {MIN_OCCURRENCES} times"
             + (f", {rare} rarer left out" if rare else "")
             + "):",

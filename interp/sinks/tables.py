@@ -17,6 +17,7 @@ from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe, ordinary_vocab
 from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 from interp.sinks.stats import SinkStatistics, queries_per_key_rows, scored_queries, uniform_mass, uniform_mass_rows
+from interp.texts import shown_text
 
 
 def first_label(info: ModelInfo, probe: TokenProbe) -> str:
@@ -187,7 +188,7 @@ def occurrences(
             "sequence": b[keep].numpy(),
             "position": pos,
             "token_id": ids,
-            "token": [texts[i] for i in ids],
+            "token": [shown_text(texts[i]) for i in ids],
             "role": [_role(i, texts[i], p, info) for i, p in zip(ids, pos)],
             "attention_ratio": ratio[keep].numpy(),
             "mass": mass[keep].numpy(),
@@ -262,7 +263,7 @@ def massive_table(
     seq, pos = frame["sequence"].tolist(), frame["position"].tolist()
     ids = probe.tokens.cpu()[seq, pos].tolist()
     texts = token_texts(model, probe, sorted(set(ids)))
-    frame["token"] = [texts[i] for i in ids]
+    frame["token"] = [shown_text(texts[i]) for i in ids]
     frame["role"] = [_role(i, texts[i], p, info) for i, p in zip(ids, pos)]
     frame["on_sink"] = sink_pos[seq, pos].numpy()
     return frame[cols]

@@ -1,0 +1,161 @@
+"""Every result object shows itself the same way: a short ``repr`` (class, model, shape, a few top
+rows, never whole arrays) and, in a notebook, a summary table and its figure (``_repr_html_``);
+``LogitAttribution`` has the common shape (``.table``, ``.grid``, ``.figure``, ``.load``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from interp.ablation import incontext_loss, pruning_curves, train_gates
+from interp.checkpoints import checkpoint_scores
+from interp.circuits import composition_scores, head_map, logit_attribution
+from interp.circuits.logit import LogitAttribution
+from interp.heads import head_scores
+from interp.models import load_model
+from interp.patching import patch_heads
+from interp.patching.faithfulness import faithfulness_curves
+from interp.patching.paths import path_patch
+from interp.probes import repeated_tokens
+from interp.probes.task import task_probe
+from interp.report import head_atlas
+from interp.scores import HeadScores, plural
+from interp.sinks import sink_scores
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return load_model("toy", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def results(toy, tmp_path_factory):
+    """One result of each class, each from its analysis on the toy at small sizes."""
+    probe = repeated_tokens(toy, batch=3, block_len=6, n_repeats=2, seed=0)
+    task = task_probe(toy, "repeat", n_pairs=3, seed=0, block_len=4)
+    patched = patch_heads(toy, task)
+    folder = tmp_path_factory.mktemp("steps")
+    for step in (0, 10):
+        toy.save_pretrained(folder / f"step{step}")
+    made = {
+        "HeadScores": head_scores(toy, probe),
+        "PatchScores": patched,
+        "PathScores": path_patch(toy, task),
+        "FaithfulnessCurves": faithfulness_curves(toy, task, {"patching": patched}),
+        "Compositions": composition_scores(toy, n_random=20),
+        "LogitAttribution": logit_attribution(toy, task, n_boot=20),
+        "HeadMap": head_map(toy, probe),
+        "SinkReport": sink_scores(toy, probe, n_boot=20),
+        "PruningCurves": pruning_curves(toy, probe, incontext_loss(probe), orders=["random"], step=0.5),
+        "GateSweep": train_gates(toy, probe, incontext_loss(probe), [0.0], steps=2),
+        "Atlas": head_atlas(
+            toy, batch=3, seq_len=12, sink_batch=3, sink_seq_len=12, seed=0, skip=["pruning", "gradient", "exact"]
+        ),
+        "CheckpointScores": checkpoint_scores(str(folder / "step*"), batch=3, seq_len=8, icl_len=40, icl_batch=3),
+    }
+    for result in made.values():
+        print(repr(result), end="\n\n")  # what a reader sees (pytest -s)
+    return made
+
+
+CLASSES = [
+    "HeadScores",
+    "PatchScores",
+    "PathScores",
+    "FaithfulnessCurves",
+    "Compositions",
+    "LogitAttribution",
+    "HeadMap",
+    "SinkReport",
+    "PruningCurves",
+    "GateSweep",
+    "Atlas",
+    "CheckpointScores",
+]
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_a_notebook_shows_a_summary_table_and_the_figure(results, name):
+    result = results[name]
+    assert type(result).__name__ == name
+    page = result._repr_html_()
+    assert page.count("<table") == 1 and "</table>" in page
+    assert '<div id="' in page and "Plotly.newPlot" in page  # the figure's div, drawn by plotly
+    assert page.index("</table>") < page.index("Plotly.newPlot")  # the table first, then its figure
+    assert f"{name} of {result.meta['model']}: " in page  # the class and the model, above the table
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_repr_is_a_short_summary_not_a_dataclass_dump(results, name):
+    result = results[name]
+    text = repr(result)
+    assert text.startswith(f"{name} of {result.meta['model']}: ")
+    assert len(text) < 1000 and len(text.splitlines()) <= 7  # a headline and at most five rows under a header
+    assert "array(" not in text and "tensor(" not in text and "DataFrame" not in text
+
+
+def test_the_top_rows_are_ranked_by_the_main_score(results):
+    dla = results["LogitAttribution"]
+    shown = dla.shown_rows()
+    assert shown["dla"].tolist() == sorted(dla.table["dla"], reverse=True)[:5]
+    assert "top by dla" in repr(dla)
+
+
+def test_repr_of_a_gpt2_sized_result_stays_short():
+    """12 layers x 12 heads, three scores with CIs, 50 prompts of 20 tokens: the repr shows five rows."""
+    g = np.random.default_rng(0)
+    meta = {"model": "gpt2", "n_layers": 12, "n_heads": 12}
+    grids = {k: g.normal(size=(12, 12)) for k in ("a", "a_lo", "a_hi", "b", "b_lo", "b_hi", "c", "c_lo", "c_hi")}
+    scores = HeadScores.from_grids(grids, meta)
+    parts = pd.DataFrame({"prompt": np.arange(50), "embed": g.normal(size=50), "total": g.normal(size=50)})
+    dla = LogitAttribution(
+        HeadScores.from_grids({"dla": grids["a"], "dla_lo": grids["a_lo"], "dla_hi": grids["a_hi"]}, meta),
+        g.normal(size=(50, 12, 12, 20)),
+        parts,
+        meta,
+    )
+    for result in (scores, dla):
+        text = repr(result)
+        assert len(text) < 1000, text
+        assert "144 rows (12 layers x 12 heads)" in text
+
+
+def test_logit_attribution_has_the_common_shape_and_round_trips(toy, tmp_path):
+    task = task_probe(toy, "repeat", n_pairs=3, seed=0, block_len=4)
+    r = logit_attribution(toy, task, n_boot=20)
+    assert r.table is r.heads.table and r.meta["model"] == "toy"
+    np.testing.assert_array_equal(r.grid(), r.heads.grid("dla"))
+    assert r.grid("dla_hi").shape == (2, 4)  # the toy's 2 layers x 4 heads
+    fig = r.figure()
+    assert [t.type for t in fig.data] == ["heatmap"]
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z, dtype=float), r.grid())
+    r.save(tmp_path)
+    back = LogitAttribution.load(tmp_path)
+    pd.testing.assert_frame_equal(back.table, r.table)
+    pd.testing.assert_frame_equal(back.parts, r.parts)
+    np.testing.assert_array_equal(back.per_position, r.per_position)  # bit for bit, NaN where NaN
+    assert back.meta == r.meta
+    assert LogitAttribution.load(tmp_path / "logit_attribution.json").meta == r.meta
+
+
+def test_logit_attribution_load_says_what_is_missing(tmp_path):
+    from interp.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^no saved logit attribution at .*: pass the logit_attribution.json"):
+        LogitAttribution.load(tmp_path)
+
+
+def test_plural_is_singular_for_one():
+    assert plural(1, "pair") == "1 pair" and plural(2, "pair") == "2 pairs" and plural(0, "path") == "0 paths"
+    assert plural(1, "query", "queries") == "1 query" and plural(3, "query", "queries") == "3 queries"
+    assert plural(1200, "row") == "1,200 rows"
+
+
+def test_one_shared_view_serves_every_class(results):
+    """No result class writes its own repr or notebook view (a dataclass's own repr would win)."""
+    for name in CLASSES:
+        own = [k for k in ("__repr__", "_repr_html_") if k in vars(type(results[name]))]
+        assert not own, f"{name} defines {own}"
