@@ -140,3 +140,89 @@ def test_first_mlp_equals_hugging_faces_own_block_0_mlp():
     assert how == "block 0's MLP after its norm"
     assert want.abs().max() > 0.1
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+
+
+# ---- copy suppression equals the full product, formed whole --------------------------------------
+
+
+def plain_copy_suppression(E, W_V, W_O, W_U, tokens, k):
+    """Per (token, layer, head), written plainly (as the score was first computed): each head's whole
+    ``[tokens, vocab]`` product ``F = E W_V W_O W_U`` (float64), and whether fewer than ``k`` other
+    logits of a row are as low as the token's own, or lower."""
+    f64 = lambda t: t.detach().double()  # noqa: E731
+    F = torch.einsum("nd,lhde,lhem,mv->lhnv", f64(E)[tokens], f64(W_V), f64(W_O), f64(W_U))
+    own = F[:, :, torch.arange(len(tokens)), tokens]  # [layer, head, n]
+    below = (F <= own[..., None]).sum(-1) - 1  # the own logit is as low as itself
+    return (below < k).double().mean(-1)  # [layer, head]: the share of tokens
+
+
+def hf_weights(hf):
+    """``W_EE, W_V, W_O, W_U`` read straight from a Hugging Face GPT-2 (``W_EE = W_E + MLP0(ln_2(W_E))``)."""
+    d, H = hf.config.n_embd, hf.config.n_head
+    dh = d // H
+    W_E = hf.transformer.wte.weight
+    block0 = hf.transformer.h[0]
+    with torch.no_grad():
+        E = W_E + block0.mlp(block0.ln_2(W_E))
+    W_V = torch.stack([b.attn.c_attn.weight[:, 2 * d :].reshape(d, H, dh).transpose(0, 1) for b in hf.transformer.h])
+    W_O = torch.stack([b.attn.c_proj.weight.reshape(H, dh, d) for b in hf.transformer.h])
+    return E, W_V, W_O, hf.lm_head.weight.T
+
+
+def planted_gpt2():
+    """A random 2-layer GPT-2 (vocabulary 300, d_head 16 < d_model 64) whose head 1.2 writes minus what
+    it reads (``W_V = Q``, ``W_O = -Q^T``): a copy-suppression head whose rows stay undecided long."""
+    from tests.helpers import gpt2_model
+
+    hf = gpt2_model(n_layer=2, n_head=4, n_embd=64, vocab=300)
+    Q, _ = torch.linalg.qr(torch.randn(64, 16, generator=torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        hf.transformer.h[1].attn.c_attn.weight[:, 2 * 64 + 2 * 16 : 2 * 64 + 3 * 16] = 4 * Q
+        hf.transformer.h[1].attn.c_proj.weight[2 * 16 : 3 * 16, :] = -Q.T
+    return hf
+
+
+@pytest.mark.parametrize("block", [1024, 7])  # one block of columns, and many
+def test_copy_suppression_equals_the_full_product_on_a_small_gpt2(monkeypatch, block):
+    import interp.circuits.ov as ov_module
+    from interp.models import from_hf_model
+
+    hf = planted_gpt2()
+    monkeypatch.setattr(ov_module, "COLUMN_BLOCK", block)
+    s = ov_scores(from_hf_model(hf, word_tokenizer(300)), ["copy_suppression"], k=5, max_tokens=1000, n_boot=10)
+    want = plain_copy_suppression(*hf_weights(hf), torch.arange(1, 300), k=5)  # token 0 is BOS
+    assert want[1, 2] > 0.5 and 0 < want.sum() - want[1, 2]  # the planted head, and a few hits elsewhere
+    assert s.meta["ci_units"]["copy_suppression"] == 299
+    torch.testing.assert_close(
+        torch.as_tensor(s.grid("copy_suppression")).double(), want, rtol=0, atol=1e-6
+    )  # a hit is 1/299
+
+
+def test_copy_suppression_on_the_bundled_toy_equals_the_full_product():
+    from interp.models import load_model
+
+    toy = load_model("toy", device="cpu")
+    s = ov_scores(toy, ["copy_suppression"], max_tokens=512, n_boot=10)  # every ordinary token
+    want = plain_copy_suppression(toy.W_E, toy.W_V, toy.W_O, toy.W_U, torch.arange(1, 512), k=10)
+    assert want.sum() > 0  # some hits to match
+    torch.testing.assert_close(
+        torch.as_tensor(s.grid("copy_suppression")).double(), want, rtol=0, atol=1e-6
+    )  # a hit is 1/511
+
+
+def test_copy_suppression_decides_most_rows_in_the_first_blocks_and_embeds_only_its_tokens(monkeypatch):
+    """Rows leave once k other logits are found as low as their own, and block 0's MLP runs on the
+    scored tokens only, not on the whole vocabulary."""
+    import interp.circuits.ov as ov_module
+
+    seen, embedded = [], []
+    block, first_mlp = ov_module._logit_block, ov_module.first_mlp
+    monkeypatch.setattr(ov_module, "COLUMN_BLOCK", 10)
+    monkeypatch.setattr(ov_module, "_logit_block", lambda *a: seen.append(len(a[3])) or block(*a))
+    monkeypatch.setattr(ov_module, "first_mlp", lambda m, x: embedded.append(len(x)) or first_mlp(m, x))
+    torch.manual_seed(0)
+    cfg = ToyConfig(n_layers=2, d_model=32, n_heads=2, d_vocab=600, n_ctx=8, attn_only=False)
+    ov_scores(ToyTransformer(cfg).eval(), ["copy_suppression"], k=3, max_tokens=100, n_boot=10)
+    assert embedded == [100]
+    assert seen[0] == 2 * 100 and len(seen) <= 2 * 60  # every row of a layer meets the first block
+    assert sum(seen) < 0.2 * 2 * 2 * 100 * 60  # most rows are decided long before the last block

@@ -71,9 +71,13 @@ def test_atlas_on_gpt2_small_names_the_exact_sweep_and_pruning_up_front():
     assert long_work_note(plan) == (
         "note: the exact sweep (144 heads x 10 sequences of 101 tokens) is about 143x the work of the head "
         "scores (144 heads x 10 sequences of 101 tokens), and the pruning curves (3 orders x 11 steps x 10 "
-        "sequences of 101 tokens) about 48x, and the OV roles (144 heads x 500 tokens x the vocabulary) about 37x: "
-        "they will take much longer; skip=['exact', 'pruning', 'ov'] leaves them out (command line: --skip "
-        "exact,pruning,ov)"
+        "sequences of 101 tokens) about 48x: they will take much longer; skip=['exact', 'pruning'] leaves them "
+        "out (command line: --skip exact,pruning)"
+    )
+    # the OV roles through the factors of F, rows decided early: at most d_head x (d_model + tokens) a column
+    assert plan["ov"] == (
+        "the OV roles (144 heads x 500 tokens x the vocabulary)",
+        144 * 64 * 1268 * 50257 + 500 * 12 * 768**2,
     )
     assert long_work_note(atlas_work(_gpt2_info(), skip=["exact", "pruning", "ov"])) is None
     assert "skip=['exact'] leaves it out (command line: --skip exact)" in long_work_note(
@@ -240,3 +244,38 @@ def test_a_bar_whose_last_update_printed_its_end_does_not_print_it_again():
     bar.update()
     bar.close()
     assert [line.split(",")[0] for line in out.getvalue().splitlines()] == ["work: 1/2 (50%)", "work: 2/2 (100%)"]
+
+
+# ---- the OV roles and the roles command: sizes first, then progress --------------------------------
+
+
+def test_the_ov_roles_say_their_sizes_and_show_progress(capsys):
+    from interp.circuits import ov_scores
+
+    toy = load_model("toy", device="cpu")
+    with one_thread(), lines():
+        ov_scores(toy, ["copy_suppression"], n_boot=10, progress=True)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "copy suppression: 8 heads x 500 tokens x 512 vocabulary, in blocks of 1024"
+    assert err[-1].startswith("copy suppression: 2/2 (100%)")
+
+
+def test_roles_names_each_part_with_its_sizes_as_it_starts(tmp_path, capsys):
+    from interp.roles import cli as roles_cli
+
+    argv = ["--out", str(tmp_path / "r"), "--task", "repeat", "--batch", "2", "--n-random", "10", "--device", "cpu"]
+    with one_thread():
+        assert roles_cli([*argv, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("roles ")] == [
+        "roles 1/5: direct logit attribution (task repeat: 2 prompts of 21 tokens)",
+        "roles 2/5: the composition scores (8 x 8 head pairs, Q/K/V)",
+        "roles 3/5: the OV roles (8 heads x 500 tokens x the vocabulary)",
+        "roles 4/5: the encoder-head scores (2 x 33 tokens of text)",
+        "roles 5/5: the map of heads (8 heads' patterns on 2 x 33 tokens of text)",
+    ]
+    after = err[err.index("roles 2/5") :]
+    assert "composition: 8 x 8 head pairs x 3 kind(s), 10 random pairs per baseline" in after
+    assert "composition: 3/3 (100%)" in after
+    assert "copy suppression: 8 heads x 500 tokens x 512 vocabulary, in blocks of 1024" in after
+    assert "copy suppression: 2/2 (100%)" in err[err.index("roles 3/5") :]

@@ -39,9 +39,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.adapters import HookedModel, describe
+from interp.adapters import HookedModel, ModelInfo, describe
 from interp.adapters.weights import HeadWeights, read_head_weights
 from interp.errors import UsageError
+from interp.progress import tqdm
 from interp.registry import Registry
 from interp.scores import Shown, load_table, save_table
 
@@ -183,9 +184,11 @@ def composition_scores(
     kinds: Sequence[str] = ("Q", "K", "V"),
     n_random: int = N_RANDOM,
     seed: int = 0,
+    progress: bool = False,
 ) -> Compositions:
     """Q-, K- and V-composition of every pair of heads in different layers, each with its z-score
-    against random heads of the same shapes (see the module docstring)."""
+    against random heads of the same shapes (see the module docstring). ``progress``: say the
+    sizes on stderr and show the progress a kind at a time."""
     kinds = KINDS.check_all(kinds)
     if n_random < 2:
         raise UsageError(f"n_random must be at least 2 (a baseline needs a spread), got {n_random}")
@@ -200,7 +203,9 @@ def composition_scores(
     src_l, src_h, dst_l, dst_h = keep.nonzero().unbind(-1)
     frames, baselines = [], {}
     with torch.no_grad():
-        for kind in kinds:
+        n_heads = H * len(info.attention_layers)
+        sizes = f"{n_heads} x {n_heads} head pairs x {len(kinds)} kind(s), {n_random} random pairs per baseline"
+        for kind in tqdm(kinds, desc="composition", disable=not progress, unit="kind", sizes=sizes):
             grid = composition_grid(w, kind).cpu()
             base = random_baseline(info.d_model, w.W_V.shape[-1], w.W_Q.shape[-1], kind, n_random=n_random, seed=seed)
             mean, sd = float(base.mean()), float(base.std())
@@ -240,4 +245,20 @@ def composition_scores(
     return Compositions(table, meta)
 
 
-__all__ = ["KINDS", "Compositions", "composition_grid", "composition_scores", "pair_scores", "random_baseline"]
+def composition_work(info: ModelInfo, kinds: Sequence[str] = ("Q", "K", "V")) -> tuple[str, float]:
+    """What the composition scores are, with their sizes, and their work (multiply-adds, about
+    ``d_head^2 x d_model`` a pair of heads and kind): an estimate to compare parts by, not a timing."""
+    n_heads = info.n_heads * len(info.attention_layers)
+    what = f"the composition scores ({n_heads} x {n_heads} head pairs, {'/'.join(kinds)})"
+    return what, len(kinds) * n_heads * n_heads * info.d_head * info.d_head * info.d_model
+
+
+__all__ = [
+    "KINDS",
+    "Compositions",
+    "composition_grid",
+    "composition_scores",
+    "composition_work",
+    "pair_scores",
+    "random_baseline",
+]

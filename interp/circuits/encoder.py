@@ -51,6 +51,7 @@ from interp.errors import UsageError
 from interp.heads import HeadScore, attention_scores
 from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe
+from interp.progress import forward_work
 from interp.registry import Registry
 from interp.scores import HeadScores, Shown, bootstrap_ratio, interval_notes
 
@@ -510,6 +511,22 @@ def head_map(model: HookedModel, probe: TokenProbe | None = None, *, seed: int =
     return HeadMap(distance, coords, meta)
 
 
+def encoder_work(info: ModelInfo, batch: int, seq_len: int) -> tuple[str, float]:
+    """What the encoder-head scores are, with their sizes, and their work (a forward of ``batch``
+    framed sequences of ``seq_len`` tokens; multiply-adds, :func:`interp.progress.forward_work`)."""
+    what = f"the encoder-head scores ({batch} x {seq_len} tokens of text)"
+    return what, forward_work(batch * seq_len, info.n_layers, info.d_model)
+
+
+def head_map_work(info: ModelInfo, batch: int, seq_len: int) -> tuple[str, float]:
+    """What the map of heads is, with its sizes, and its work: a forward, and a Jensen-Shannon
+    distance between the patterns of every pair of heads (about ten operations a pattern entry)."""
+    n_heads = info.n_heads * len(info.attention_layers)
+    n = batch * seq_len
+    what = f"the map of heads ({n_heads} heads' patterns on {batch} x {seq_len} tokens of text)"
+    return what, forward_work(n, info.n_layers, info.d_model) + n_heads * (n_heads + 1) // 2 * 10 * n * seq_len
+
+
 __all__ = [
     "ENCODER_SCORES",
     "KEY_SCORES",
@@ -520,7 +537,9 @@ __all__ = [
     "bundled_frequencies",
     "classical_mds",
     "encoder_scores",
+    "encoder_work",
     "head_map",
+    "head_map_work",
     "js_distance",
     "key_tokens",
     "label_room",

@@ -43,10 +43,12 @@ from interp.adapters.weights import HeadWeights, first_mlp, read_head_weights
 from interp.config import run_header
 from interp.errors import UsageError
 from interp.probes import ordinary_vocab
+from interp.progress import forward_work, tqdm
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_mean
 
 K_LOWEST = 10
+COLUMN_BLOCK = 1024  # vocabulary columns copy suppression reads per pass
 MAX_TOKENS = 500
 MIN_SUCCESSOR_PAIRS = 10
 ORDINALS: dict[str, list[str]] = {
@@ -71,52 +73,125 @@ OV_SCORES: Registry[OVScore] = Registry("OV score")
 
 @dataclass
 class OVContext:
-    """What the OV scores share: the weights, the effective embedding, the settings."""
+    """What the OV scores share: the weights, the effective embedding of the rows they read, the settings."""
 
     info: ModelInfo
     weights: HeadWeights
-    embedding: Float[Tensor, "d_vocab d_model"]
+    model: HookedModel
     tokenizer: Any
     k: int
     tokens: Int[Tensor, " n"]  # the tokens copy suppression scores
     sequences: Mapping[str, Sequence[int]] | None
+    progress: bool = False
+    how: str | None = None  # which effective embedding the rows got (set by the first :meth:`embed`)
+
+    def embed(self, rows: Int[Tensor, " n"]) -> Float[Tensor, "n d_model"]:
+        """The effective embedding of ``rows`` only (:func:`effective_embedding`): a score never
+        needs the whole vocabulary's."""
+        x, self.how = effective_embedding(self.model, self.weights, rows)
+        return x
 
     def image(self, rows: Int[Tensor, " n"], columns: Int[Tensor, " m"] | None = None) -> Tensor:
         """``F[rows][:, columns]`` for every head: ``[layer, head, n, m]`` (NaN for absent layers)."""
         w = self.weights
-        x = self.embedding[rows].float()  # [n, d_model]
+        x = self.embed(rows).float()  # [n, d_model]
         U = w.W_U.float() if columns is None else w.W_U[:, columns].float()
         xv = torch.einsum("nd,lhde->lhne", x, w.W_V.float())
         return torch.einsum("lhne,lhem,mv->lhnv", xv, w.W_O.float(), U)
 
 
-def effective_embedding(model: HookedModel, w: HeadWeights) -> tuple[Float[Tensor, "d_vocab d_model"], str]:
+def effective_embedding(
+    model: HookedModel, w: HeadWeights, rows: Int[Tensor, " n"] | None = None
+) -> tuple[Float[Tensor, "n d_model"], str]:
     """``W_E + MLP0(W_E)`` (McDougall et al.), or ``W_E`` for a model whose block 0 has no MLP;
-    with a line saying which."""
-    mlp, how = first_mlp(model, w.W_E)
+    with a line saying which. ``rows``: of those tokens only (default: the whole vocabulary); the
+    MLP reads each row alone, so a row's embedding does not depend on which others come with it."""
+    E = w.W_E if rows is None else w.W_E[rows.to(w.W_E.device)]
+    mlp, how = first_mlp(model, E)
     if mlp is None:
-        return w.W_E, f"effective embedding: W_E ({how})"
-    return w.W_E + mlp, f"effective embedding: W_E + MLP0(W_E) ({how}, attention left out)"
+        return E, f"effective embedding: W_E ({how})"
+    return E + mlp, f"effective embedding: W_E + MLP0(W_E) ({how}, attention left out)"
 
 
 # --------------------------------------------------------------------------------------------
 # copy suppression
 
 
-def _copy_suppression_hits(ctx: OVContext, budget: int = 1 << 28) -> Tensor:
+def _copy_suppression_hits(ctx: OVContext, block: int | None = None) -> Tensor:
+    """Per (token, layer, head): is the token's own logit among the ``k`` lowest of its row of ``F``?
+
+    ``F = W_EE W_V W_O W_U`` has rank ``d_head``, and a row is decided as soon as ``k`` other logits
+    are found as low as its own, so no ``[tokens, vocab]`` product is formed: each layer's rows
+    (``C = x W_V W_O``, and the own logits ``C W_U[:, token]``) meet the vocabulary a block of
+    columns at a time, and only the rows still undecided go on to the next block. A head with many
+    such rows computes its block of ``F`` through the factors, ``(x W_V) (W_O W_U[:, block])``
+    (``d_head x (d_model + rows)`` multiply-adds a column), one with few as ``C W_U[:, block]``
+    (``d_model x rows``). The columns are visited in a fixed shuffled order (a vocabulary's own
+    order sorts tokens by kind); the counts, and so the hits, do not depend on it (nor on ``block``,
+    default :data:`COLUMN_BLOCK`)."""
+    block = block or COLUMN_BLOCK
     w = ctx.weights
-    chunk = max(1, min(256, budget // (4 * w.W_V.shape[0] * w.W_V.shape[1] * ctx.info.d_vocab)))  # rows per pass
-    out = []
-    for start in range(0, len(ctx.tokens), chunk):
-        rows = ctx.tokens[start : start + chunk]
-        F = ctx.image(rows)  # [layer, head, n, V]
-        own = F.gather(-1, rows.to(F.device)[None, None, :, None].expand(*F.shape[:3], 1))
-        # how many other tokens the head pushes as far down or further: a tie is never "among the lowest"
-        below = (F <= own).sum(-1).float() - 1
-        hit = (below < ctx.k).float()
-        hit[torch.isnan(F[..., 0])] = float("nan")
-        out.append(hit.permute(2, 0, 1).cpu())
-    return torch.cat(out)
+    L, H, d_model, d_head = w.W_V.shape
+    n, V = len(ctx.tokens), w.W_U.shape[1]
+    dev = w.W_U.device
+    order = torch.randperm(V, generator=torch.Generator().manual_seed(0)).to(dev)
+    place = torch.empty_like(order)
+    place[order] = torch.arange(V, device=dev)  # column -> its place in the order
+    U = w.W_U[:, order].float()  # [d_model, V], columns in the order visited
+    tokens = ctx.tokens.to(dev)
+    own_place = place[tokens]
+    x = ctx.embed(tokens).float()  # [n, d_model]
+    absent = torch.isnan(w.W_V).flatten(2).any(-1)  # [layer, head]: no softmax attention there
+    hits = torch.full((L, H, n), float("nan"))
+    sizes = f"{H * (~absent.all(-1)).sum()} heads x {n} tokens x {V} vocabulary, in blocks of {block}"
+    for layer in tqdm(range(L), desc="copy suppression", disable=not ctx.progress, unit="layer", sizes=sizes):
+        if absent[layer].all():
+            continue
+        A = torch.einsum("nd,hde->hne", x, w.W_V[layer].float())  # [head, n, d_head]
+        W_O = w.W_O[layer].float()  # [head, d_head, d_model]
+        C = torch.bmm(A, W_O).reshape(H * n, d_model)  # row h * n + t: token t through head h
+        own = (C.view(H, n, d_model) * U[:, own_place].T).sum(-1).reshape(H * n)  # each row's own logit
+        below = torch.zeros(H * n, dtype=torch.long, device=dev)  # other logits as low as the own one, or lower
+        alive = torch.arange(H * n, device=dev)  # rows not yet decided
+        for start in range(0, V, block):
+            if not len(alive):
+                break
+            F = _logit_block(A, W_O, C, alive, U[:, start : start + block])
+            at = own_place[alive % n] - start  # a row's own column is not one of the others
+            inside = ((at >= 0) & (at < F.shape[1])).nonzero().squeeze(-1)
+            F[inside, at[inside]] = float("inf")
+            below[alive] += (F <= own[alive, None]).sum(-1)
+            alive = alive[below[alive] < ctx.k]
+        hits[layer] = (below < ctx.k).float().view(H, n).cpu()
+    hits[absent.cpu()] = float("nan")
+    return hits.permute(2, 0, 1)
+
+
+def _logit_block(
+    A: Float[Tensor, "head n d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+    C: Float[Tensor, "rows d_model"],
+    alive: Int[Tensor, " alive"],
+    U: Float[Tensor, "d_model block"],
+) -> Float[Tensor, "alive block"]:
+    """``F`` on the rows ``alive`` (sorted; row ``h * n + t``) and one block of columns, each head by
+    the cheaper route: through the factors, or from its rows of ``C = A W_O``."""
+    H, n, d_head = A.shape
+    d_model = W_O.shape[-1]
+    heads = alive // n
+    counts = torch.bincount(heads, minlength=H).tolist()
+    factor = [h for h in range(H) if counts[h] * (d_model - d_head) > d_head * d_model]
+    F = U.new_empty(len(alive), U.shape[1])
+    if len(factor) < sum(c > 0 for c in counts):  # the heads with few rows left: one product for them all
+        mask = ~torch.isin(heads, torch.tensor(factor, dtype=heads.dtype, device=heads.device))
+        F[mask] = C[alive[mask]] @ U
+    if factor:
+        OU = (W_O[factor].reshape(-1, d_model) @ U).view(len(factor), d_head, -1)  # [head, d_head, block]
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        for i, h in enumerate(factor):
+            lo, hi = ends[h] - counts[h], ends[h]
+            F[lo:hi] = A[h, alive[lo:hi] % n] @ OU[i]
+    return F
 
 
 OV_SCORES.add(
@@ -214,6 +289,17 @@ OV_SCORES.add(
 # together
 
 
+def ov_work(info: ModelInfo, max_tokens: int = MAX_TOKENS) -> tuple[str, float]:
+    """What the OV roles are, with their sizes, and their work at most (multiply-adds,
+    :func:`interp.progress.forward_work`'s unit): the scored tokens through block 0, and each head's
+    block of ``F`` through the factors for every row and column; a row decided early (most, on most
+    heads) costs far less. An estimate to compare parts by, not a timing."""
+    n_heads = info.n_heads * len(info.attention_layers)
+    n = min(max_tokens, info.d_vocab)
+    work = forward_work(n, 1, info.d_model) + n_heads * info.d_head * (info.d_model + n) * info.d_vocab
+    return f"the OV roles ({n_heads} heads x {n} tokens x the vocabulary)", work
+
+
 def ov_scores(
     model: HookedModel,
     scores: Sequence[str] = ("copy_suppression", "successor"),
@@ -224,23 +310,24 @@ def ov_scores(
     n_boot: int = 1000,
     level: float = 0.95,
     seed: int = 0,
+    progress: bool = False,
 ) -> HeadScores:
     """The registered OV scores of every head, each with a bootstrap CI over its units (tokens,
     ordinal pairs) and its chance level in ``meta["baselines"]`` (see the module docstring).
 
     ``sequences``: ``{name: [token ids in order]}`` to score successors on instead of the
-    tokenizer's ordinals (``-1`` marks an item that is not one token)."""
+    tokenizer's ordinals (``-1`` marks an item that is not one token). ``progress``: copy
+    suppression says its sizes on stderr and shows its progress a layer at a time."""
     scores = OV_SCORES.check_all(scores)
     info = describe(model)
     if not 1 <= k < info.d_vocab:
         raise UsageError(f"k must be between 1 and the vocabulary size - 1 ({info.d_vocab - 1}), got {k}")
     w = read_head_weights(model, info, "the OV scores")
-    embedding, how = effective_embedding(model, w)
     ordinary = ordinary_vocab(info)
     gen = torch.Generator().manual_seed(seed)
     sampled = len(ordinary) > max_tokens
     tokens = ordinary[torch.randperm(len(ordinary), generator=gen)[:max_tokens].sort().values] if sampled else ordinary
-    ctx = OVContext(info, w, embedding, getattr(model, "tokenizer", None), k, tokens, sequences)
+    ctx = OVContext(info, w, model, getattr(model, "tokenizer", None), k, tokens, sequences, progress)
     grids: dict[str, Tensor] = {}
     baselines: dict[str, float] = {}
     units: dict[str, int] = {}
@@ -252,7 +339,7 @@ def ov_scores(
             grids.update({name: point, f"{name}_lo": lo, f"{name}_hi": hi})
             baselines[name] = reg.baseline(ctx)
             units[name] = int(hits.shape[0])
-    notes = [how, "LayerNorm centering and gains are not folded in", *w.notes()]
+    notes = [ctx.how, "LayerNorm centering and gains are not folded in", *w.notes()]
     if sampled:
         notes.append(f"copy suppression over {len(tokens)} tokens sampled (seed {seed}) of {len(ordinary)}")
     meta = run_header(info, kind="ov_scores", k=k, n_boot=n_boot, ci_level=level, seed=seed)
@@ -261,6 +348,7 @@ def ov_scores(
 
 
 __all__ = [
+    "COLUMN_BLOCK",
     "K_LOWEST",
     "MIN_SUCCESSOR_PAIRS",
     "ORDINALS",
@@ -269,5 +357,6 @@ __all__ = [
     "effective_embedding",
     "ordinal_sequences",
     "ov_scores",
+    "ov_work",
     "successor_pairs",
 ]

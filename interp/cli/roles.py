@@ -37,8 +37,9 @@ from typing import Any
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
 from interp.circuits import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
-from interp.circuits.composition import N_RANDOM
-from interp.circuits.ov import K_LOWEST, OV_SCORES
+from interp.circuits.composition import N_RANDOM, composition_work
+from interp.circuits.encoder import encoder_work, head_map_work
+from interp.circuits.ov import K_LOWEST, OV_SCORES, ov_work
 from interp.cli.common import (
     FRAMED_UNREAD,
     add_task_flag,
@@ -52,10 +53,11 @@ from interp.cli.common import (
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
-from interp.probes import text_probe
+from interp.probes import TokenProbe, text_probe
 from interp.probes.draw import drop_given_prefix
 from interp.probes.task import TASKS, task_probe
 from interp.probes.user import text_ids
+from interp.progress import announcer, forward_work
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
 from interp.scores import HeadScores, format_table, join_scores, plural
@@ -216,13 +218,20 @@ def prompt_ids(
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     prompts = prompt_ids(model, info, args.prompt_rows) if args.prompt_rows is not None else None
-    dla = None
-    if "dla" in args.analyses and prompts is not None:  # first: bad prompts end the run before any write
-        dla = logit_attribution(model, *prompts, level=args.ci, seed=args.seed)
+    task = None
     if "dla" in args.analyses and args.task is not None:
         n_pairs = args.batch if args.batch is not None or args.task not in TASKS else BATCH
         task = task_probe(model, args.task, n_pairs=n_pairs, seed=args.seed, framed=args.framed)
-        dla = logit_attribution(model, task, level=args.ci, seed=args.seed)
+    probe = None
+    if "encoder" in args.analyses or "map" in args.analyses:
+        probe = text_probe(model, batch=args.batch or BATCH, seq_len=min(args.seq_len, info.n_ctx - 2), seed=args.seed)
+    plan = _plan(args, info, prompts, task, probe)
+    say = announcer(STEM, plan, args.progress)
+    dla = None
+    if "dla" in plan:  # first: bad prompts end the run before any write
+        say("dla")
+        given = (task,) if task is not None else prompts
+        dla = logit_attribution(model, *given, level=args.ci, seed=args.seed)
     print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
     written: list[Path] = []
     tables: list[HeadScores] = []
@@ -231,8 +240,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     todo = args.analyses
 
     if "composition" in todo:
+        say("composition")
         try:
-            comp = composition_scores(model, n_random=args.n_random, seed=args.seed)
+            comp = composition_scores(model, n_random=args.n_random, seed=args.seed, progress=args.progress)
         except UsageError as e:
             skipped["composition"] = str(e)
         else:
@@ -252,10 +262,19 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
                 print(f"  note: {note}")
 
     if "ov" in todo:
+        say("ov")
         done = []
         for name in OV_SCORES:
             try:
-                s = ov_scores(model, [name], k=args.k, sequences=args.sequence_ids, level=args.ci, seed=args.seed)
+                s = ov_scores(
+                    model,
+                    [name],
+                    k=args.k,
+                    sequences=args.sequence_ids,
+                    level=args.ci,
+                    seed=args.seed,
+                    progress=args.progress,
+                )
             except UsageError as e:
                 skipped[name] = str(e)
                 continue
@@ -266,15 +285,14 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             baselines.update(ov.meta["baselines"])
             written += ov.save(out, "ov_scores")
 
-    probe = None
-    if "encoder" in todo or "map" in todo:
-        probe = text_probe(model, batch=args.batch or BATCH, seq_len=min(args.seq_len, info.n_ctx - 2), seed=args.seed)
     if "encoder" in todo:
+        say("encoder")
         enc = encoder_scores(model, probe, frequencies=args.frequency_table, level=args.ci, seed=args.seed)
         tables.append(enc)
         baselines.update(enc.meta["baselines"])
         written += enc.save(out, "encoder_heads")
     if "map" in todo:
+        say("map")
         m = head_map(model, probe, seed=args.seed)
         written += m.save(out)
         written += save_figure(m.figure(), out, "head_map")
@@ -309,6 +327,29 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     for what, why in skipped.items():
         print(f"\nskipped {what}: {why}")
     return written
+
+
+def _plan(
+    args: argparse.Namespace, info: ModelInfo, prompts: Any, task: Any, probe: TokenProbe | None
+) -> dict[str, tuple[str, float]]:
+    """The parts this run will run, in order, ``part -> (what, with its sizes; work)``."""
+    todo, plan = args.analyses, {}
+    work = lambda n: forward_work(n, info.n_layers, info.d_model, info.d_vocab)  # noqa: E731
+    if task is not None:  # built only when dla runs
+        what = f"direct logit attribution (task {task.name}: {task.n_pairs} prompts of {task.seq_len} tokens)"
+        plan["dla"] = (what, work(task.n_pairs * task.seq_len))
+    elif prompts is not None and "dla" in todo:
+        n = sum(len(t) for t in prompts[0])
+        plan["dla"] = (f"direct logit attribution ({len(prompts[0])} prompts, {n} tokens)", work(n))
+    if "composition" in todo:
+        plan["composition"] = composition_work(info)
+    if "ov" in todo:
+        plan["ov"] = ov_work(info)
+    if probe is not None and "encoder" in todo:
+        plan["encoder"] = encoder_work(info, probe.batch, probe.seq_len)
+    if probe is not None and "map" in todo:
+        plan["map"] = head_map_work(info, probe.batch, probe.seq_len)
+    return plan
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:

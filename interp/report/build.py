@@ -33,6 +33,9 @@ import pandas as pd
 
 import interp.distributed as distributed
 from interp.adapters import HookedModel
+from interp.circuits.composition import composition_work
+from interp.circuits.encoder import encoder_work, head_map_work
+from interp.circuits.ov import ov_work
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
@@ -239,7 +242,7 @@ def head_atlas(
         atlas.roles = atlas.roles.merge(task_columns, on=["layer", "head"], how="left")
     if "composition" not in skip:
         say("composition")
-        _composition(atlas, model, cfg.seed)
+        _composition(atlas, model, cfg.seed, cfg.progress)
     if "retrieval" not in skip:
         say("retrieval")
         _retrieval(atlas, model, info, retrieval_len, run)
@@ -324,7 +327,7 @@ def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
     done = []
     for name in OV_SCORES:
         try:
-            got = ov_scores(model, [name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+            got = ov_scores(model, [name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed, progress=cfg.progress)
         except UsageError as e:  # the atlas takes no sequences of its own: `interp roles --sequences` does
             why = str(e).split(": pass sequences=")[0]
             _left_out(
@@ -366,13 +369,13 @@ def _encoder(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) 
     return [HeadScores(t.drop(columns=drop))]
 
 
-def _composition(atlas: Atlas, model: HookedModel, seed: int) -> None:
+def _composition(atlas: Atlas, model: HookedModel, seed: int, progress: bool = False) -> None:
     """Each head's strongest composition into it (``comp_in``: source and kind, ``comp_in_z``) and out
     of it (``comp_out``, ``comp_out_z``), by z against random heads; the scores stay for the cards."""
     from interp.circuits import composition_scores
 
     try:
-        comp = composition_scores(model, seed=seed)
+        comp = composition_scores(model, seed=seed, progress=progress)
     except UsageError as e:
         _left_out(atlas, "composition", str(e))
         return
@@ -587,22 +590,11 @@ def atlas_work(
         work = curves * steps * forward_work(tokens, L, d, vocab)
         plan["pruning"] = (f"the pruning curves ({curves} orders x {steps} steps x {probe})", work)
     if "ov" not in skip:
-        from interp.circuits.ov import MAX_TOKENS
-
-        # the effective embedding (every token through block 0) and each head's OV image of the sampled tokens
-        work = forward_work(info.d_vocab, 1, d) + n_heads * min(MAX_TOKENS, info.d_vocab) * d * info.d_vocab
-        plan["ov"] = (f"the OV roles ({n_heads} heads x {min(MAX_TOKENS, info.d_vocab)} tokens x the vocabulary)", work)
+        plan["ov"] = ov_work(info)
     if "encoder" not in skip:
-        n = ENCODER_BATCH * (_encoder_len(info) + frame)
-        plan["encoder"] = (
-            f"the encoder-head scores ({ENCODER_BATCH} x {n // ENCODER_BATCH} tokens of text)",
-            forward_work(n, L, d),
-        )
+        plan["encoder"] = encoder_work(info, ENCODER_BATCH, _encoder_len(info) + frame)
     if "composition" not in skip:
-        plan["composition"] = (
-            f"the composition scores ({n_heads} x {n_heads} head pairs, Q/K/V)",
-            3 * n_heads * n_heads * info.d_head * info.d_head * d,
-        )
+        plan["composition"] = composition_work(info)
     length = retrieval_length(info, retrieval_len) if info.is_causal else None
     if "retrieval" not in skip and length is not None:
         distances = default_distances(length, 8)
@@ -615,12 +607,7 @@ def atlas_work(
         n = 2 * view_len + frame
         plan["patterns"] = (f"the attention-pattern viewer (1 x {n} tokens)", forward_work(n, L, d))
     if "headmap" not in skip:
-        n = ENCODER_BATCH * (_encoder_len(info) + frame)
-        pairs = n_heads * (n_heads + 1) // 2
-        plan["headmap"] = (
-            f"the map of heads ({n_heads} heads' patterns on {ENCODER_BATCH} x {n // ENCODER_BATCH} tokens of text)",
-            forward_work(n, L, d) + pairs * 10 * n * (n // ENCODER_BATCH),
-        )
+        plan["headmap"] = head_map_work(info, ENCODER_BATCH, _encoder_len(info) + frame)
     if "cards" not in skip:
         plan["cards"] = (
             f"the head cards ({n_heads} heads)",
