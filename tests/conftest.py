@@ -53,6 +53,16 @@ def one_torch_thread():
 
 
 @pytest.fixture
+def forwards(toy):
+    """Count the forward passes through the first block of the module's ``toy`` fixture (a bundled
+    toy each file that counts forwards loads itself)."""
+    seen = [0]
+    handle = toy.blocks[0].register_forward_pre_hook(lambda *a: seen.__setitem__(0, seen[0] + 1))
+    yield seen
+    handle.remove()
+
+
+@pytest.fixture
 def triton_interpreter():
     """Runs the ``interp_*`` tests of a test file in a child pytest with ``TRITON_INTERPRET=1``.
 

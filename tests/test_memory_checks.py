@@ -27,15 +27,6 @@ def toy():
     return load_model("toy", device="cpu")
 
 
-@pytest.fixture
-def forwards(toy):
-    """Count the forward passes through the toy's first block."""
-    seen = [0]
-    handle = toy.blocks[0].register_forward_pre_hook(lambda *a: seen.__setitem__(0, seen[0] + 1))
-    yield seen
-    handle.remove()
-
-
 def test_patching_refuses_before_its_baseline_forwards_naming_a_minibatch_that_fits(toy, forwards, monkeypatch):
     task = task_probe(toy, "repeat", n_pairs=8, seed=0)
     metric, _ = task_metric(task, None)

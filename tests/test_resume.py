@@ -257,15 +257,6 @@ def test_kill_9_of_one_rank_under_torchrun_restarts_resumes_and_equals_one_proce
 # memory: refused before any forward
 
 
-@pytest.fixture
-def forwards(toy):
-    """Count the forward passes through the toy's first block."""
-    seen = [0]
-    handle = toy.blocks[0].register_forward_pre_hook(lambda *a: seen.__setitem__(0, seen[0] + 1))
-    yield seen
-    handle.remove()
-
-
 def test_too_little_free_memory_refuses_the_sweep_before_any_forward(toy, probe, forwards, monkeypatch):
     metric = incontext_loss(probe)
     sweeper = Sweeper(toy, probe, metric, chunk=2)
