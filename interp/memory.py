@@ -153,13 +153,14 @@ class Shape:
 @dataclass(frozen=True)
 class Estimate:
     """Bytes a piece of work needs: ``kept`` for its whole length, ``per_forward`` for one forward
-    of ``minibatch`` sequences."""
+    of ``minibatch`` sequences (``pass_is``: what that pass is, said where nothing is kept)."""
 
     what: str
     kept: int
     per_forward: int
     minibatch: int
     kept_is: str
+    pass_is: str = "a forward"
 
     @property
     def total(self) -> int:
@@ -187,7 +188,7 @@ def gradient_estimate(shape: Shape, seq_len: int, minibatch: int, n_read: int) -
     width = s.n_heads * s.d_head
     per_layer = T * (6 * s.d_model + 4 * width + 2 * s.n_heads * T + 2 * s.d_mlp)
     per_forward = s.itemsize * minibatch * (s.n_layers * per_layer + 3 * n_read * s.d_vocab)
-    return Estimate("the gradient pass", 0, per_forward, minibatch, "")
+    return Estimate("the gradient pass", 0, per_forward, minibatch, "", "a forward and backward")
 
 
 def forward_estimate(
@@ -239,8 +240,7 @@ def check(
         need += f" ({gib(estimate.kept)} for {estimate.kept_is}, {gib(estimate.per_forward)} per forward"
         need += f" of {estimate.minibatch} sequence(s))"
     else:
-        backward = " and backward" if estimate.what == "the gradient pass" else ""
-        need += f" for a forward{backward} of {estimate.minibatch} sequence(s)"
+        need += f" for {estimate.pass_is} of {estimate.minibatch} sequence(s)"
     if fits:
         todo = f"pass minibatch={fits} (or less) to run fewer sequences per forward (command line: the same to --minibatch)"
     else:

@@ -34,7 +34,7 @@ from interp.patching.metrics import task_metric
 from interp.patching.result import PatchScores
 from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
-from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio
+from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio, plural
 from interp.texts import token_label
 
 FEWER_PAIRS = "use fewer pairs (command line: --batch)"
@@ -254,7 +254,7 @@ def gap_meta(run: Setup) -> dict[str, Any]:
         n = len(run.clean)
         out["gap_warning"] = (
             f"! the clean-corrupted gap of {run.metric.name}, {out['gap']:.3g} [{out['gap_lo']:.3g}, "
-            f"{out['gap_hi']:.3g}], has a {cfg.level:.0%} interval over the {n} pair{'s' if n != 1 else ''} that "
+            f"{out['gap_hi']:.3g}], has a {cfg.level:.0%} interval over the {plural(n, 'pair')} that "
             "holds 0: the normalised effects (fractions of that gap) are not meaningful; use more pairs, or "
             "corrupted prompts that change the answer"
         )

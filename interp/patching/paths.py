@@ -133,18 +133,10 @@ def path_patch(
     B, T = tokens.shape
     # both prompts' head outputs, and one sender's frozen copy of every layer's
     z = 3 * B * T * len(info.attention_layers) * info.n_heads * info.d_head * memory.Shape.of(model, info).itemsize
-    estimate = memory.forward_memory(
-        model,
-        info,
-        B,
-        T,
-        run.metric,
-        "path patching",
-        kept=z,
-        kept_is="the head outputs of both prompts and a frozen copy, kept",
-    )
-    whole = estimate(B)  # its frozen forwards run every pair at once: a minibatch would not help
-    memory.check(lambda minibatch: whole, B, info.device, fewer=FEWER_PAIRS)
+    kept = "the head outputs of both prompts and a frozen copy, kept"
+    # its frozen forwards run every pair at once: the estimate is the whole batch's, whatever the minibatch
+    whole = memory.forward_memory(model, info, B, T, run.metric, "path patching", kept=z, kept_is=kept)(B)
+    memory.check(lambda _: whole, B, info.device, fewer=FEWER_PAIRS)
     own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
     columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
     values = torch.full((len(send), len(columns), tokens.shape[0]), float("nan"))
