@@ -47,11 +47,11 @@ _API = {
     # retrieval and streaming heads
     "retrieval_scores": "interp.retrieval",
     # what heads write and read
-    "composition_scores": "interp.circuits",
-    "ov_scores": "interp.circuits",
-    "encoder_scores": "interp.circuits",
-    "head_map": "interp.circuits",
-    "logit_attribution": "interp.circuits",
+    "composition_scores": "interp.roles",
+    "ov_scores": "interp.roles",
+    "encoder_scores": "interp.roles",
+    "head_map": "interp.roles",
+    "logit_attribution": "interp.roles",
     # ablation
     "ablated": "interp.ablation",
     "exact_sweep": "interp.ablation",
@@ -110,11 +110,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.ablation import train_gates as train_gates
     from interp.checkpoints import CheckpointScores as CheckpointScores
     from interp.checkpoints import checkpoint_scores as checkpoint_scores
-    from interp.circuits import composition_scores as composition_scores
-    from interp.circuits import encoder_scores as encoder_scores
-    from interp.circuits import head_map as head_map
-    from interp.circuits import logit_attribution as logit_attribution
-    from interp.circuits import ov_scores as ov_scores
+    from interp.roles import composition_scores as composition_scores
+    from interp.roles import encoder_scores as encoder_scores
+    from interp.roles import head_map as head_map
+    from interp.roles import logit_attribution as logit_attribution
+    from interp.roles import ov_scores as ov_scores
     from interp.config import RunConfig as RunConfig
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores

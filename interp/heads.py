@@ -217,7 +217,7 @@ def attention_scores(
     numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
     gathers the same weights from q, k and the log-sum-exp instead (:func:`stream_attention_scores`).
     ``registry``: where the score names are looked up (another analysis's own :class:`HeadScore`
-    registrations, e.g. :mod:`interp.circuits.encoder`'s).
+    registrations, e.g. :mod:`interp.roles.encoder`'s).
     """
     scores = registry.check_all(scores)
     if queries not in ("targets", "all"):

@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from interp.roles import cli
+from interp.cli.roles import cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,8 +10,8 @@ import pytest
 
 from interp.ablation import incontext_loss, pruning_curves, train_gates
 from interp.checkpoints import checkpoint_scores
-from interp.circuits import composition_scores, head_map, logit_attribution
-from interp.circuits.logit import LogitAttribution
+from interp.roles import composition_scores, head_map, logit_attribution
+from interp.roles.logit import LogitAttribution
 from interp.heads import head_scores
 from interp.models import load_model
 from interp.patching import patch_heads

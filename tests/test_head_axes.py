@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from interp.circuits.composition import Compositions
+from interp.roles.composition import Compositions
 from interp.patching.paths import PathScores
 from interp.patching.result import PatchScores
 from interp.plots import NEUTRAL, heatmap

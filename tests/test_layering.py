@@ -32,7 +32,7 @@ LAYERS: dict[str, float] = {
     "patch": 13,
     "induction": 13,
     "patterns": 13,
-    "roles": 13,
+    "roles.__main__": 13,
     "report.__main__": 13,
     "sinks.__main__": 13,
     "retrieval.__main__": 13,
@@ -44,7 +44,7 @@ LAYERS: dict[str, float] = {
     # the atlas: it reads every analysis
     "report": 11,
     # what heads write and read: reuses the head scores' registry and reductions
-    "circuits": 10.5,
+    "roles": 10.5,
     # the analyses
     "heads": 10,
     "sinks": 10,

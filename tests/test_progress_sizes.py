@@ -250,7 +250,7 @@ def test_a_bar_whose_last_update_printed_its_end_does_not_print_it_again():
 
 
 def test_the_ov_roles_say_their_sizes_and_show_progress(capsys):
-    from interp.circuits import ov_scores
+    from interp.roles import ov_scores
 
     toy = load_model("toy", device="cpu")
     with one_thread(), lines():
@@ -261,7 +261,7 @@ def test_the_ov_roles_say_their_sizes_and_show_progress(capsys):
 
 
 def test_roles_names_each_part_with_its_sizes_as_it_starts(tmp_path, capsys):
-    from interp.roles import cli as roles_cli
+    from interp.cli.roles import cli as roles_cli
 
     argv = ["--out", str(tmp_path / "r"), "--task", "repeat", "--batch", "2", "--n-random", "10", "--device", "cpu"]
     with one_thread():

@@ -697,7 +697,7 @@ def test_composition_and_logit_attribution_numbers():
     lo, hi, n_random = said(
         r"strongest K-composition is with the previous-token head 0.1 \(z (\S+)-(\S+) against the default (\d+) random heads; test\)"
     )
-    from interp.circuits.composition import N_RANDOM
+    from interp.roles.composition import N_RANDOM
 
     agree(n_random, N_RANDOM, "the default number of random heads")
     t = interp.composition_scores(toy).table

@@ -308,7 +308,7 @@ def test_task_arguments_are_checked_before_anything_runs(toy, kwargs, message):
 
 
 def test_the_head_map_part_is_head_map_on_the_encoder_probe(toy, toy_atlas, tmp_path):
-    from interp.circuits import head_map
+    from interp.roles import head_map
     from interp.probes import text_probe
     from interp.report import Atlas
 
@@ -331,7 +331,7 @@ def test_the_head_map_part_is_head_map_on_the_encoder_probe(toy, toy_atlas, tmp_
 
 
 def test_head_map_labels_never_overlap():
-    from interp.circuits.encoder import label_room
+    from interp.roles.encoder import label_room
 
     x, y = np.array([0.0, 0.001, 1.0, 0.0]), np.array([0.0, 0.0, 1.0, 0.5])
     # 2.2 sits on 0.0's label; 1.0 and the point above are far enough away

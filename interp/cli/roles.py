@@ -1,6 +1,6 @@
 """``python -m interp.roles`` / ``interp roles``: what each head writes and reads.
 
-A thin layer over :mod:`interp.circuits`: Q/K/V composition between heads (with z-scores against
+A thin layer over :mod:`interp.roles`: Q/K/V composition between heads (with z-scores against
 random heads), OV roles from weights (copy suppression, successor), encoder-head and entropy scores
 and Voita's positional / rare-word heads on a text probe, the Jensen-Shannon map of heads, and,
 given ``--prompts``, ``--text`` or ``--task``, direct logit attribution (run first: prompts it cannot
@@ -36,10 +36,10 @@ from typing import Any
 
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
-from interp.circuits import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
-from interp.circuits.composition import N_RANDOM, composition_work
-from interp.circuits.encoder import encoder_work, head_map_work
-from interp.circuits.ov import K_LOWEST, OV_SCORES, ov_work
+from interp.roles import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
+from interp.roles.composition import N_RANDOM, composition_work
+from interp.roles.encoder import encoder_work, head_map_work
+from interp.roles.ov import K_LOWEST, OV_SCORES, ov_work
 from interp.cli.common import (
     FRAMED_UNREAD,
     add_task_flag,

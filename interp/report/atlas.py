@@ -76,9 +76,9 @@ class Atlas(Shown):
     pruning: pd.DataFrame | None = None
     pattern: dict[str, Any] = field(default_factory=dict)
     retrieval: dict[str, Any] | None = None  # the retrieval part: scores, copy distance, windows, meta
-    compositions: Any = None  # the composition part's :class:`~interp.circuits.Compositions`
-    cards: dict[str, dict[str, Any]] | None = None  # head label -> :func:`~interp.circuits.card.head_card`
-    head_map: Any = None  # the headmap part's :class:`~interp.circuits.HeadMap` (a loaded one: coordinates only)
+    compositions: Any = None  # the composition part's :class:`~interp.roles.Compositions`
+    cards: dict[str, dict[str, Any]] | None = None  # head label -> :func:`~interp.roles.card.head_card`
+    head_map: Any = None  # the headmap part's :class:`~interp.roles.HeadMap` (a loaded one: coordinates only)
     render: Callable[[Atlas], str] | None = field(default=None, repr=False, compare=False)
 
     # ---- views ------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ class Atlas(Shown):
         pruning = from_records(blob["pruning"]) if "pruning" in blob else None
         head_map = None
         if "head_map" in blob:
-            from interp.circuits.encoder import HeadMap
+            from interp.roles.encoder import HeadMap
 
             coords = np.array(blob["head_map"]["coords"], dtype=float)
             head_map = HeadMap(np.full((len(coords), len(coords)), np.nan), coords, blob["head_map"]["meta"])

@@ -5,14 +5,14 @@ The atlas runs, on seeded probes: the head scores with their CIs on repeated ran
 (:func:`interp.sinks.sink_scores`), the exact single-head ablation sweep and Michel et al.'s
 gradient importance on the in-context loss of the repeated probe, pruning curves, and every
 head's attention pattern on one short repeated sequence. What heads write and read
-(:mod:`interp.circuits`): each head's strongest Q/K/V composition into it and out of it (weights,
+(:mod:`interp.roles`): each head's strongest Q/K/V composition into it and out of it (weights,
 z against random heads), the OV roles copy suppression and successor (weights), Clark et al.'s
 encoder-head scores with entropy and Voita et al.'s positional and rare-word heads (a text probe),
-a map of heads by the Jensen-Shannon distance between their patterns (:func:`interp.circuits.head_map`,
-on the encoder part's text probe), and a card per head (:func:`interp.circuits.card.head_card`). Given
+a map of heads by the Jensen-Shannon distance between their patterns (:func:`interp.roles.head_map`,
+on the encoder part's text probe), and a card per head (:func:`interp.roles.card.head_card`). Given
 a task (``task=``: :mod:`interp.probes.task`), the task part patches every head exactly
 (:func:`interp.patching.patch_heads`, denoising, the task's normalised metric) and attributes the
-logit difference to each head directly (:func:`interp.circuits.logit_attribution`), both on the
+logit difference to each head directly (:func:`interp.roles.logit_attribution`), both on the
 task's pairs. The optional parts are registered in
 :data:`PARTS`; those named in ``skip`` are left out. A part a model cannot have (composition on
 latent attention, successor heads without ordinal tokens) is left out with a note in
@@ -33,9 +33,9 @@ import pandas as pd
 
 import interp.distributed as distributed
 from interp.adapters import HookedModel
-from interp.circuits.composition import composition_work
-from interp.circuits.encoder import encoder_work, head_map_work
-from interp.circuits.ov import ov_work
+from interp.roles.composition import composition_work
+from interp.roles.encoder import encoder_work, head_map_work
+from interp.roles.ov import ov_work
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
@@ -228,15 +228,15 @@ def head_atlas(
         meta.update(sink_probe=sink_probe.meta, epsilon=atlas.sinks.meta["epsilon"], sink_rate=atlas.sinks.sink_rate)
     if set(ABLATION_PARTS) - set(skip):
         _ablations(atlas, model, probe, ablation, skip, cfg.seed, cfg.progress, extra, journals, say)
-    circuits: list[HeadScores] = []
+    written: list[HeadScores] = []
     if "ov" not in skip:
         say("ov")
-        circuits += _ov(atlas, model, cfg)
+        written += _ov(atlas, model, cfg)
     if "encoder" not in skip:
         say("encoder")
-        circuits += _encoder(atlas, model, info, cfg)
-    if circuits:  # unprefixed, beside the sink report's first_mass
-        extra[""] = join_scores([*([extra[""]] if "" in extra else []), *circuits])
+        written += _encoder(atlas, model, info, cfg)
+    if written:  # unprefixed, beside the sink report's first_mass
+        extra[""] = join_scores([*([extra[""]] if "" in extra else []), *written])
     atlas.roles = role_table(scores, baselines, threshold=threshold, extra=extra)
     if task_columns is not None:
         atlas.roles = atlas.roles.merge(task_columns, on=["layer", "head"], how="left")
@@ -272,7 +272,7 @@ def _task_part(atlas: Atlas, model: HookedModel, task: Any, cfg: RunConfig, jour
     attribution on the task's pairs: the columns ``patch_effect[_lo, _hi]`` and ``dla[_lo, _hi]``
     for the role table; how they were read goes to ``meta["task"]``. A model that direct logit
     attribution refuses keeps the patching, with a note."""
-    from interp.circuits import logit_attribution
+    from interp.roles import logit_attribution
     from interp.patching import patch_heads
 
     journal = journals("atlas-patch", task.clean) if journals is not None else None
@@ -306,8 +306,8 @@ def _task_part(atlas: Atlas, model: HookedModel, task: Any, cfg: RunConfig, jour
 
 
 def _head_map(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) -> None:
-    """The map of heads (:func:`~interp.circuits.head_map`) on the encoder part's text probe."""
-    from interp.circuits import head_map
+    """The map of heads (:func:`~interp.roles.head_map`) on the encoder part's text probe."""
+    from interp.roles import head_map
 
     try:
         probe = _encoder_probe(model, info, cfg.seed)
@@ -322,7 +322,7 @@ def _left_out(atlas: Atlas, part: str, why: str) -> None:
 
 def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
     """Copy suppression and successor scores, each left out (with a note) where the model cannot have it."""
-    from interp.circuits.ov import OV_SCORES, ov_scores
+    from interp.roles.ov import OV_SCORES, ov_scores
 
     done = []
     for name in OV_SCORES:
@@ -350,7 +350,7 @@ def _ov(atlas: Atlas, model: HookedModel, cfg: RunConfig) -> list[HeadScores]:
 def _encoder(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) -> list[HeadScores]:
     """Clark et al.'s encoder-head scores, entropy, positional and rare-word heads on a text probe;
     a column no head can have here is dropped, its reason noted."""
-    from interp.circuits.encoder import encoder_scores
+    from interp.roles.encoder import encoder_scores
 
     try:
         probe = _encoder_probe(model, info, cfg.seed)
@@ -372,7 +372,7 @@ def _encoder(atlas: Atlas, model: HookedModel, info: ModelInfo, cfg: RunConfig) 
 def _composition(atlas: Atlas, model: HookedModel, seed: int, progress: bool = False) -> None:
     """Each head's strongest composition into it (``comp_in``: source and kind, ``comp_in_z``) and out
     of it (``comp_out``, ``comp_out_z``), by z against random heads; the scores stay for the cards."""
-    from interp.circuits import composition_scores
+    from interp.roles import composition_scores
 
     try:
         comp = composition_scores(model, seed=seed, progress=progress)
@@ -398,11 +398,11 @@ def _composition(atlas: Atlas, model: HookedModel, seed: int, progress: bool = F
 
 
 def _cards(atlas: Atlas, model: HookedModel, info: ModelInfo) -> None:
-    """A card per head (:func:`~interp.circuits.card.head_card`): its role-table row, the tokens its
+    """A card per head (:func:`~interp.roles.card.head_card`): its role-table row, the tokens its
     mean OV write raises and lowers most (where the weights can be read), its strongest compositions
     in and out (with the composition part). The page draws each card's pattern thumbnail from the
     viewer's sequence (the patterns part), which it already holds."""
-    from interp.circuits.card import head_card, mean_writes
+    from interp.roles.card import head_card, mean_writes
 
     writes: dict[tuple[int, int], Any] = {}
     try:

@@ -67,8 +67,8 @@ def render_atlas(atlas: Atlas) -> str:
     ]
     if "task" in m:
         sections.append(("task", f"Which heads matter for the task: {m['task']['name']}", _task_section(atlas)))
-    if _has_circuits(atlas):
-        sections.append(("circuits", "What heads write and read", _circuits_section(atlas)))
+    if _has_roles(atlas):
+        sections.append(("circuits", "What heads write and read", _roles_section(atlas)))
     sections.append(("heatmaps", "Scores of every head", _heatmaps_section(atlas)))
     if atlas.sinks is not None:
         sections.append(("sinks", "Attention sinks", _sinks_section(atlas)))
@@ -145,7 +145,7 @@ def _roles_section(atlas: Atlas) -> str:
     return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas, cols)}{card}'
 
 
-def _has_circuits(atlas: Atlas) -> bool:
+def _has_roles(atlas: Atlas) -> bool:
     return any(c in atlas.roles for c in CIRCUIT_COLS) or bool(_circuit_notes(atlas)) or atlas.head_map is not None
 
 
@@ -153,7 +153,7 @@ def _circuit_notes(atlas: Atlas) -> list[str]:
     return [n for n in atlas.meta.get("notes", []) if not n.startswith(("retrieval:", "task:"))]
 
 
-def _circuits_section(atlas: Atlas) -> str:
+def _roles_section(atlas: Atlas) -> str:
     """What heads write and read: OV roles, encoder heads and entropy, composition in and out."""
     m = atlas.meta
     text = (
@@ -272,7 +272,7 @@ NAMES = {
 TASK_COLS = ("patch_effect", "dla")  # the task part's columns: its own section and the cards
 TASK_ROWS = 12  # heads in the task section's table, by patching effect
 COMPOSITION_COLS = ("comp_in", "comp_out")
-# the columns of the second table, what heads write and read (interp.circuits); the role table has the rest
+# the columns of the second table, what heads write and read (interp.roles); the role table has the rest
 CIRCUIT_COLS = (
     "copy_suppression",
     "successor",

@@ -29,7 +29,7 @@ ROLES.add("previous-token", "attends to the previous position", column="prev_tok
 ROLES.add("current-token", "attends to its own position", column="current")
 ROLES.add("duplicate-token", "attends to earlier copies of the current token", column="duplicate")
 ROLES.add("sink", "parks its attention on the first token", column="first_mass")
-# what heads write and read (interp.circuits): OV roles from weights, encoder heads from patterns
+# what heads write and read (interp.roles): OV roles from weights, encoder heads from patterns
 ROLES.add(
     "copy-suppression", "lowers the logit of the token it attends to (McDougall et al.)", column="copy_suppression"
 )

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.circuits.encoder import encoder_scores, head_map, js_distance
+from interp.roles.encoder import encoder_scores, head_map, js_distance
 from interp.probes import probe_from_tokens
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import word_tokenizer

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.circuits import composition_scores
-from interp.circuits.card import head_card, mean_write
+from interp.roles import composition_scores
+from interp.roles.card import head_card, mean_write
 from interp.errors import UsageError
 from interp.heads import head_scores
 from interp.probes import probe_from_tokens
 from interp.report.roles import role_table
-from tests.test_circuits_composition import induction_pair
-from tests.test_circuits_ov import SEQUENCE, roles_model
+from tests.test_roles_composition import induction_pair
+from tests.test_roles_ov import SEQUENCE, roles_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import interp
-from interp.circuits.logit import logit_attribution
+from interp.roles.logit import logit_attribution
 from interp.errors import UsageError
 from interp.toy import ToyConfig, ToyTransformer
 from tests.conformance import build

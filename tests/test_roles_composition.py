@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import interp
-from interp.circuits import Compositions, composition_scores
+from interp.roles import Compositions, composition_scores
 from interp.errors import UsageError
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import gpt2_model, word_tokenizer
@@ -129,7 +129,7 @@ def test_unknown_kind_is_refused():
 
 
 def test_pair_scores_block_by_block_equal_all_at_once():
-    from interp.circuits.composition import pair_scores
+    from interp.roles.composition import pair_scores
 
     g = torch.Generator().manual_seed(0)
     A = torch.randn(3, 4, 32, 8, generator=g, dtype=torch.float64)

@@ -7,7 +7,7 @@ optional: a card holds what it was given.
 
 **Writes and suppresses.** The head's average write over the vocabulary: the mean over ordinary
 tokens of their effective OV rows, ``mean(W_EE) W_V W_O W_U`` (the same effective embedding as
-:mod:`interp.circuits.ov`); its largest entries are the tokens it writes most whatever it attends to,
+:mod:`interp.roles.ov`); its largest entries are the tokens it writes most whatever it attends to,
 its smallest those it suppresses most. Centered over the vocabulary (a constant shift of every
 logit changes nothing).
 """
@@ -25,8 +25,8 @@ from torch import Tensor
 
 from interp.adapters import HookedModel, describe, run_with_reducers
 from interp.adapters.weights import read_head_weights
-from interp.circuits.composition import Compositions
-from interp.circuits.ov import effective_embedding
+from interp.roles.composition import Compositions
+from interp.roles.ov import effective_embedding
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes import TokenProbe, ordinary_vocab

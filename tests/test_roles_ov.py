@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.circuits.ov import MIN_SUCCESSOR_PAIRS, ordinal_sequences, ov_scores
+from interp.roles.ov import MIN_SUCCESSOR_PAIRS, ordinal_sequences, ov_scores
 from interp.errors import UsageError
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import word_tokenizer
@@ -184,7 +184,7 @@ def planted_gpt2():
 
 @pytest.mark.parametrize("block", [1024, 7])  # one block of columns, and many
 def test_copy_suppression_equals_the_full_product_on_a_small_gpt2(monkeypatch, block):
-    import interp.circuits.ov as ov_module
+    import interp.roles.ov as ov_module
     from interp.models import from_hf_model
 
     hf = planted_gpt2()
@@ -213,7 +213,7 @@ def test_copy_suppression_on_the_bundled_toy_equals_the_full_product():
 def test_copy_suppression_decides_most_rows_in_the_first_blocks_and_embeds_only_its_tokens(monkeypatch):
     """Rows leave once k other logits are found as low as their own, and block 0's MLP runs on the
     scored tokens only, not on the whole vocabulary."""
-    import interp.circuits.ov as ov_module
+    import interp.roles.ov as ov_module
 
     seen, embedded = [], []
     block, first_mlp = ov_module._logit_block, ov_module.first_mlp
