@@ -8,7 +8,7 @@ k = 10. Methods, in the same run, on one CPU thread by default:
   whole vocabulary (block 0's MLP on every token), then each head's ``[tokens, vocab]`` product
   ``F = W_EE W_V W_O W_U`` formed whole, a few rows at a time, and the own logit's count of others
   as low or lower;
-- ``ours``: :func:`interp.circuits.ov_scores` (copy suppression only), end to end: the effective
+- ``ours``: :func:`interp.roles.ov_scores` (copy suppression only), end to end: the effective
   embedding of the scored tokens only, ``F`` a block of vocabulary columns at a time through the
   factors or from ``x W_V W_O``, each row dropped once ``k`` other logits are found as low as its own.
 
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--planted-reference", action="store_true", help="time the reference on the planted model too")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from interp.circuits import ov_scores
+    from interp.roles import ov_scores
 
     n_layer = 2 if args.quick else GPT2_SMALL["n_layer"]
     print(

@@ -11,9 +11,29 @@ working.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class InterpError(Exception):
-    """Base class of every error ``interp`` raises on purpose."""
+    """Base class of every error ``interp`` raises on purpose.
+
+    ``params``: the parameters the message names, each written ``name=`` in it (``"pass minibatch=4
+    or less"``), as a Python caller passes them. The message never spells a command-line flag: a
+    command shows each named parameter as its own flag (``--minibatch 4``), read from its parser
+    (:func:`interp.cli.common.in_flags`).
+    """
+
+    def __init__(self, *args: Any, params: str | Sequence[str] = ()) -> None:
+        super().__init__(*args)
+        self.params: tuple[str, ...] = (params,) if isinstance(params, str) else tuple(params)
+
+    def __reduce__(self) -> Any:  # pickled with its params (errors cross process boundaries under torchrun)
+        return _rebuilt, (type(self), self.args, self.params)
+
+
+def _rebuilt(cls: type[InterpError], args: tuple, params: tuple[str, ...]) -> InterpError:
+    return cls(*args, params=params)
 
 
 class UsageError(InterpError, ValueError):

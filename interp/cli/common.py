@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -549,11 +549,36 @@ def _quiet(on: bool, *, stderr: bool = True) -> Iterator[None]:
             yield
 
 
-def fail(parser: argparse.ArgumentParser, error: BaseException, code: int, *, quiet: bool = False) -> int:
-    """One line on stderr, ``prog: error: ...``; exit ``code`` (2 raises SystemExit as argparse does).
+def in_flags(parser: argparse.ArgumentParser, error: BaseException, aliases: Mapping[str, str] | None = None) -> str:
+    """``error``'s message as a command line says it: each parameter it names (``error.params``,
+    written ``name=`` in the message) shown as the parser's flag for it, ``minibatch=4`` as
+    ``--minibatch 4`` and a bare ``minibatch=`` as ``--minibatch``. ``aliases`` maps a parameter to
+    the destination of the flag that sets it where their names differ (``{"n_pairs": "batch"}``).
+    A parameter this parser has no flag for stays as written."""
+    message = " ".join(str(error).split())
+    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    for param in getattr(error, "params", ()):
+        flag = flags.get((aliases or {}).get(param, param))
+        if flag is None:
+            continue
+        message = re.sub(rf"(?<![\w.=-]){re.escape(param)}=(?=[^\s,;:)\]]|$)", flag + " ", message)
+        message = re.sub(rf"(?<![\w.=-]){re.escape(param)}=", flag, message)
+    return message
+
+
+def fail(
+    parser: argparse.ArgumentParser,
+    error: BaseException,
+    code: int,
+    *,
+    quiet: bool = False,
+    aliases: Mapping[str, str] | None = None,
+) -> int:
+    """One line on stderr, ``prog: error: ...`` (its parameters as this command's flags:
+    :func:`in_flags`); exit ``code`` (2 raises SystemExit as argparse does).
 
     ``quiet``: say nothing (the other ranks of a torchrun run: rank 0 reports for all)."""
-    message = " ".join(str(error).split())
+    message = in_flags(parser, error, aliases)
     if code == EXIT_USAGE:
         if quiet:
             raise SystemExit(code)
