@@ -18,6 +18,7 @@ import torch
 from interp import _io, distributed, heads
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss
 from interp.cli import ablate, common, induction, report, sinks
+from interp.config import RunConfig
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.probes import random_tokens, repeated_tokens
@@ -54,7 +55,7 @@ def library_results(model: Any) -> dict[str, Any]:
         out["rows"][name] = seen[0]
         return result
 
-    out["tables"]["heads"] = run("heads", lambda: head_scores(model, probe, n_boot=200)).table
+    out["tables"]["heads"] = run("heads", lambda: head_scores(model, probe, config=RunConfig(n_boot=200))).table
     report = run(
         "sinks",
         lambda: sink_scores(

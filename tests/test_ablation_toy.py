@@ -21,6 +21,7 @@ from interp.ablation import (
 )
 from interp.ablation.pruning import spearman
 from interp.adapters import run_with_reducers
+from interp.config import RunConfig
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.hooks import pattern_hook
@@ -58,7 +59,7 @@ def _self_attention(model, probe):
 
 @pytest.fixture(scope="module")
 def circuit(toy, probe):
-    s = head_scores(toy, probe, copying=False, n_boot=10)
+    s = head_scores(toy, probe, copying=False, config=RunConfig(n_boot=10))
     induction = {(int(r.layer), int(r.head)) for r in s.table.itertuples() if r.induction > 0.5}
     layer0 = s.table[s.table["layer"] == 0]
     prev = layer0.sort_values("prev_token", ascending=False).iloc[0]

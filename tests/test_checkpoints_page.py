@@ -15,6 +15,7 @@ import torch
 from interp.checkpoints import CheckpointScores, checkpoint_scores
 from interp.checkpoints.page import heatmap_columns
 from interp.cli import checkpoints as cli_checkpoints
+from interp.config import RunConfig
 from interp.errors import OutputError, UsageError
 from interp.probes.needle import needle_probe
 from interp.retrieval import retrieval_scores
@@ -59,7 +60,7 @@ def test_the_retrieval_score_is_read_on_one_needle_probe_for_every_revision(swee
     assert sweep.meta["needles"] == {"batch": 2, "seq_len": 255, "n_needles": 3, "needle_len": 8}
     for step, model in models().items():  # an independent reference: the retrieval analysis on the same probe
         probe = needle_probe(model, seq_len=255, depths=(0.1, 0.5, 0.9), needle_len=8, batch=2, seed=0)
-        want = retrieval_scores(model, probe, seed=0).table
+        want = retrieval_scores(model, probe, config=RunConfig(seed=0)).table
         got = sweep.table[sweep.table["step"] == step].reset_index(drop=True)
         for column in RETRIEVAL:
             assert got[column].tolist() == want[column].tolist(), (step, column)

@@ -10,8 +10,7 @@ import pytest
 
 from interp.ablation import incontext_loss, pruning_curves, train_gates
 from interp.checkpoints import checkpoint_scores
-from interp.roles import composition_scores, head_map, logit_attribution
-from interp.roles.logit import LogitAttribution
+from interp.config import RunConfig
 from interp.heads import head_scores
 from interp.models import load_model
 from interp.patching import patch_heads
@@ -20,6 +19,8 @@ from interp.patching.paths import path_patch
 from interp.probes import repeated_tokens
 from interp.probes.task import task_probe
 from interp.report import head_atlas
+from interp.roles import composition_scores, head_map, logit_attribution
+from interp.roles.logit import LogitAttribution
 from interp.scores import HeadScores, plural
 from interp.sinks import sink_scores
 
@@ -48,7 +49,7 @@ def results(toy, tmp_path_factory):
         "Compositions": composition_scores(toy, n_random=20),
         "LogitAttribution": logit_attribution(toy, task, n_boot=20),
         "HeadMap": head_map(toy, probe),
-        "SinkReport": sink_scores(toy, probe, n_boot=20),
+        "SinkReport": sink_scores(toy, probe, config=RunConfig(n_boot=20)),
         "PruningCurves": pruning_curves(toy, probe, incontext_loss(probe), orders=["random"], step=0.5),
         "GateSweep": train_gates(toy, probe, incontext_loss(probe), [0.0], steps=2),
         "Atlas": head_atlas(

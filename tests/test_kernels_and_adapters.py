@@ -53,9 +53,10 @@ def test_one_adapter_per_kind_and_the_old_names_still_import(gpt2_tiny):
 
 def test_head_scores_take_a_run_config(gpt2_tiny):
     a = head_scores(gpt2_tiny, config=RunConfig(n_boot=50, seed=3), copying=False)
-    b = head_scores(gpt2_tiny, n_boot=50, seed=3, copying=False)
-    c = head_scores(gpt2_tiny, config=RunConfig(n_boot=10, seed=3), n_boot=50, copying=False)  # keywords win
-    for other in (b, c):
+    b = head_scores(gpt2_tiny, config=RunConfig(n_boot=50, seed=3), copying=False)
+    with pytest.raises(TypeError):  # run settings travel in the config only
+        head_scores(gpt2_tiny, config=RunConfig(n_boot=10, seed=3), n_boot=50, copying=False)
+    for other in (b,):
         assert a.meta == other.meta
         assert a.table.equals(other.table)
     assert list(a.meta) == [

@@ -38,8 +38,7 @@ def test_patching_refuses_before_its_baseline_forwards_naming_a_minibatch_that_f
         patch_heads(toy, task)
     assert str(e.value) == (
         f"the baseline pass needs about {memory.gib(estimate(8).total)} for a forward of 8 sequence(s), but the "
-        f"cpu has {memory.gib(room)} free: pass minibatch=3 (or less) to run fewer sequences per forward (command "
-        "line: the same to --minibatch)"
+        f"cpu has {memory.gib(room)} free: pass minibatch=3 (or less) to run fewer sequences per forward"
     )
     assert forwards[0] == 0
 
@@ -81,7 +80,7 @@ def test_a_batch_too_large_for_a_memory_limit_is_one_line_not_a_traceback(tmp_pa
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m interp.patch: error: the "), lines
-    assert " free: pass minibatch=" in lines[0]
+    assert " free: pass --minibatch " in lines[0]
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.errors import AblationError, UsageError
 from interp.patching import METRICS, PatchScores, agreement, patch_heads, task_metric
 from interp.probes.task import IOI_NAMES, TaskProbe, read_task, task_probe
@@ -329,7 +330,9 @@ def test_on_the_toy_the_induction_circuit_carries_the_repeat_task():
         toy = load_model("toy", device="cpu").set_flash_impl("sdpa")
     except ModelLoadError as e:
         pytest.skip(f"no trained toy: {e}")
-    roles = head_scores(toy, repeated_tokens(toy, batch=4, block_len=20, seed=1), n_boot=10, copying=False)
+    roles = head_scores(
+        toy, repeated_tokens(toy, batch=4, block_len=20, seed=1), config=RunConfig(n_boot=10), copying=False
+    )
     induction = {
         (l, h) for l, h in zip(roles.table["layer"], roles.table["head"]) if roles.grid("induction")[l, h] > 0.5
     }

@@ -13,6 +13,7 @@ import interp.ablation.pruning as pruning_module
 from interp.ablation import builtin_metric, pruning_curves
 from interp.cli.retrieval import _plan
 from interp.cli.retrieval import cli as retrieval_cli
+from interp.config import RunConfig
 from interp.models import ModelInfo, from_hf_model, load_model
 from interp.probes import repeated_tokens
 from interp.probes.needle import needle_probe
@@ -149,7 +150,12 @@ def test_pattern_engine_counts_show_progress(capsys):
 
     model = planted_model(300)
     with lines():
-        retrieval_counts(model, needle_probe(model, seq_len=200, batch=2), window=None, engine="pattern", progress=True)
+        retrieval_counts(
+            model,
+            needle_probe(model, seq_len=200, batch=2),
+            window=None,
+            config=RunConfig(engine="pattern", progress=True),
+        )
     assert "scoring retrieval heads (pattern): 2/2 (100%)" in capsys.readouterr().err
 
 
@@ -229,7 +235,7 @@ def test_scoring_in_chunks_says_its_sizes(capsys):
     toy = load_model("toy", device="cpu")
     probe = repeated_tokens(toy, batch=4, block_len=8, seed=0)
     with one_thread(), lines():
-        head_scores(toy, probe, minibatch=2, progress=True, n_boot=10)
+        head_scores(toy, probe, config=RunConfig(minibatch=2, progress=True, n_boot=10))
     assert capsys.readouterr().err.splitlines()[0] == "scoring heads: 8 heads x 4 sequences of 17 tokens, 2 chunks"
 
 

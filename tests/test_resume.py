@@ -271,7 +271,7 @@ def test_too_little_free_memory_refuses_the_sweep_before_any_forward(toy, probe,
     assert str(e.value) == (
         f"the exact sweep needs about {memory.gib(whole.total)} ({memory.gib(whole.kept)} for the clean pass "
         f"of every sequence, kept, {memory.gib(whole.per_forward)} per forward of 4 sequence(s)), but "
-        f"the cpu has {memory.gib(room)} free: pass minibatch=2 (or less) to run fewer sequences per forward (command line: the same to --minibatch)"
+        f"the cpu has {memory.gib(room)} free: pass minibatch=2 (or less) to run fewer sequences per forward"
     )
     assert forwards[0] == 0 and asked == [torch.device("cpu")]  # not even the mean ablation's fit ran
     Sweeper(toy, probe, metric, ablation="mean", chunk=2, minibatch=2)  # what it said: fits
@@ -279,7 +279,7 @@ def test_too_little_free_memory_refuses_the_sweep_before_any_forward(toy, probe,
     forwards[0] = 0
     monkeypatch.setattr(memory, "free_bytes", lambda device: whole.kept // 2)
     with pytest.raises(
-        UsageError, match=r"free: use fewer or shorter probe sequences \(command line: --batch, --seq-len\)$"
+        UsageError, match=r"free: use fewer or shorter probe sequences \(batch=, seq_len=\)$"
     ):
         Sweeper(toy, probe, metric)
     assert forwards[0] == 0
@@ -294,7 +294,7 @@ def test_too_little_free_memory_refuses_the_commands_with_one_line(tmp_path, cap
         assert code == 2
         assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: {what} needs about ")
         assert err.endswith(
-            ", but the cpu has 1 KiB free: use fewer or shorter probe sequences (command line: --batch, --seq-len)\n"
+            ", but the cpu has 1 KiB free: use fewer or shorter probe sequences (--batch, --seq-len)\n"
         )
         assert not out.exists() or not any(out.iterdir())  # nothing written (not even a journal)
         assert forwards[0] == 0  # loading the toy runs no forward; neither did the analysis
@@ -314,7 +314,7 @@ def test_the_gradient_pass_refuses_before_its_forward_naming_a_minibatch_that_fi
     assert str(e.value) == (
         f"the gradient pass needs about {memory.gib(4 * one.per_forward)} for a forward and backward of 4 "
         f"sequence(s), but the cpu has {memory.gib(3 * one.per_forward)} free: pass minibatch=3 (or less) to "
-        "run fewer sequences per forward (command line: the same to --minibatch)"
+        "run fewer sequences per forward"
     )
     assert forwards[0] == 0
     gradient_importance(toy, probe, metric, minibatch=3)

@@ -9,6 +9,7 @@ revision is journaled (:mod:`interp.journal`), so a run killed anywhere continue
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import os
@@ -242,7 +243,7 @@ def _score_revision(
             model, batch=settings["batch"], block_len=block, n_repeats=settings["repeats"], seed=cfg.seed
         )
         probe_hash = _same_tokens(rev, earlier, "probe", "probe", probe)
-        scores = head_scores(model, probe, config=cfg, progress=False)
+        scores = head_scores(model, probe, config=dataclasses.replace(cfg, progress=False))
         baselines = {k: float(v) for k, v in uniform_baselines(probe).items()}
         table = scores.table
         if settings["sinks"]:
@@ -297,7 +298,7 @@ def _with_sinks(
 
     length = min(settings["sink_seq_len"], describe(model).n_ctx - 1)
     probe = random_tokens(model, batch=settings["sink_batch"], seq_len=length, seed=cfg.seed)
-    report = sink_scores(model, probe, config=cfg, progress=False)
+    report = sink_scores(model, probe, config=dataclasses.replace(cfg, progress=False))
     columns = ["layer", "head", "first_mass", "first_mass_lo", "first_mass_hi"]
     merged = table.merge(report.heads.table[columns], on=["layer", "head"], how="left")
     return merged, float(report.meta["uniform_first_mass"])
@@ -343,7 +344,7 @@ def _with_retrieval(model: Any, table: pd.DataFrame, needles: Any, cfg: RunConfi
     """``table`` with each head's retrieval score and CI, retrieval mass and streaming share."""
     from interp.retrieval import retrieval_scores
 
-    got = retrieval_scores(model, needles, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed, progress=False)
+    got = retrieval_scores(model, needles, config=RunConfig(n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed))
     return table.merge(got.table[["layer", "head", *RETRIEVAL_COLUMNS]], on=["layer", "head"], how="left")
 
 

@@ -42,7 +42,7 @@ from interp.registry import Registry
 from interp.texts import decode_file, token_list
 
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
-FRAMED_HINT = "pass framed=True (command line: --framed) if the prompts carry all of the model's framing"
+FRAMED_HINT = "pass framed=True if the prompts carry all of the model's framing"
 DIRECTIONS = ("denoise", "noise")
 DEFAULT_DIRECTION = "denoise"  # every patching entry point (library and command line) reads this one default
 

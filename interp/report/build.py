@@ -189,17 +189,8 @@ def head_atlas(
         print(note, file=sys.stderr, flush=True)
     say = announcer("atlas", plan, loud)
     say("scores")
-    run = dict(
-        n_boot=cfg.n_boot,
-        level=cfg.level,
-        seed=cfg.seed,
-        minibatch=cfg.minibatch,
-        progress=cfg.progress,
-        engine=cfg.engine,
-        budget=cfg.budget,
-    )
     probe = repeated_tokens(model, batch=batch, block_len=seq_len, n_repeats=repeats, seed=cfg.seed)
-    scores = head_scores(model, probe, **run)
+    scores = head_scores(model, probe, config=cfg)
     baselines = uniform_baselines(probe)
     extra: dict[str, HeadScores] = {}
     meta = run_header(
@@ -220,7 +211,7 @@ def head_atlas(
 
         say("sinks")
         sink_probe = random_tokens(model, batch=sink_batch, seq_len=sink_seq_len, seed=cfg.seed)
-        atlas.sinks = sink_scores(model, sink_probe, **run)
+        atlas.sinks = sink_scores(model, sink_probe, config=cfg)
         extra[""] = HeadScores(
             atlas.sinks.heads.table[["layer", "head", "first_mass", "first_mass_lo", "first_mass_hi"]]
         )
@@ -245,7 +236,7 @@ def head_atlas(
         _composition(atlas, model, cfg.seed, cfg.progress)
     if "retrieval" not in skip:
         say("retrieval")
-        _retrieval(atlas, model, info, retrieval_len, run)
+        _retrieval(atlas, model, info, retrieval_len, cfg)
     if "patterns" not in skip:
         say("patterns")
         atlas.pattern = _pattern_view(model, atlas.roles, view_len, view_heads, cfg.seed, set(scores.score_names))
@@ -471,7 +462,7 @@ def _ablations(
         atlas.pruning = curves.table
 
 
-def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int | None, run: dict) -> None:
+def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int | None, cfg: RunConfig) -> None:
     """The retrieval part: scores on a needle probe, copy distance up to the probe's length; their
     columns join the role table (``retrieval_role``: retrieval / streaming / neither)."""
     from interp.probes.needle import copy_distance_probe, default_distances, needle_probe
@@ -490,15 +481,12 @@ def _retrieval(atlas: Atlas, model: HookedModel, info: ModelInfo, seq_len: int |
             "(command line: --retrieval-len)"
         )
         return
-    common = {k: run[k] for k in ("minibatch", "progress", "engine")}
-    probe = needle_probe(model, seq_len=seq_len, batch=2, seed=run["seed"])
-    scores = retrieval_scores(
-        model, probe, n_boot=run["n_boot"], level=run["level"], seed=run["seed"], budget=run["budget"], **common
-    )
+    probe = needle_probe(model, seq_len=seq_len, batch=2, seed=cfg.seed)
+    scores = retrieval_scores(model, probe, config=cfg)
     span = 8
     distances = default_distances(seq_len, span)
-    dist_probe = copy_distance_probe(model, distances, span=span, batch=2, seed=run["seed"])
-    distance = copy_distance_scores(model, dist_probe, **common)
+    dist_probe = copy_distance_probe(model, distances, span=span, batch=2, seed=cfg.seed)
+    distance = copy_distance_scores(model, dist_probe, config=cfg)
     table = scores.table.rename(columns={"role": "retrieval_role"})
     keep = [c for c in table.columns if c != "label"]
     atlas.roles = atlas.roles.merge(table[keep], on=["layer", "head"], how="left")

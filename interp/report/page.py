@@ -357,7 +357,7 @@ def _sinks_section(atlas: Atlas) -> str:
 
     rep = atlas.sinks
     m = rep.meta
-    fig = sink_rate_bars(rep)
+    fig = sink_rate_bars(rep.layers, rep.meta)
     fig.update_layout(title=f"Sink^eps per layer (eps = {m['epsilon']}); model: {rep.sink_rate:.0%} of heads")
     text = (
         f"Sink^eps: the share of a layer's heads that put more than eps = {m['epsilon']} of their attention on the "
