@@ -9,6 +9,7 @@ it over pairs into a :class:`~interp.patching.result.PatchScores`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,8 @@ def setup(
     info = describe(model)
     task = task.to(info.device)
     metric_, normalised = task_metric(task, metric)
+    if metric_.needs_clean:  # before the baselines: they compare with the clean prompts too
+        metric_ = against_clean(model, task, metric_, config.minibatch)
     clean, corrupted = (
         baselines(model, task, metric_, normalised=normalised, minibatch=config.minibatch) if measured else (None, None)
     )
@@ -232,13 +235,37 @@ def baselines(
 ) -> tuple[Float[Tensor, " pair"], Float[Tensor, " pair"]]:
     """The metric per pair on the clean and on the corrupted prompts (plain forwards). A normalised
     metric whose two means agree (the normalisation would divide by 0) is refused with both."""
-    info = describe(model)
-    estimate = memory.forward_memory(model, info, task.n_pairs, task.seq_len, metric, "the baseline pass")
-    memory.check(estimate, minibatch or task.n_pairs, info.device, fewer=FEWER_PAIRS)  # before any forward
+    _check_forwards(model, task, metric, minibatch, "the baseline pass")
     clean = _metric_of(model, task.clean, metric, minibatch)
     corrupted = _metric_of(model, task.corrupted, metric, minibatch)
     refuse_equal(clean, corrupted, metric, normalised)
     return clean, corrupted
+
+
+def against_clean(model: HookedModel, task: TaskProbe, metric: Metric, minibatch: int | None = None) -> Metric:
+    """``metric`` (one that compares with a reference, :attr:`~interp.ablation.Metric.needs_clean`)
+    bound to each pair's clean prompt: in patching its ``clean`` argument is the read-out of the
+    clean prompt of the pair (``rows``), in either direction and in every pass (the baselines, the
+    replay, attribution's gated forwards, path patching's frozen runs), whatever the pass hands it.
+    The clean prompts' read-outs come from one plain forward of them, made here."""
+    _check_forwards(model, task, metric, minibatch, "the clean prompts' reference pass")
+    L, n = describe(model).n_layers, task.n_pairs
+    step = minibatch or n
+    with torch.no_grad():
+        reference = torch.cat([read_out(model, task.clean[s : s + step], metric, [], L) for s in range(0, n, step)])
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        pairs = torch.arange(out.shape[0]) if rows is None else rows
+        return metric.fn(out, tokens, reference[pairs.to(reference.device)].to(out.device), rows)
+
+    return dataclasses.replace(metric, fn=fn)
+
+
+def _check_forwards(model: HookedModel, task: TaskProbe, metric: Metric, minibatch: int | None, what: str) -> None:
+    """Refuse, before any forward, plain forwards of the task's prompts that would not fit in memory."""
+    info = describe(model)
+    estimate = memory.forward_memory(model, info, task.n_pairs, task.seq_len, metric, what)
+    memory.check(estimate, minibatch or task.n_pairs, info.device, fewer=FEWER_PAIRS)
 
 
 def gap_meta(run: Setup) -> dict[str, Any]:
