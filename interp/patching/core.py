@@ -24,29 +24,24 @@ from interp import memory
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, refuse_site
 from interp.ablation.replay import read_out
-from interp.ablation.settings import run_config
+from interp.ablation.settings import checked
 from interp.ablation.sweep import ablation_header
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import k_hook
 from interp.models import ModelInfo, describe
-from interp.patching.metrics import task_metric
+from interp.patching.metrics import METRICS, task_metric
 from interp.patching.result import PatchScores
 from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio, plural
 from interp.texts import token_label
 
-FEWER_PAIRS = "use fewer pairs (command line: --batch)"
+FEWER_PAIRS = "use fewer pairs (n_pairs=)"
 BY: Registry[str] = Registry("patching granularity")
 BY.add("head", "each head at every position at once: a layer x head grid")
 BY.add("position", "each head at each position alone: a (layer, head) x position grid")
-
-DIRECTION_HELP = {
-    "denoise": "run the corrupted prompt, patch in the clean run's head output (what restores the answer)",
-    "noise": "run the clean prompt, patch in the corrupted run's head output (what destroys it)",
-}
 
 
 @dataclass
@@ -79,6 +74,29 @@ class Setup:
         return float(self.clean.mean() - self.corrupted.mean())
 
 
+def validate_setup(
+    *,
+    metric: str | Metric | Callable | None = None,
+    direction: str = DEFAULT_DIRECTION,
+    by: str = "head",
+    site: str = "z",
+) -> None:
+    """What :func:`setup` checks before any forward, without a model: the names chosen (a metric
+    named by a string among :data:`~interp.patching.METRICS`, a direction of :data:`~interp.probes.task.DIRECTIONS`, a
+    granularity of :data:`BY`, a site of :data:`~interp.ablation.modes.SITES`)."""
+    check_direction(direction)
+    BY.check(by)
+    SITES.check(site)
+    if isinstance(metric, str):
+        checked(METRICS, metric)
+
+
+def own_metric(task: TaskProbe | str | Path, metric: str | Metric | Callable | None) -> str | Metric | Callable | None:
+    """The metric a run on ``task`` reads, for a check before any forward: ``metric``, else a
+    :class:`~interp.probes.task.TaskProbe`'s own (a task still to be built: ``None``, its own)."""
+    return task.metric if metric is None and isinstance(task, TaskProbe) else metric
+
+
 def setup(
     model: HookedModel,
     task: TaskProbe | str | Path,
@@ -94,10 +112,8 @@ def setup(
     """The run: names checked, the task built, its metric and baselines (refused when they agree).
     ``measured=False`` leaves the baselines (``clean``, ``corrupted``) to the method, which reads them
     off passes it runs anyway (attribution: the donor capture and the gated forward)."""
-    check_direction(direction)
-    BY.check(by)
-    SITES.check(site)
-    config = run_config(config)
+    validate_setup(metric=metric, direction=direction, by=by, site=site)
+    config = RunConfig.of(config)
     if not isinstance(task, TaskProbe):
         task = task_probe(model, task, n_pairs=n_pairs, seed=config.seed)
     info = describe(model)
