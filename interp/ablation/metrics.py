@@ -28,8 +28,9 @@ class Metric:
 
     ``fn(out, tokens, clean, rows)`` gets ``out``: the logits (or, with ``reads="hidden"``, the final
     residual stream) at ``positions`` only (all positions when ``None``), ``[batch, n_read, ...]``;
-    ``tokens``: the sequences; ``clean``: the unablated ``out`` of the same sequences; ``rows``: their
-    indices in the probe. It returns ``[batch]``.
+    ``tokens``: the sequences; ``clean``: the unablated ``out`` of the same sequences (in patching:
+    the read-out of each pair's clean prompt, :func:`interp.patching.core.against_clean`); ``rows``:
+    their indices in the probe. It returns ``[batch]``.
     """
 
     name: str
