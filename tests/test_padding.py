@@ -18,6 +18,7 @@ from interp.ablation.gradient import gradient_importance
 from interp.ablation.metrics import lm_loss
 from interp.ablation.replay import Sweeper
 from interp.adapters import run_with_reducers
+from interp.config import RunConfig
 from interp.errors import AblationError, UsageError
 from interp.heads import attention_scores, head_scores, uniform_baselines
 from interp.models import from_hf_model, load_model
@@ -408,7 +409,9 @@ def test_gradient_importance_of_each_text_is_its_own(models, name, padding):
     model = models[name]
     probe = TokenProbe.from_texts(model, TEXTS, padding=padding)
     for per in ("example", "token"):
-        got = gradient_importance(model, probe, lm_loss(probe), per=per, minibatch=2).grid("importance")
+        got = gradient_importance(model, probe, lm_loss(probe), per=per, config=RunConfig(minibatch=2)).grid(
+            "importance"
+        )
         ones = [gradient_importance(model, _alone(model, i), lm_loss(_alone(model, i)), per=per) for i in range(3)]
         weights = [1.0] * 3 if per == "example" else [n + 1.0 for n in LENGTHS]  # per token: each real token
         expect = sum(w * o.grid("importance") for w, o in zip(weights, ones)) / sum(weights)

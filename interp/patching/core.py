@@ -23,7 +23,6 @@ from interp import memory
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, refuse_site
 from interp.ablation.replay import read_out
-from interp.ablation.settings import run_config
 from interp.ablation.sweep import ablation_header
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
@@ -96,7 +95,7 @@ def setup(
     check_direction(direction)
     BY.check(by)
     SITES.check(site)
-    config = run_config(config)
+    config = RunConfig.of(config)
     if not isinstance(task, TaskProbe):
         task = task_probe(model, task, n_pairs=n_pairs, seed=config.seed)
     info = describe(model)
