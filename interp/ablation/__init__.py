@@ -41,8 +41,7 @@ on ablation; for a higher-is-better metric, the decrease.
 
 The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, ablation modes,
 :func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.replay` (the replay and :class:`Sweeper`),
-:mod:`~interp.ablation.calls` (recorded block calls), :mod:`~interp.ablation.shortcuts` (the
-replay's exact shortcuts), :mod:`~interp.ablation.sweep` (exact sweeps),
+:mod:`~interp.ablation.calls` (recorded block calls), :mod:`~interp.ablation.sweep` (exact sweeps),
 :mod:`~interp.ablation.gradient`, :mod:`~interp.ablation.pruning` (computing curves),
 :mod:`~interp.ablation.curves` (the :class:`PruningCurves` result), :mod:`~interp.ablation.gates`
 and :mod:`~interp.ablation.settings` (names checked, run settings merged).
@@ -52,7 +51,8 @@ Names a user chooses are registered once (:mod:`interp.registry`): :data:`METRIC
 :data:`REPLAYS` (the sweep's ``replay=``: auto, fast or loop; "engine" means pattern/stream only).
 Each public analysis has a model-free check of its options, ``validate_<name>(...)``, which it calls
 first and a command line can call before loading a model. Run settings (seed, minibatch, progress, the bootstrap)
-come as ``config=RunConfig(...)`` only.
+come as ``config=RunConfig(...)`` only. The replay's exact shortcuts are module surgery, so they live
+with the model adapters (:mod:`interp.adapters.surgery`).
 """
 
 from interp.ablation.curves import PruningCurves, heads_prunable

@@ -5,7 +5,7 @@ each block was called, then evaluates head sets by replaying blocks ``l .. L-1``
 residual (``replay="fast"``), several ablations batched along the batch axis, or by one plain
 ``run_with_hooks`` per head set (``replay="loop"``, the reference). :data:`REPLAYS` registers the
 choices. What touches the model's internals (hooks on its blocks, calling them, its unembedding,
-its stacked ``W_O``, the shortcuts' module patches) is the model's adapter's
+its stacked ``W_O``, the shortcuts' module surgery) is the model's adapter's
 (:class:`interp.adapters.Adapter`); this module only calls it.
 """
 
@@ -27,9 +27,8 @@ from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
 from interp.ablation.settings import checked
-from interp.ablation.shortcuts import head_outputs
 from interp.adapters import HookedModel, adapter_for, run_with_reducers
-from interp.adapters.patch import by_head
+from interp.adapters.surgery import by_head, head_outputs
 from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import resid_post_hook, z_hook
@@ -124,7 +123,7 @@ class Sweeper:
             for s in range(0, probe.batch, self.minibatch)
         ]
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
-        # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
+        # exact shortcuts (interp.adapters.surgery), if the self-check agrees
         self._trim = self.replay == "fast" and self._can_trim()
         # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
         self._reuse = self.replay == "fast" and self.ablation.site == "z" and self._can_reuse()
@@ -438,7 +437,7 @@ class Sweeper:
 
     @property
     def shortcuts(self) -> list[str]:
-        """The exact shortcuts the fast replay takes on this model (see :mod:`interp.ablation.shortcuts`)."""
+        """The exact shortcuts the fast replay takes on this model (see :mod:`interp.adapters.surgery`)."""
         if self.replay != "fast":
             return []
         return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]
