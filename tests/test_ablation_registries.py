@@ -171,6 +171,7 @@ def test_run_settings_come_as_config_only(gpt2_tiny, probe):
         (lambda: validate_train_gates(lambdas=[0.1, float("nan")]), "lambda must be a finite number >= 0, got nan (in lambdas=)", ("lambdas",)),
         (lambda: validate_train_gates(lambdas=[0.1], steps=0), "steps must be >= 1, got steps=0", ("steps",)),
         (lambda: validate_train_gates(lambdas=[0.1], replay="quick"), "unknown replay 'quick': choose from ['auto', 'fast', 'loop']", ()),
+        (lambda: heads_prunable(pd.DataFrame(), -0.5), "tolerance must be >= 0, got tolerance=-0.5", ("tolerance",)),
     ],
 )  # fmt: skip
 def test_each_analysis_checks_its_options_without_a_model(check, message, param):

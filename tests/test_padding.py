@@ -447,7 +447,7 @@ def test_padding_errors(models):
         Sweeper(model, probe, lm_loss(probe), ablation="mean")
     assert str(e.value) == (
         "mean ablation does not take padded probes yet (its averages would read padded positions): "
-        "use zero ablation, or texts of one length"
+        "use ablation='zero', or texts of one length"
     )
 
 

@@ -123,7 +123,7 @@ class GateSweep(Shown):
         if which == "curves":
             return _gate_curves(self.summary, self.meta.get("metric", "metric"))
         if which != "gates":
-            raise AblationError(f"a gate sweep draws 'gates' or 'curves', not {which!r}")
+            raise AblationError(f"a gate sweep draws 'gates' or 'curves', not which={which!r}", params="which")
         return heatmap(
             self.grids(),
             title=f"{short_name(self.meta.get('model', 'model'))}: Hard-Concrete gates per lambda",
