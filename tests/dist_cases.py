@@ -71,10 +71,13 @@ def library_results(model: Any) -> dict[str, Any]:
     out["tables"]["sinks_heads"] = report.heads.table
     for kind in ("zero", "mean", "resample"):
         out["tables"][f"exact_{kind}"] = run(
-            f"exact_{kind}", lambda: exact_sweep(model, probe, metric, ablation=kind, minibatch=2)
+            f"exact_{kind}", lambda: exact_sweep(model, probe, metric, ablation=kind, config=RunConfig(minibatch=2))
         ).table
     for kind in ("zero", "mean"):
-        scores = run(f"gradient_{kind}", lambda: gradient_importance(model, probe, metric, ablation=kind, minibatch=2))
+        scores = run(
+            f"gradient_{kind}",
+            lambda: gradient_importance(model, probe, metric, ablation=kind, config=RunConfig(minibatch=2)),
+        )
         out["tables"][f"gradient_{kind}"] = scores.table
         out[f"gradient_{kind}_metric"] = scores.meta["metric_value"]
     return out

@@ -139,7 +139,9 @@ def test_pruning_curve_jumps_when_the_circuit_breaks(toy, probe, circuit):
 
 
 def test_gates_keep_the_circuit(toy, probe, circuit):
-    sweep = train_gates(toy, probe, incontext_loss(probe), [0.03, 0.1, 1.0], steps=80, lr=0.15, minibatch=4)
+    sweep = train_gates(
+        toy, probe, incontext_loss(probe), [0.03, 0.1, 1.0], steps=80, lr=0.15, config=RunConfig(minibatch=4)
+    )
     best = largest_lambda_within(sweep, 0.10)
     assert best is not None, sweep.summary
     kept = {tuple(map(int, h.split("."))) for h in sweep.kept(best)}

@@ -5,8 +5,7 @@ import torch
 
 import interp.hooks
 from interp import kernels
-from interp.ablation import shortcuts
-from interp.adapters import BridgeAdapter, ToyAdapter, adapter_for, describe, patch
+from interp.adapters import BridgeAdapter, ToyAdapter, adapter_for, describe
 from interp.config import RunConfig
 from interp.heads import head_scores
 from interp.toy import ToyConfig, ToyTransformer
@@ -45,7 +44,6 @@ def test_one_adapter_per_kind_and_the_old_names_still_import(gpt2_tiny):
     assert isinstance(adapter_for(toy), ToyAdapter)
     assert isinstance(adapter_for(gpt2_tiny), BridgeAdapter)
     assert not hasattr(interp.hooks, "run_with_reducers")  # hooks holds names; running is the adapters' job
-    assert shortcuts.reused_attention is patch.reused_attention
     from interp.models import describe as old_describe
 
     assert old_describe is describe

@@ -409,7 +409,9 @@ def test_gradient_importance_of_each_text_is_its_own(models, name, padding):
     model = models[name]
     probe = TokenProbe.from_texts(model, TEXTS, padding=padding)
     for per in ("example", "token"):
-        got = gradient_importance(model, probe, lm_loss(probe), per=per, minibatch=2).grid("importance")
+        got = gradient_importance(model, probe, lm_loss(probe), per=per, config=RunConfig(minibatch=2)).grid(
+            "importance"
+        )
         ones = [gradient_importance(model, _alone(model, i), lm_loss(_alone(model, i)), per=per) for i in range(3)]
         weights = [1.0] * 3 if per == "example" else [n + 1.0 for n in LENGTHS]  # per token: each real token
         expect = sum(w * o.grid("importance") for w, o in zip(weights, ones)) / sum(weights)
@@ -445,7 +447,7 @@ def test_padding_errors(models):
         Sweeper(model, probe, lm_loss(probe), ablation="mean")
     assert str(e.value) == (
         "mean ablation does not take padded probes yet (its averages would read padded positions): "
-        "use zero ablation, or texts of one length"
+        "use ablation='zero', or texts of one length"
     )
 
 

@@ -167,7 +167,7 @@ def test_pruning_by_the_exact_order_shows_its_sweep(capsys):
     probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
     metric = builtin_metric("incontext", probe)
     with one_thread(), lines():
-        pruning_curves(toy, probe, metric, orders=["exact"], ablation="mean", progress=True)
+        pruning_curves(toy, probe, metric, orders=["exact"], ablation="mean", config=RunConfig(progress=True))
     err = capsys.readouterr().err
     assert "exact sweep: 8 head set(s) x 2 sequences of 17 tokens" in err  # the order's own sweep
     assert "exact sweep: 2/2 (100%)" in err
@@ -188,7 +188,13 @@ def test_the_atlas_prunes_by_its_own_sweep_without_running_it_again(monkeypatch,
     monkeypatch.undo()
     with one_thread():
         alone = pruning_curves(
-            toy, probe, metric, orders=["gradient", "exact", "random"], random_seeds=(0,), ablation="mean", seed=0
+            toy,
+            probe,
+            metric,
+            orders=["gradient", "exact", "random"],
+            random_seeds=(0,),
+            ablation="mean",
+            config=RunConfig(seed=0),
         )
     pd.testing.assert_frame_equal(atlas.pruning, alone.table)  # the same curves as computed alone
     err = capsys.readouterr().err
@@ -221,7 +227,13 @@ def test_gates_show_progress_step_by_step_and_say_their_sizes(capsys):
     probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
     with one_thread(), lines():
         train_gates(
-            toy, probe, builtin_metric("incontext", probe), lambdas=[0.0, 0.1], steps=5, ablation="mean", progress=True
+            toy,
+            probe,
+            builtin_metric("incontext", probe),
+            lambdas=[0.0, 0.1],
+            steps=5,
+            ablation="mean",
+            config=RunConfig(progress=True),
         )
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "gates: 2 lambda(s) x 5 steps, each a forward and backward of up to 2 x 17 tokens"

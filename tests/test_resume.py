@@ -23,6 +23,7 @@ from interp import memory
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss, pruning_curves, train_gates
 from interp.ablation import gates as gates_module
 from interp.cli import ablate
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.journal import Journal, Journals
 from interp.models import load_model
@@ -91,7 +92,9 @@ def _units(journal: Path) -> int:
 
 def test_an_exact_sweep_resumed_after_ctrl_c_equals_an_uninterrupted_one(toy, probe, tmp_path):
     metric = incontext_loss(probe)
-    kw = dict(ablation="mean", chunk=3, minibatch=3)  # 8 heads: forwards of 3, 1 | 3, 1 (two minibatches each)
+    kw = dict(
+        ablation="mean", chunk=3, config=RunConfig(minibatch=3)
+    )  # 8 heads: forwards of 3, 1 | 3, 1 (two minibatches each)
     whole = exact_sweep(toy, probe, metric, **kw)
     with _Stop(Sweeper, "_evaluate_group", 3, KeyboardInterrupt()):
         partial = exact_sweep(toy, probe, metric, journal=_journals(tmp_path, toy)("exact", probe.tokens), **kw)
@@ -274,7 +277,7 @@ def test_too_little_free_memory_refuses_the_sweep_before_any_forward(toy, probe,
         f"the cpu has {memory.gib(room)} free: pass minibatch=2 (or less) to run fewer sequences per forward"
     )
     assert forwards[0] == 0 and asked == [torch.device("cpu")]  # not even the mean ablation's fit ran
-    Sweeper(toy, probe, metric, ablation="mean", chunk=2, minibatch=2)  # what it said: fits
+    Sweeper(toy, probe, metric, ablation="mean", chunk=2, config=RunConfig(minibatch=2))  # what it said: fits
     assert forwards[0] > 0
     forwards[0] = 0
     monkeypatch.setattr(memory, "free_bytes", lambda device: whole.kept // 2)
@@ -317,7 +320,7 @@ def test_the_gradient_pass_refuses_before_its_forward_naming_a_minibatch_that_fi
         "run fewer sequences per forward"
     )
     assert forwards[0] == 0
-    gradient_importance(toy, probe, metric, minibatch=3)
+    gradient_importance(toy, probe, metric, config=RunConfig(minibatch=3))
     assert forwards[0] > 0
 
 

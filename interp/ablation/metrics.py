@@ -170,7 +170,9 @@ def _rows_of(mask: Tensor, rows: Tensor | None, n: int) -> Tensor:
     """The probe-wide ``mask``'s rows for the sequences ``rows`` (all of them when ``None``)."""
     if rows is None:
         if mask.shape[0] != n:
-            raise MetricError(f"the metric was built for a probe of {mask.shape[0]} sequences, got {n}: pass rows")
+            raise MetricError(
+                f"the metric was built for a probe of {mask.shape[0]} sequences, got {n}: pass rows=", params="rows"
+            )
         return mask
     return mask[rows.to(mask.device)]
 
@@ -199,7 +201,8 @@ def refuse_padded_ablation(probe: TokenProbe, ablation: Any) -> None:
     if probe.padded and kind != "zero":
         raise AblationError(
             f"{kind} ablation does not take padded probes yet (its averages would read padded positions): "
-            "use zero ablation, or texts of one length"
+            "use ablation='zero', or texts of one length",
+            params="ablation",
         )
 
 

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from interp import memory
 from interp.ablation.metrics import Metric
-from interp.ablation.modes import SITES, clean_site, head_mask, parse_heads
+from interp.ablation.modes import SITES, capture_site, head_mask, parse_heads
 from interp.ablation.replay import read_out
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
@@ -152,7 +152,7 @@ def path_patch(
     # its frozen forwards run every pair at once: the estimate is the whole batch's, whatever the minibatch
     whole = memory.forward_memory(model, info, B, T, run.metric, "path patching", kept=z, kept_is=kept)(B)
     memory.check(lambda _: whole, B, info.device, fewer=FEWER_PAIRS)
-    own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
+    own_z, donor_z = capture_site(model, tokens, mb, "z"), capture_site(model, donor, mb, "z")
     columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
     values = torch.full((len(send), len(columns), tokens.shape[0]), float("nan"))
     for i, (sl, sh) in enumerate(send):

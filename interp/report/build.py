@@ -433,7 +433,7 @@ def _ablations(
 
     # decoders: the loss on the repeated half; encoders (no next token): the pooled output's cosine to the clean one
     metric = builtin_metric("incontext" if probe.causal else "pooled-cos", probe)
-    common = dict(ablation=ablation, seed=seed, progress=progress)
+    common = dict(ablation=ablation, config=RunConfig(seed=seed, progress=progress))
     atlas.meta.update(metric=metric.name, ablation=ablation)
     if "exact" not in skip:
         say("exact")
