@@ -149,11 +149,14 @@ def test_in_flags_shows_each_named_parameter_as_the_commands_flag() -> None:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--batch", type=int)
     p.add_argument("--framed", action="store_true")
+    p.add_argument("--engine")
     error = UsageError(
-        "pass minibatch=4 or less; lower seq_len= (or n_pairs=3, k=2); pass framed=True; fewer pairs (n_pairs=)",
-        params=("minibatch", "seq_len", "n_pairs", "k", "framed"),
+        "pass minibatch=4 or less; lower seq_len= (or n_pairs=3, k=2); pass framed=True; fewer pairs (n_pairs=); "
+        "use engine='pattern'",
+        params=("minibatch", "seq_len", "n_pairs", "k", "framed", "engine"),
     )
     assert in_flags(p, error, {"n_pairs": "batch"}) == (
-        "pass --minibatch 4 or less; lower --seq-len (or --batch 3, k=2); pass --framed; fewer pairs (--batch)"
+        "pass --minibatch 4 or less; lower --seq-len (or --batch 3, k=2); pass --framed; fewer pairs (--batch); "
+        "use --engine pattern"
     )
     assert in_flags(p, UsageError("pass minibatch=4")) == "pass minibatch=4"  # names no parameter: as written

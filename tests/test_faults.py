@@ -229,7 +229,7 @@ def test_nan_weights_end_every_command_with_the_non_finite_error(cli, gpt2_dir, 
     assert code == 2
     assert err.splitlines()[-1] == (
         f"{prog}: error: layer 0: the attention pattern holds NaN or inf on 4 ordinary tokens; the model's "
-        "weights or its dtype make it unstable: check the weights, or load it with --dtype 'float32'"
+        "weights or its dtype make it unstable: check the weights, or load it with --dtype float32"
     )
     assert _files(tmp_path / "out") == {}
 

@@ -553,7 +553,7 @@ def in_flags(parser: argparse.ArgumentParser, error: BaseException, aliases: Map
     """``error``'s message as a command line says it: each parameter it names (``error.params``,
     written ``name=`` in the message) shown as the parser's flag for it, ``minibatch=4`` as
     ``--minibatch 4``, a bare ``minibatch=`` as ``--minibatch``, and an on/off flag's
-    ``framed=True`` as ``--framed``. ``aliases`` maps a parameter to the destination of the flag
+    ``framed=True`` as ``--framed``, ``engine='pattern'`` as ``--engine pattern``. ``aliases`` maps a parameter to the destination of the flag
     that sets it where their names differ (``{"n_pairs": "batch"}``). A parameter this parser has
     no flag for stays as written."""
     message = " ".join(str(error).split())
@@ -566,6 +566,8 @@ def in_flags(parser: argparse.ArgumentParser, error: BaseException, aliases: Map
 
         def shown(m: re.Match, flag: str = flag, switch: bool = switch) -> str:
             value = m.group(1)
+            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":  # engine='pattern': --engine pattern
+                value = value[1:-1]
             if not value or (switch and value in ("True", "False")):
                 return flag
             return f"{flag} {value}"
