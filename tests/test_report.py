@@ -339,3 +339,11 @@ def test_head_map_labels_never_overlap():
         True, False, True, True
     ]  # fmt: skip
     assert label_room(np.array([np.nan]), np.array([0.0]), ["0.0"], [0, 1], [0, 1], (100, 100)) == [False]
+
+
+def test_the_page_shows_the_roles_at_a_glance_apart_from_what_heads_write(toy_atlas, tmp_path):
+    page = toy_atlas.save(tmp_path)[0].read_text()
+    roles = page.split('<section id="roles">')[1].split("</section>")[0]
+    writes = page.split('<section id="circuits">')[1].split("</section>")[0]
+    assert "<b>induction heads</b><span>1.2, 1.3, 1.0, 1.1</span>" in roles
+    assert "Copy suppression (McDougall et al.)" not in roles and "Copy suppression (McDougall et al.)" in writes

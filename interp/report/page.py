@@ -68,7 +68,7 @@ def render_atlas(atlas: Atlas) -> str:
     if "task" in m:
         sections.append(("task", f"Which heads matter for the task: {m['task']['name']}", _task_section(atlas)))
     if _has_roles(atlas):
-        sections.append(("circuits", "What heads write and read", _roles_section(atlas)))
+        sections.append(("circuits", "What heads write and read", _writes_section(atlas)))
     sections.append(("heatmaps", "Scores of every head", _heatmaps_section(atlas)))
     if atlas.sinks is not None:
         sections.append(("sinks", "Attention sinks", _sinks_section(atlas)))
@@ -153,7 +153,7 @@ def _circuit_notes(atlas: Atlas) -> list[str]:
     return [n for n in atlas.meta.get("notes", []) if not n.startswith(("retrieval:", "task:"))]
 
 
-def _roles_section(atlas: Atlas) -> str:
+def _writes_section(atlas: Atlas) -> str:
     """What heads write and read: OV roles, encoder heads and entropy, composition in and out."""
     m = atlas.meta
     text = (
