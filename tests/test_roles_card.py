@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.roles import composition_scores
-from interp.roles.card import head_card, mean_write
 from interp.errors import UsageError
 from interp.heads import head_scores
 from interp.probes import probe_from_tokens
 from interp.report.roles import role_table
+from interp.roles import composition_scores
+from interp.roles.card import head_card, mean_write
 from tests.test_roles_composition import induction_pair
 from tests.test_roles_ov import SEQUENCE, roles_model
 

@@ -29,39 +29,14 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.heads import head_scores, uniform_baselines
 from interp.journal import Journal, fingerprint, tokens_hash
+from interp.parts.probing import DEPTHS, NEEDLE_BATCH, NEEDLE_LEN, RETRIEVAL_COLUMNS, retrieval_fits
+from interp.parts.shape import BLOCK_LENS, body_room, default_block_len
 from interp.probes import TokenProbe, random_tokens, repeated_tokens
 from interp.saving import claim
 
 KIND = "checkpoints"
 OUTPUTS = [f"{STEM}.csv", f"{STEM}_revisions.csv", f"{STEM}.json", f"{STEM}.html", f"{PAGE}.html"]
-# the retrieval score's needle probe: Wu et al.'s needles at three depths, as `interp retrieval` reads them
-DEPTHS, NEEDLE_LEN, NEEDLE_BATCH = (0.1, 0.5, 0.9), 8, 2
-BLOCK_LENS = (50, 20)
-"""The head-score probe's block when none is asked: the first of these whose repeats fit the context
-(50 on GPT-2 and Pythia; 20 on the 96-token toy of ``toy-training``), else the longest that fits."""
-RETRIEVAL_COLUMNS = (
-    "retrieval",
-    "retrieval_lo",
-    "retrieval_hi",
-    "retrieval_mass",
-    "streaming",
-    "streaming_lo",
-    "streaming_hi",
-)
-
-
-def default_block_len(room: int, repeats: int) -> int:
-    """The probe's block length for a context of ``room`` body tokens (the context less the framing)
-    holding ``repeats`` copies: the rule of :data:`BLOCK_LENS`, the library's and the command line's."""
-    fits = room // repeats
-    return next((n for n in BLOCK_LENS if n <= fits), fits)
-
-
-def body_room(info: Any) -> int:
-    """The tokens of a probe's body that a model's context holds: its context less the framing."""
-    from interp.probes.draw import frame_tokens
-
-    return info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
+__all__ = ["BLOCK_LENS", "KIND", "checkpoint_scores", "default_block_len", "retrieval_fits", "write_outputs"]
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -316,27 +291,6 @@ def _needle_probe(model: Any, rev: Revision, settings: dict[str, Any], cfg: RunC
     room = body_room(info)
     length = retrieval_fits(rev.label, room, settings.get("retrieval_len"))
     return needle_probe(model, seq_len=length, depths=DEPTHS, needle_len=NEEDLE_LEN, batch=NEEDLE_BATCH, seed=cfg.seed)
-
-
-def retrieval_fits(label: str, room: int, asked: int | None) -> int:
-    """The needle probe's length for a context of ``room`` body tokens: ``asked``, else
-    ``min(1024, room)``; a one-line :class:`UsageError` when the context cannot hold it."""
-    from interp.probes.needle import DEFAULT_SEQ_LEN
-
-    least = 2 * len(DEPTHS) * NEEDLE_LEN + NEEDLE_LEN  # the needles, their copies and a haystack of one needle
-    length = asked or min(DEFAULT_SEQ_LEN, room)
-    if least <= length <= room:
-        return length
-    what = f"{len(DEPTHS)} needles of {NEEDLE_LEN} tokens, their copies and a haystack"
-    if room < least:
-        raise UsageError(
-            f"the retrieval score's needle probe ({what}) needs at least {least} tokens and {label}'s context "
-            f"holds {room}: leave out retrieval=True (command line: --retrieval)"
-        )
-    raise UsageError(
-        f"the retrieval score's needle probe ({what}) cannot be {length} tokens: {label}'s context holds {room} and "
-        f"the probe needs at least {least}; ask for retrieval_len={least} to {room} (command line: --retrieval-len)"
-    )
 
 
 def _with_retrieval(model: Any, table: pd.DataFrame, needles: Any, cfg: RunConfig) -> pd.DataFrame:

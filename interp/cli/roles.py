@@ -36,10 +36,6 @@ from typing import Any
 
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
-from interp.roles import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
-from interp.roles.composition import N_RANDOM, composition_work
-from interp.roles.encoder import encoder_work, head_map_work
-from interp.roles.ov import K_LOWEST, OV_SCORES, ov_work
 from interp.cli.common import (
     FRAMED_UNREAD,
     add_task_flag,
@@ -50,6 +46,7 @@ from interp.cli.common import (
     run_cli,
     set_batch_help,
 )
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -60,6 +57,10 @@ from interp.probes.user import text_ids
 from interp.progress import announcer, forward_work
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
+from interp.roles import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
+from interp.roles.composition import N_RANDOM, composition_work
+from interp.roles.encoder import encoder_work, head_map_work
+from interp.roles.ov import K_LOWEST, OV_SCORES, ov_work
 from interp.scores import HeadScores, format_table, join_scores, plural
 from interp.texts import BYTES_NOTE, decode_file
 
@@ -231,7 +232,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if "dla" in plan:  # first: bad prompts end the run before any write
         say("dla")
         given = (task,) if task is not None else prompts
-        dla = logit_attribution(model, *given, level=args.ci, seed=args.seed)
+        dla = logit_attribution(model, *given, config=RunConfig(level=args.ci, seed=args.seed))
     print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
     written: list[Path] = []
     tables: list[HeadScores] = []
@@ -242,7 +243,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if "composition" in todo:
         say("composition")
         try:
-            comp = composition_scores(model, n_random=args.n_random, seed=args.seed, progress=args.progress)
+            comp = composition_scores(
+                model, n_random=args.n_random, config=RunConfig(seed=args.seed, progress=args.progress)
+            )
         except UsageError as e:
             skipped["composition"] = str(e)
         else:
@@ -271,9 +274,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
                     [name],
                     k=args.k,
                     sequences=args.sequence_ids,
-                    level=args.ci,
-                    seed=args.seed,
-                    progress=args.progress,
+                    config=RunConfig(level=args.ci, seed=args.seed, progress=args.progress),
                 )
             except UsageError as e:
                 skipped[name] = str(e)
@@ -287,13 +288,15 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
     if "encoder" in todo:
         say("encoder")
-        enc = encoder_scores(model, probe, frequencies=args.frequency_table, level=args.ci, seed=args.seed)
+        enc = encoder_scores(
+            model, probe, frequencies=args.frequency_table, config=RunConfig(level=args.ci, seed=args.seed)
+        )
         tables.append(enc)
         baselines.update(enc.meta["baselines"])
         written += enc.save(out, "encoder_heads")
     if "map" in todo:
         say("map")
-        m = head_map(model, probe, seed=args.seed)
+        m = head_map(model, probe, config=RunConfig(seed=args.seed))
         written += m.save(out)
         written += save_figure(m.figure(), out, "head_map")
 

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from interp._io import atomic_write_json
 from interp.adapters import HookedModel, ModelInfo, describe, run_with_reducers
-from interp.config import run_header
+from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import HeadScore, attention_scores
 from interp.hooks import layer_of, pattern_hook
@@ -230,16 +230,17 @@ def encoder_scores(
     *,
     scores: Sequence[str] = KEY_SCORES,
     frequencies: Float[Tensor, " d_vocab"] | Mapping[int, float] | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    config: RunConfig | None = None,
 ) -> HeadScores:
     """Clark et al.'s key scores, attention entropy, and Voita et al.'s positional and rare-word
     scores of every head (see the module docstring), each with a bootstrap CI over sequences and
     its uniform baseline in ``meta["baselines"]``.
 
     ``probe`` defaults to 8 windows of 32 tokens of the bundled text; ``frequencies`` (a
-    ``[d_vocab]`` count tensor or ``{token id: count}``) defaults to :func:`bundled_frequencies`."""
+    ``[d_vocab]`` count tensor or ``{token id: count}``) defaults to :func:`bundled_frequencies`;
+    ``config``: the bootstrap and seed."""
+    cfg = RunConfig.of(config)
+    n_boot, level, seed = cfg.n_boot, cfg.level, cfg.seed
     scores = ENCODER_SCORES.check_all(scores)
     info = describe(model)
     if probe is None:
@@ -478,9 +479,11 @@ def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
     return vecs[:, order] * np.sqrt(np.clip(vals[order], 0, None))
 
 
-def head_map(model: HookedModel, probe: TokenProbe | None = None, *, seed: int = 0) -> HeadMap:
+def head_map(model: HookedModel, probe: TokenProbe | None = None, *, config: RunConfig | None = None) -> HeadMap:
     """Every pair of heads' Jensen-Shannon distance, averaged over the probe's real queries, and its
-    2-D classical-MDS embedding (any model; heads of layers without softmax attention are NaN)."""
+    2-D classical-MDS embedding (any model; heads of layers without softmax attention are NaN);
+    ``config``: the seed (of the default probe)."""
+    seed = RunConfig.of(config).seed
     info = describe(model)
     if probe is None:
         from interp.probes import text_probe

@@ -64,7 +64,7 @@ from interp.adapters.weights import (
     post_attention_norm_site,
     read_head_weights,
 )
-from interp.config import run_header
+from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
@@ -179,9 +179,7 @@ def logit_attribution(
     wrongs: Int[Tensor, " batch"] | Int[Tensor, "batch k"] | Sequence[int] | None = None,
     *,
     positions: Int[Tensor, " batch"] | Sequence[int] | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    config: RunConfig | None = None,
 ) -> LogitAttribution:
     """Direct logit attribution of every head (and every other part of the residual) to each
     prompt's ``logit[answer] - logit[wrong]`` at ``positions`` (default: each prompt's last), see
@@ -243,6 +241,8 @@ def logit_attribution(
     frame = pd.DataFrame({k: v.numpy() for k, v in columns.items()})
     frame.insert(0, "prompt", np.arange(B))
     softcap = final_softcap(model)
+    cfg = RunConfig.of(config)
+    n_boot, level, seed = cfg.n_boot, cfg.level, cfg.seed
     point, lo, hi = bootstrap_mean(head_terms, n_boot=n_boot, level=level, seed=seed)
     final = final_norm_site(model)
     meta = run_header(info, kind="logit_attribution", n_boot=n_boot, ci_level=level, seed=seed)
