@@ -10,6 +10,7 @@ import pytest
 
 from interp.ablation import incontext_loss, pruning_curves, train_gates
 from interp.checkpoints import checkpoint_scores
+from interp.checkpoints.sweep import sweep_sizes
 from interp.config import RunConfig
 from interp.heads import head_scores
 from interp.models import load_model
@@ -59,7 +60,9 @@ def results(toy, tmp_path_factory):
             sizes=atlas_sizes(batch=3, seq_len=12, sink_batch=3, sink_seq_len=12),
             config=RunConfig(seed=0),
         ),
-        "CheckpointScores": checkpoint_scores(str(folder / "step*"), batch=3, seq_len=8, icl_len=40, icl_batch=3),
+        "CheckpointScores": checkpoint_scores(
+            str(folder / "step*"), sizes=sweep_sizes(batch=3, seq_len=8, icl_len=40, icl_batch=3)
+        ),
     }
     for result in made.values():
         print(repr(result), end="\n\n")  # what a reader sees (pytest -s)
