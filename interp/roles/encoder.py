@@ -277,17 +277,8 @@ def encoder_scores(
     grids.update({"entropy": ci.point, "entropy_lo": ci.lo, "entropy_hi": ci.hi})
     baselines["entropy"] = float(torch.log(n_keys)[real].mean())
 
-    pooled = sums.offsets.sum(0) / queries.sum(0)[..., None]  # [layer, head, offset]
-    best = torch.nan_to_num(pooled, nan=-1).argmax(-1)
-    chosen = sums.offsets.gather(-1, best[None, ..., None].expand(probe.batch, -1, -1, 1))[..., 0]
-    chosen[:, list(info.absent_layers)] = float("nan")  # no pattern: no score
-    ci = bootstrap_ratio(chosen, queries, n_boot=n_boot, level=level, seed=seed)
-    offset = torch.tensor(OFFSETS, dtype=torch.float)[best]
-    offset[list(info.absent_layers)] = float("nan")
-    grids.update({"positional": ci.point, "positional_lo": ci.lo, "positional_hi": ci.hi, "positional_offset": offset})
-    idx = torch.arange(probe.seq_len)
-    shares = [((idx[None, :] - idx[:, None] == r) & seen).sum(-1) / n_keys for r in OFFSETS]
-    baselines["positional"] = max(float(s[real].mean()) for s in shares)
+    positional, baselines["positional"] = _positional(sums, probe, info, queries, n_keys, (n_boot, level, seed))
+    grids.update(positional)
 
     has_rare = rare.any(-1) & real
     rare_den = has_rare.sum(-1).double()[:, None, None].expand(-1, info.n_layers, info.n_heads)
@@ -305,6 +296,26 @@ def encoder_scores(
     if notes:
         meta["notes"] = notes
     return HeadScores.from_grids(grids, meta)
+
+
+def _positional(
+    sums: _Sums, probe: TokenProbe, info: ModelInfo, queries: Tensor, n_keys: Tensor, boot: tuple[int, float, int]
+) -> tuple[dict[str, Tensor], float]:
+    """Voita et al.'s positional score (the share of queries whose largest weight falls on the
+    head's most frequent relative position) with its CI and offset, and its uniform baseline."""
+    n_boot, level, seed = boot
+    pooled = sums.offsets.sum(0) / queries.sum(0)[..., None]  # [layer, head, offset]
+    best = torch.nan_to_num(pooled, nan=-1).argmax(-1)
+    chosen = sums.offsets.gather(-1, best[None, ..., None].expand(probe.batch, -1, -1, 1))[..., 0]
+    chosen[:, list(info.absent_layers)] = float("nan")  # no pattern: no score
+    ci = bootstrap_ratio(chosen, queries, n_boot=n_boot, level=level, seed=seed)
+    offset = torch.tensor(OFFSETS, dtype=torch.float)[best]
+    offset[list(info.absent_layers)] = float("nan")
+    idx = torch.arange(probe.seq_len)
+    real, seen = probe.real_mask().cpu(), visible(probe)
+    shares = [((idx[None, :] - idx[:, None] == r) & seen).sum(-1) / n_keys for r in OFFSETS]
+    grids = {"positional": ci.point, "positional_lo": ci.lo, "positional_hi": ci.hi, "positional_offset": offset}
+    return grids, max(float(s[real].mean()) for s in shares)
 
 
 def _why_none(name: str, keys: KeyTokens, info: ModelInfo) -> str:
