@@ -19,7 +19,7 @@ from interp.probes import repeated_tokens
 from interp.probes.needle import needle_probe
 from interp.progress import LONG_WORK, forward_work, lines, long_parts, plan_note
 from interp.report import head_atlas
-from interp.report.build import atlas_work, long_work_note
+from interp.report.build import atlas_sizes, atlas_work, long_work_note
 from interp.toy.planted import planted_model
 from tests.helpers import GPT2_SMALL, gpt2_model, one_thread, word_tokenizer
 
@@ -178,10 +178,12 @@ def test_the_atlas_prunes_by_its_own_sweep_without_running_it_again(monkeypatch,
     toy = load_model("toy", device="cpu")
     skip = ["sinks", "retrieval", "patterns", *CIRCUIT_PARTS]
     with one_thread():
-        reference = head_atlas(toy, batch=2, seq_len=8, skip=skip, seed=0).pruning
+        reference = head_atlas(toy, skip=skip, sizes=atlas_sizes(batch=2, seq_len=8), config=RunConfig(seed=0)).pruning
         monkeypatch.setattr(pruning_module, "exact_sweep", lambda *a, **k: pytest.fail("the exact sweep ran twice"))
         with lines():
-            atlas = head_atlas(toy, batch=2, seq_len=8, skip=skip, seed=0, progress=True)
+            atlas = head_atlas(
+                toy, skip=skip, sizes=atlas_sizes(batch=2, seq_len=8), config=RunConfig(seed=0, progress=True)
+            )
     pd.testing.assert_frame_equal(atlas.pruning, reference)
     probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
     metric = builtin_metric("incontext", probe)
@@ -214,7 +216,12 @@ def test_the_atlas_runs_retrieval_on_a_1024_position_gpt2():
     hf = gpt2_model(n_layer=1, n_head=2, n_embd=16, n_positions=1024)
     model = from_hf_model(hf, word_tokenizer(), name="gpt2-1024")
     with one_thread():
-        atlas = head_atlas(model, batch=2, seq_len=8, skip=[*NO_ABLATION, "sinks", "patterns", *CIRCUIT_PARTS], seed=0)
+        atlas = head_atlas(
+            model,
+            skip=[*NO_ABLATION, "sinks", "patterns", *CIRCUIT_PARTS],
+            sizes=atlas_sizes(batch=2, seq_len=8),
+            config=RunConfig(seed=0),
+        )
     assert not atlas.meta.get("notes")
     assert atlas.retrieval["meta"]["seq_len"] == 1 + 1023  # BOS + the 1023 tokens left
     assert sorted(atlas.retrieval["distance"]["distance"].unique()) == [16, 64, 256]
@@ -272,7 +279,7 @@ def test_the_ov_roles_say_their_sizes_and_show_progress(capsys):
 
     toy = load_model("toy", device="cpu")
     with one_thread(), lines():
-        ov_scores(toy, ["copy_suppression"], n_boot=10, progress=True)
+        ov_scores(toy, ["copy_suppression"], config=RunConfig(n_boot=10, progress=True))
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "copy suppression: 8 heads x 500 tokens x 512 vocabulary, in blocks of 1024"
     assert err[-1].startswith("copy suppression: 2/2 (100%)")

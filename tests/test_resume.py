@@ -29,6 +29,7 @@ from interp.journal import Journal, Journals
 from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.report import head_atlas
+from interp.report.build import atlas_sizes
 from tests.helpers import child_env
 from tests.test_distributed import _free_port
 
@@ -151,7 +152,7 @@ def test_a_gate_sweep_resumed_trains_only_the_lambdas_left_and_equals_an_uninter
 
 
 def test_the_atlas_ablation_parts_resume_after_a_crash(toy, tmp_path):
-    kw = dict(batch=4, seq_len=8, skip=["sinks", "gradient", "patterns"], seed=0, progress=False)
+    kw = dict(sizes=atlas_sizes(batch=4, seq_len=8), skip=["sinks", "gradient", "patterns"], config=RunConfig(seed=0))
     with _count(Sweeper, "_evaluate_group") as plain:
         whole = head_atlas(toy, **kw)
     journals = Journals(tmp_path, ARGS, toy, "toy")
