@@ -4,8 +4,10 @@ data set), framed for the model."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
+from torch import Tensor
 
 from interp.adapters import HookedModel
 from interp.errors import UsageError
@@ -15,6 +17,23 @@ from interp.probes.probe import TokenProbe
 from interp.texts import ENCODING, bytes_to_ids, text_rows, tokenize_rows
 
 _MIN_TEXT_TOKENS = 50_000  # a Hub data set is tokenized up to max(this, 8 x batch x seq_len) tokens
+
+
+def _token_stream(model: HookedModel, info: Any, rows: list[str], budget: int) -> tuple[Tensor, str]:
+    """The text's rows as one stream of at least ``budget`` token ids (where the text holds them),
+    and how they were made: the model's tokenizer, or the toy's bytes onto its ordinary ids."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        vocab = ordinary_vocab(info)
+        return bytes_to_ids(rows, vocab, budget), f"utf-8 bytes mod {len(vocab)} ordinary ids"
+    stream = tokenize_rows(tokenizer, rows, budget)
+    bad = stream[(stream < 0) | (stream >= info.d_vocab)]
+    if len(bad):
+        raise UsageError(
+            f"the tokenizer produced id {int(bad[0])}, outside the model's vocabulary "
+            f"of {info.d_vocab}: model and tokenizer do not match"
+        )
+    return stream, "tokenizer"
 
 
 def text_probe(
@@ -60,19 +79,7 @@ def text_probe(
         params="seq_len",
     )
     rows, source = text_rows(dataset, split, text_column, encoding)
-    tokenizer = getattr(model, "tokenizer", None)
-    budget = max(_MIN_TEXT_TOKENS, 8 * batch * seq_len)
-    if tokenizer is not None:
-        stream, how = tokenize_rows(tokenizer, rows, budget), "tokenizer"
-        bad = stream[(stream < 0) | (stream >= info.d_vocab)]
-        if len(bad):
-            raise UsageError(
-                f"the tokenizer produced id {int(bad[0])}, outside the model's vocabulary "
-                f"of {info.d_vocab}: model and tokenizer do not match"
-            )
-    else:
-        vocab = ordinary_vocab(info)
-        stream, how = bytes_to_ids(rows, vocab, budget), f"utf-8 bytes mod {len(vocab)} ordinary ids"
+    stream, how = _token_stream(model, info, rows, max(_MIN_TEXT_TOKENS, 8 * batch * seq_len))
     if len(stream) < seq_len:
         raise UsageError(
             f"the text from {source} has only {len(stream)} tokens, fewer than "
