@@ -1,9 +1,10 @@
 """One run configuration for every analysis, and the one run header every result records.
 
 :class:`RunConfig` holds what every analysis takes beyond the model and the probe: the bootstrap
-(size, level), the seed, the minibatch, progress, and the engine with its memory budget. Public
-analysis functions take ``config=RunConfig(...)`` and, for convenience, the same names as keywords
-(``head_scores(model, probe, n_boot=200)``), merged by :meth:`RunConfig.of`.
+(size, level), the seed, the minibatch, progress, and the engine with its memory budget. Every
+public analysis takes them one way, ``config=RunConfig(...)`` (``head_scores(model, probe,
+config=RunConfig(n_boot=200))``), and no analysis takes them as keywords of its own;
+:meth:`RunConfig.of` gives the defaults for ``config=None`` and a copy with some settings changed.
 
 :func:`run_header` writes the facts of a run (model, shape, causality, probe, configuration) that
 the ``meta`` of every result starts with.
