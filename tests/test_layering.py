@@ -65,6 +65,9 @@ LAYERS: dict[str, float] = {
     # checkers), and the kernels
     "scores": 3,
     "plots": 2,
+    # the one result shape (a tidy table, its meta, save / load) and the per-head table's facts that
+    # results and figures both read
+    "results": 1.5,
     "kernels": 2,
     # plumbing every layer may use
     "hooks": 1,
