@@ -8,9 +8,9 @@ results, chosen automatically), and each analysis splits its work at one seam:
 - :func:`map_sequences` runs a per-sequence computation on this rank's contiguous block of the
   probe's sequences and returns every sequence's result, in probe order, on every rank (head
   scores, sinks, gradient importance);
-- :func:`shard` hands each rank every ``world``-th item (the exact sweep's heads: later layers
-  replay fewer blocks, so striding balances the work) and :func:`run_sharded` gathers what each
-  rank made.
+- the exact sweep (:class:`~interp.ablation.replay.Sweeper`) hands each rank every ``world``-th
+  head set of its sorted work (later layers replay fewer blocks, so striding balances the work), a
+  round of forwards at a time, and :func:`run_sharded` gathers what each rank made.
 
 Every exchange is one ``all_gather_object`` of ``(status, payload)``: a rank that raised takes part
 in the next exchange with its error instead of a result, and then *every* rank raises (the failing
@@ -308,11 +308,6 @@ def checked(what: str) -> Iterator[None]:
 
 # --------------------------------------------------------------------------------------------
 # splitting work
-
-
-def shard(items: Sequence[T]) -> list[T]:
-    """This rank's items: every ``world``-th, starting at its rank (all of them without a group)."""
-    return list(items[rank() :: world_size()]) if active() else list(items)
 
 
 def row_block(n: int) -> range:

@@ -9,13 +9,11 @@ for ``groupby("layer")``; :meth:`HeadScores.grid` gives the layer x head matrix 
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -23,32 +21,34 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp._io import atomic_write, atomic_write_json
-from interp.errors import UnknownNameError, UsageError
+from interp.errors import UsageError
+from interp.results import (
+    MIN_CI_SEQUENCES,
+    Result,
+    check_score,
+    ci_sequences,
+    few_ci_sequences,
+    few_sequences_note,
+    file_frame,
+    has_ci,
+    head_grid,
+    json_records,
+    score_columns,
+)
+
+# what every result shows and how tables are written, read by the analyses from here too (their home:
+# interp.results)
+from interp.results import Shown as Shown
+from interp.results import from_records as from_records
+from interp.results import memory_frame as memory_frame
+from interp.results import plural as plural
+from interp.results import read_csv as read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-CI_SUFFIXES = ("_lo", "_hi")
 STEM = "head_scores"  # file stem of a saved table of head scores when none is given
-MIN_CI_SEQUENCES = 5  # a bootstrap CI over fewer probe sequences is flagged as unreliable
 NOISE_FLOOR_FRACTION = 0.01  # importances smaller than 1% of |unablated metric| are drawn as noise
-_FILE_LABEL = re.compile(r"^L(\d+)H(\d+)$")
-
-
-def file_label(layer: int, head: int) -> str:
-    """A head's label in saved files, ``L0H10``: no spreadsheet or ``pd.read_csv`` reads it as a
-    number (``"0.10"`` becomes ``0.1``, the label of head 1)."""
-    return f"L{int(layer)}H{int(head)}"
-
-
-def few_sequences_note(n: int) -> str:
-    """The warning under a table (and in a figure) whose CIs rest on fewer than
-    :data:`MIN_CI_SEQUENCES` probe sequences."""
-    return (
-        f"! CIs from {n} sequence{'s' if n != 1 else ''}: fewer than {MIN_CI_SEQUENCES}, so an interval "
-        "says little about the spread; use a larger batch"
-    )
 
 
 @dataclass(frozen=True)
@@ -184,83 +184,13 @@ def interval_notes(name: str, ci: RatioInterval, unit: str = "sequence") -> list
     return notes
 
 
-SHOWN_ROWS = 5  # the rows a result's repr and notebook summary show
-SHOWN_COLUMNS = 6  # the columns its repr shows (its notebook table: twice as many)
-# the columns that name a row, shown first where a table has them (a label stands for layer and head)
-KEY_COLUMNS = ("label", "sender", "receiver", "kind", "ranking", "revision", "role")
-
-
-class Shown:
-    """What every result object shows: a short ``repr`` (its class, model, shape and a few top rows,
-    never whole arrays) and, in a notebook, that summary as a table followed by its :meth:`figure`
-    (``_repr_html_``). A class mixes it in and is declared ``@dataclass(repr=False)``; it needs a
-    ``.table``, a ``.meta`` and a ``.figure()``. ``shown_by`` names the column its top rows are
-    ranked by (largest first); ``None`` keeps the table's own order."""
-
-    shown_by: ClassVar[str | None] = None
-
-    def ranked_by(self) -> str | None:
-        """The column the top rows are ranked by: :attr:`shown_by` where the table has it."""
-        return self.shown_by if self.shown_by in self.table.columns else None  # type: ignore[attr-defined]
-
-    def shown_rows(self, n: int = SHOWN_ROWS) -> pd.DataFrame:
-        """The first ``n`` rows of :attr:`table`, ranked by :attr:`shown_by` where it is a column."""
-        table = self.table  # type: ignore[attr-defined]
-        by = self.ranked_by()
-        if by is not None:
-            table = table.sort_values(by, ascending=False, kind="mergesort", na_position="last")
-        return table.head(n)
-
-    def shown_columns(self, n: int = SHOWN_COLUMNS) -> list[str]:
-        """At most ``n`` columns: those naming a row (:data:`KEY_COLUMNS`), the ranked one and its CI,
-        then the rest in the table's order."""
-        cols = list(self.table.columns)  # type: ignore[attr-defined]
-        first = [c for c in KEY_COLUMNS if c in cols]
-        by = self.ranked_by()
-        ranked = [c for c in (by, f"{by}_lo", f"{by}_hi") if by is not None and c in cols]
-        skip = {"layer", "head"} if "label" in first else set()
-        rest = [c for c in cols if c not in first + ranked and c not in skip]
-        return (first + ranked + rest)[:n]
-
-    def headline(self) -> str:
-        """One line: the class, the model, the table's rows and the model's layers x heads."""
-        meta = getattr(self, "meta", None) or {}
-        rows = len(self.table)  # type: ignore[attr-defined]
-        line = f"{type(self).__name__} of {meta.get('model', 'a model')}: {plural(rows, 'row')}"
-        if meta.get("n_layers") is not None and meta.get("n_heads") is not None:
-            line += f" ({plural(meta['n_layers'], 'layer')} x {plural(meta['n_heads'], 'head')})"
-        by = self.ranked_by()
-        return line + (f", top by {by}" if by else "")
-
-    def __repr__(self) -> str:
-        rows = self.shown_rows()[self.shown_columns()].to_string(
-            index=False, max_colwidth=16, float_format=lambda v: f"{v:.4g}"
-        )
-        return f"{self.headline()}\n{rows}"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        rows = self.shown_rows()[self.shown_columns(2 * SHOWN_COLUMNS)]
-        table = rows.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
-        figure = self.figure().to_html(  # type: ignore[attr-defined]
-            full_html=False, include_plotlyjs="cdn", config={"displaylogo": False}
-        )
-        return f"<div><p><b>{html.escape(self.headline())}</b></p>{table}{figure}</div>"
-
-
-def plural(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 pair``, ``3 pairs`` (``plural``: an irregular
-    plural, ``1 query``/``2 queries``)."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
 @dataclass(repr=False)
-class HeadScores(Shown):
+class HeadScores(Result):
     """A tidy per-head table plus the facts of the run that made it."""
 
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    KIND = STEM
+    what = "scores"
+    reads_csv = True
 
     @classmethod
     def from_grids(cls, grids: dict[str, Any], meta: dict[str, Any] | None = None) -> HeadScores:
@@ -290,9 +220,7 @@ class HeadScores(Shown):
     @property
     def score_names(self) -> list[str]:
         """Score columns (not ids, not CI bounds)."""
-        skip = {"layer", "head", "label"}
-        cols = [c for c in self.table.columns if c not in skip]
-        return [c for c in cols if not (c.endswith(CI_SUFFIXES) and c[:-3] in cols)]
+        return score_columns(self.table)
 
     @property
     def kind(self) -> str:
@@ -300,42 +228,30 @@ class HeadScores(Shown):
         the ablation method (``exact``, ``gradient``), else ``head_scores``."""
         return str(self.meta.get("kind") or self.meta.get("method") or STEM)
 
+    def stem(self) -> str:
+        return self.kind
+
     @property
     def n_sequences(self) -> int | None:
-        """How many probe sequences the CIs rest on: the fewest that hold a target for a score with an
-        interval (``meta["ci_sequences"]``, which the analyses record), else the probe's batch (its
-        ``batch``, or how many texts a padded probe holds), when the meta records it."""
-        per_score = self.meta.get("ci_sequences") or {}
-        counts = [int(n) for c, n in per_score.items() if c in self.table and self.has_ci(c)]
-        if counts:
-            return min(counts)
-        probe = self.meta.get("probe") or {}
-        if not isinstance(probe, dict):
-            return None
-        n = probe.get("batch")
-        if n is None and probe.get("lengths") is not None:
-            n = len(probe["lengths"])
-        return int(n) if n is not None else None
+        """How many probe sequences the CIs rest on (:func:`~interp.results.ci_sequences`)."""
+        return ci_sequences(self.table, self.meta)
 
     @property
     def few_sequences(self) -> bool:
         """Whether the CIs rest on fewer than :data:`MIN_CI_SEQUENCES` sequences (flagged when shown)."""
-        n = self.n_sequences
-        return n is not None and n < MIN_CI_SEQUENCES and any(self.has_ci(c) for c in self.score_names)
+        return few_ci_sequences(self.table, self.meta) is not None
 
     def ranked_by(self) -> str | None:
         names = self.score_names
         return names[0] if names else None
 
     def has_ci(self, score: str) -> bool:
-        return f"{score}_lo" in self.table and f"{score}_hi" in self.table
+        return has_ci(self.table, score)
 
     def grid(self, score: str) -> np.ndarray:
         """The ``[n_layers, n_heads]`` matrix of one column."""
         self._check(score)
-        out = np.full((self.n_layers, self.n_heads), np.nan)
-        out[self.table["layer"].to_numpy(), self.table["head"].to_numpy()] = self.table[score].to_numpy()
-        return out
+        return head_grid(self.table, score)
 
     def rank(self, score: str, top: int | None = None, ascending: bool = False) -> pd.DataFrame:
         """Rows sorted by one score (largest first), ties broken by layer then head."""
@@ -362,8 +278,7 @@ class HeadScores(Shown):
         return heatmap(self, scores, title=title, baselines=baselines, **kwargs)
 
     def _check(self, score: str) -> None:
-        if score not in self.table.columns:
-            raise UnknownNameError(f"no score {score!r}; have {self.score_names}")
+        check_score(self.table, score, self.score_names)
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -371,41 +286,22 @@ class HeadScores(Shown):
         """The table as saved: integer ``layer`` and ``head`` columns, ``label`` as ``L0H10``."""
         return file_frame(self.table)
 
-    def save(self, out_dir: str | Path, stem: str | None = None, *, overwrite: bool = False) -> list[Path]:
-        """Write ``<stem>.csv`` and ``<stem>.json`` (table records, meta, versions, probe, baselines and
-        command line), each atomically. ``stem`` defaults to :attr:`kind`. Saving over an earlier
-        result refuses unless ``overwrite=True`` (a command replaces its own outputs)."""
-        from interp.saving import claim, provenance
-
-        stem = stem or self.kind
-        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        files = self.file_table()
-        csv = atomic_write(csv_path, files.to_csv(index=False))
-        blob = {
-            "kind": self.kind,
-            **provenance(),
+    def json_body(self, files: pd.DataFrame) -> dict[str, Any]:
+        """The JSON of :meth:`save` after its kind and provenance: the probe, baselines, the few
+        sequences' warning (or null), the meta and the rows."""
+        few = few_ci_sequences(self.table, self.meta)
+        return {
             "probe": self.meta.get("probe"),
             "baselines": self.meta.get("baselines"),
-            "ci_warning": few_sequences_note(self.n_sequences) if self.few_sequences else None,
+            "ci_warning": few_sequences_note(few) if few is not None else None,
             "meta": self.meta,
             "rows": json_records(files),
         }
-        js = atomic_write_json(js_path, blob)
-        return [csv, js]
 
     @classmethod
-    def load(cls, path: str | Path, stem: str = STEM) -> HeadScores:
-        """Read back what :meth:`save` wrote: its ``.json`` (or a bare ``.csv``, without meta), or the
-        folder it wrote into (then ``<stem>.json`` there)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / f"{stem}.json"
-        if not path.is_file():
-            raise UsageError(f"no saved scores at {path}: pass the .json (or .csv) that save() wrote")
-        if path.suffix == ".csv":
-            return cls(memory_frame(read_csv(path, dtype={"label": str})))
-        blob = json.loads(path.read_text(encoding="utf-8"))
-        return cls(memory_frame(from_records(blob["rows"])), blob.get("meta", {}))
+    def claims(cls, blob: Mapping[str, Any], path: Path) -> bool:
+        """Every per-head table's JSON holds a ``ci_warning`` (its kind is its analysis's)."""
+        return "ci_warning" in blob and "rows" in blob
 
 
 def join_scores(tables: Sequence[HeadScores]) -> HeadScores:
@@ -418,74 +314,6 @@ def join_scores(tables: Sequence[HeadScores]) -> HeadScores:
     meta = dict(tables[0].meta)
     meta["baselines"] = {k: v for t in tables for k, v in (t.meta.get("baselines") or {}).items()}
     return HeadScores(frame, meta)
-
-
-def save_table(
-    out_dir: str | Path,
-    stem: str,
-    kind: str,
-    table: pd.DataFrame,
-    meta: Mapping[str, Any],
-    *,
-    overwrite: bool = False,
-) -> list[Path]:
-    """Write a result that is one tidy table and its meta: ``<stem>.csv`` and ``<stem>.json`` (the
-    rows, read back bit for bit, the meta, versions and command line), each atomically; an earlier
-    result there is replaced only with ``overwrite=True``. :func:`load_table` reads it back."""
-    from interp.saving import claim, provenance
-
-    csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-    blob = {"kind": kind, **provenance(), "meta": dict(meta), "rows": json_records(table)}
-    return [atomic_write(csv_path, table.to_csv(index=False)), atomic_write_json(js_path, blob)]
-
-
-def load_table(path: str | Path, stem: str, what: str) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The table and meta :func:`save_table` wrote, from its ``.json`` or the folder holding it
-    (``what`` names the result in the error when there is none)."""
-    path = Path(path)
-    path = path / f"{stem}.json" if path.is_dir() else path
-    if not path.is_file():
-        raise UsageError(f"no saved {what} at {path}: pass the .json that save() wrote")
-    blob = json.loads(path.read_text(encoding="utf-8"))
-    return from_records(blob["rows"]), blob.get("meta", {})
-
-
-def json_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows of ``frame`` as JSON-ready records whose floats read back bit for bit: :mod:`json`
-    writes each float's shortest exact form (pandas' ``to_json`` keeps 10 digits); NaN becomes null."""
-    nan = lambda v: isinstance(v, float) and math.isnan(v)  # noqa: E731
-    return [{k: None if nan(v) else v for k, v in row.items()} for row in frame.to_dict(orient="records")]
-
-
-def from_records(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The inverse of :func:`json_records`: a column that held only NaN (null) comes back as floats."""
-    frame = pd.DataFrame.from_records(rows)
-    for name in frame.columns:
-        if frame[name].dtype == object and frame[name].isna().all():
-            frame[name] = frame[name].astype(float)
-    return frame
-
-
-def read_csv(path: str | Path, **kwargs: Any) -> pd.DataFrame:
-    """A saved table, its floats parsed exactly as written (``float_precision="round_trip"``)."""
-    return pd.read_csv(path, float_precision="round_trip", **kwargs)
-
-
-def file_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """A per-head frame as saved: ``label`` written ``L0H10`` (from the integer layer and head)."""
-    if not {"layer", "head", "label"} <= set(frame.columns):
-        return frame
-    out = frame.copy()
-    out["label"] = [file_label(l, h) for l, h in zip(out["layer"], out["head"])]
-    return out
-
-
-def memory_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The inverse of :func:`file_frame`: ``label`` back to the ``0.10`` form the toolkit prints."""
-    if "label" in frame and len(frame) and frame["label"].astype(str).str.match(_FILE_LABEL).all():
-        frame = frame.copy()
-        frame["label"] = [f"{l}.{h}" for l, h in zip(frame["layer"], frame["head"])]
-    return frame
 
 
 def with_interval(value: float, lo: float, hi: float, fmt: str = ".3f") -> str:

@@ -66,10 +66,13 @@ LAYERS: dict[str, float] = {
     "models": 6,
     "adapters": 5,
     "toy": 4,
-    # result tables (each draws its own figure), the figures they draw (typed against them only for
-    # checkers), and the kernels
+    # result tables (each draws its own figure), the figures they draw (from data, never naming a
+    # result class), and the kernels
     "scores": 3,
     "plots": 2,
+    # the one result shape (a tidy table, its meta, save / load) and the per-head table's facts that
+    # results and figures both read
+    "results": 1.5,
     "kernels": 2,
     # plumbing every layer may use
     "hooks": 1,
@@ -108,17 +111,18 @@ def is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def statements(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements under ``node`` at any depth, skipping ``if TYPE_CHECKING:`` bodies."""
+def statements(node: ast.AST, annotations: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements under ``node`` at any depth, skipping ``if TYPE_CHECKING:`` bodies
+    unless ``annotations`` (then those count too)."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         yield node
         return
-    if isinstance(node, ast.If) and is_type_checking(node.test):
+    if isinstance(node, ast.If) and is_type_checking(node.test) and not annotations:
         children = node.orelse
     else:
         children = list(ast.iter_child_nodes(node))
     for child in children:
-        yield from statements(child)
+        yield from statements(child, annotations)
 
 
 def resolve(dotted: str) -> str | None:
@@ -148,14 +152,15 @@ def targets(name: str, stmt: ast.Import | ast.ImportFrom) -> Iterator[str]:
 
 
 @cache
-def graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports (the facade's edges, in or out, left out)."""
+def graph(annotations: bool = False) -> dict[str, set[str]]:
+    """module -> the package modules it imports (the facade's edges, in or out, left out);
+    ``annotations``: the imports under ``if TYPE_CHECKING:`` too."""
     edges: dict[str, set[str]] = {}
     for name, path in modules().items():
         if name == FACADE:
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        found = {t for stmt in statements(tree) for t in targets(name, stmt)}
+        found = {t for stmt in statements(tree, annotations) for t in targets(name, stmt)}
         edges[name] = found - {name, FACADE}
     return edges
 
@@ -275,3 +280,30 @@ def test_no_import_cycles_and_every_import_runs_down():
         lines.append("imports that do not run down the layers (LAYERS in this file):")
         lines += [f"  {floor(a)} -> {floor(b)}" for a, b in up]
     assert not lines, "\n".join(lines)
+
+
+# circles closed only by an annotation-only import (a result naming its renderer's module, the renderer
+# naming the result class for checkers) that are still to be cut: a renderer takes data, not the result.
+# Each is the shortest circle through the first module of its component (sinks.summary, which names
+# SinkReport too, sits in the sinks one)
+CIRCLES_LEFT = {
+    frozenset({"interp.sinks.figures", "interp.sinks.report"}),
+    frozenset({"interp.checkpoints.page", "interp.checkpoints.result"}),
+}
+
+
+def test_no_import_cycles_even_through_annotations():
+    """No circle, counting the imports under ``if TYPE_CHECKING:`` as edges, but for
+    :data:`CIRCLES_LEFT`; one of them cut must leave that list too (so the list says what is left)."""
+    found = {frozenset(c) for c in cycles(graph(annotations=True))}
+    assert not found - CIRCLES_LEFT, "import cycles through annotations: " + "; ".join(
+        " -> ".join(sorted(c)) for c in found - CIRCLES_LEFT
+    )
+    assert not CIRCLES_LEFT - found, f"cut, so drop from CIRCLES_LEFT: {sorted(map(sorted, CIRCLES_LEFT - found))}"
+
+
+def test_the_annotation_graph_sees_type_checking_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from interp.scores import HeadScores\n")
+    assert {t for stmt in statements(tree) for t in targets("interp.plots.grid", stmt)} == set()
+    found = {t for stmt in statements(tree, annotations=True) for t in targets("interp.plots.grid", stmt)}
+    assert found == {"interp.scores"}

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from interp.errors import UnknownNameError
 from interp.plots import MAX_WIDTH, heatmap, short_name
 from interp.scores import HeadScores
 
@@ -74,3 +75,20 @@ def test_short_name_drops_local_folders_and_keeps_hub_names():
     assert short_name("./ckpt/run3") == "run3"
     assert short_name("EleutherAI/pythia-70m") == "EleutherAI/pythia-70m"
     assert short_name("gpt2") == "gpt2"
+
+
+def test_the_heatmap_draws_a_plain_table_and_its_meta_as_it_draws_the_result_holding_them():
+    """A renderer takes data: a per-head DataFrame with its meta gives the very figure the HeadScores
+    holding them gives (title from the meta's model, baselines under the panel titles, the few
+    sequences flagged), and a column the table lacks is refused by name."""
+    s = _scores(2, 3)
+    s.meta.update(model="toy", baselines={"induction": 0.2}, probe={"batch": 2})
+    from_result = heatmap(s, ["induction", "copying"])
+    from_data = heatmap(s.table.copy(), ["induction", "copying"], meta=dict(s.meta))
+    assert from_data.to_json() == from_result.to_json()
+    assert from_data.layout.title.text == "toy: head scores"
+    assert "uniform 0.200" in from_data.layout.annotations[0].text and "CIs from 2 sequences" in (
+        from_data.layout.annotations[0].text
+    )
+    with pytest.raises(UnknownNameError, match=r"^no score 'nope'; have \['prev_token', 'duplicate', 'induction'"):
+        heatmap(s.table, ["nope"])

@@ -7,16 +7,15 @@ each curve could lose within a tolerance.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from interp._io import atomic_write, atomic_write_json
 from interp.errors import AblationError
-from interp.scores import Shown
+from interp.results import Result
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -26,15 +25,16 @@ CURVE_ATTRS = ("metric", "ablation", "reestimate", "clean_metric", "partial")
 
 
 @dataclass(repr=False)
-class PruningCurves(Shown):
+class PruningCurves(Result):
     """Pruning curves of several orders: ``table`` a row per (curve, step), ``meta`` the run header.
 
     ``table`` columns: ``order``, ``seed``, ``step``, ``n_pruned``, ``frac_pruned``, ``metric``,
     ``degradation``, ``removed``, ``label`` (one per curve, e.g. ``"random (seed 1)"``).
     """
 
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    KIND = "pruning"
+    what = "pruning curves"
+    missing = AblationError
 
     @property
     def partial(self) -> bool:
@@ -48,7 +48,7 @@ class PruningCurves(Shown):
     def save(
         self,
         out_dir: str | Path,
-        stem: str = "pruning",
+        stem: str | None = "pruning",
         *,
         tolerance: float = 0.1,
         meta: dict[str, Any] | None = None,
@@ -56,33 +56,20 @@ class PruningCurves(Shown):
     ) -> list[Path]:
         """Write ``<stem>.csv`` (the table) and ``<stem>.json`` (``meta`` updated with ``meta`` and
         ``tolerance``, the heads prunable within ``tolerance``, and the rows), each atomically."""
-        from interp.saving import claim, provenance
+        saved = PruningCurves(self.table, {**self.meta, **(meta or {}), "tolerance": tolerance})
+        return Result.save(saved, out_dir, stem, overwrite=overwrite)
 
-        csv, js = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        return [
-            atomic_write(csv, self.table.to_csv(index=False)),
-            atomic_write_json(
-                js,
-                {
-                    "kind": "pruning",
-                    **provenance(),
-                    "probe": self.meta.get("probe"),
-                    "baselines": None,
-                    "meta": {**self.meta, **(meta or {}), "tolerance": tolerance},
-                    "prunable": self.prunable(tolerance).to_dict(orient="records"),
-                    "rows": self.table.to_dict(orient="records"),
-                },
-            ),
-        ]
+    def json_body(self, files: pd.DataFrame) -> dict[str, Any]:
+        return {
+            "probe": self.meta.get("probe"),
+            "baselines": None,
+            "meta": self.meta,
+            "prunable": self.prunable(self.meta["tolerance"]).to_dict(orient="records"),
+            "rows": files.to_dict(orient="records"),
+        }
 
     @classmethod
-    def load(cls, path: str | Path, stem: str = "pruning") -> PruningCurves:
-        """Read back what :meth:`save` wrote: its ``.json``, or the folder (then ``<stem>.json``)."""
-        path = Path(path)
-        path = path / f"{stem}.json" if path.is_dir() else path
-        if not path.is_file():
-            raise AblationError(f"no saved pruning curves at {path}: pass the .json that save() wrote")
-        blob = json.loads(path.read_text(encoding="utf-8"))
+    def from_json(cls, blob: Mapping[str, Any], path: Path) -> PruningCurves:
         table = pd.DataFrame.from_records(blob["rows"])
         meta = blob["meta"]
         table.attrs.update({k: meta[k] for k in CURVE_ATTRS if k in meta})

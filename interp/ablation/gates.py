@@ -118,7 +118,7 @@ class GateSweep(Shown):
     def figure(self, which: Literal["gates", "curves"] = "gates") -> go.Figure:
         """``"gates"``: a heatmap of the gates per lambda (0..1); ``"curves"``: heads kept against
         lambda beside the metric against heads kept."""
-        from interp.plots import heatmap, short_name
+        from interp.plots import Scale, heatmap, short_name
 
         if which == "curves":
             return _gate_curves(self.summary, self.meta.get("metric", "metric"))
@@ -127,9 +127,7 @@ class GateSweep(Shown):
         return heatmap(
             self.grids(),
             title=f"{short_name(self.meta.get('model', 'model'))}: Hard-Concrete gates per lambda",
-            zmin=0,
-            zmax=1,
-            value_name="gate",
+            scale=Scale("gate", "Viridis", 0, 1),
         )
 
     @classmethod

@@ -23,7 +23,6 @@ from torch import Tensor
 
 from interp.adapters.info import describe_model
 from interp.adapters.surgery import logits_from_resid, recorded_blocks, reused_attention, run_blocks, trimmed_mlp
-from interp.hooks import z_hook
 
 if TYPE_CHECKING:
     from interp.adapters.info import ModelInfo
@@ -133,10 +132,6 @@ class Adapter(Protocol):
 
     def release_patterns(self, layer: int) -> None:
         """Drop any attention pattern the model keeps for ``layer`` after its forward."""
-        ...
-
-    def head_output_hook(self, layer: int) -> str:
-        """The hook that reads or replaces each head's output of ``layer`` (``[batch, pos, head, d_head]``)."""
         ...
 
     def reuse_attention(
@@ -274,9 +269,6 @@ class HookedAdapter:
             pass
 
     # ---- heads and the replay's shortcuts --------------------------------------------------------
-
-    def head_output_hook(self, layer: int) -> str:
-        return z_hook(layer)
 
     @contextmanager
     def reuse_attention(

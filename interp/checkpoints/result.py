@@ -15,6 +15,7 @@ figure leave duplicates out: a revision serving another's weights is not a step 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,10 +165,8 @@ class CheckpointScores(Shown):
         """Scores against training step for every head that ever holds a role (top), the in-context
         learning score on the same step axis (bottom); log-scaled steps when they span decades;
         the phase-change window shaded."""
-        import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        kept = self.kept
         revs = self.revisions[self.revisions["duplicate_of"] == ""].sort_values("step")
         steps = sorted(revs["step"])
         log = _log_scaled(steps)
@@ -180,43 +179,9 @@ class CheckpointScores(Shown):
             row_heights=[0.68, 0.32],
             subplot_titles=("head scores (heads that ever hold a role)", "in-context learning score"),
         )
-        for role, head in self.role_heads(threshold):
-            column = ROLES.info(role, "column")
-            rows = kept[kept["label"] == head].sort_values("step")
-            fig.add_trace(
-                go.Scatter(
-                    x=[at(s) for s in rows["step"]],
-                    y=rows[column],
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": rows[f"{column}_hi"] - rows[column],
-                        "arrayminus": rows[column] - rows[f"{column}_lo"],
-                        "thickness": 1,
-                        "width": 0,
-                    },
-                    mode="lines+markers",
-                    name=f"{head} {role}",
-                    customdata=rows["revision"],
-                    hovertemplate="%{customdata}: %{y:.3f}<extra>" + f"{head} {role}</extra>",
-                ),
-                row=1,
-                col=1,
-            )
+        _role_traces(fig, self.kept, self.role_heads(threshold), at)
         fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=1, col=1)
-        fig.add_trace(
-            go.Scatter(
-                x=[at(s) for s in revs["step"]],
-                y=revs["icl"],
-                mode="lines+markers",
-                name="in-context learning score",
-                line={"color": "black"},
-                customdata=revs["revision"],
-                hovertemplate="%{customdata}: %{y:.3f} nats<extra></extra>",
-            ),
-            row=2,
-            col=1,
-        )
+        _icl_trace(fig, revs, at)
         window = self.phase_change()
         if window is not None:
             for row in (1, 2):
@@ -236,32 +201,79 @@ class CheckpointScores(Shown):
         fig.update_xaxes(type="log" if log else "linear", title_text=xtitle, row=2, col=1)
         fig.update_yaxes(title_text="score", range=[0, 1.05], row=1, col=1)
         fig.update_yaxes(title_text="nats", row=2, col=1)
-        icl = self.meta.get("icl", {}).get("description", "")
         shaded = f" (shaded: the phase change, steps {window['start']}-{window['end']})" if window is not None else ""
-        fig.update_layout(
-            title={"text": title or f"{self.meta.get('model', 'model')}: heads over training{shaded}", "x": 0.01},
-            height=650,
-            margin={"b": 110},
-            legend={"orientation": "v"},
-            annotations=list(fig.layout.annotations)
-            + (
-                [
-                    {
-                        "text": f"in-context learning score: {icl}",
-                        "xref": "paper",
-                        "yref": "paper",
-                        "x": 0,
-                        "y": -0.2,
-                        "xanchor": "left",
-                        "showarrow": False,
-                        "font": {"size": 11},
-                    }
-                ]
-                if icl
-                else []
-            ),  # fmt: skip
-        )
+        title = title or f"{self.meta.get('model', 'model')}: heads over training{shaded}"
+        _frame(fig, title, self.meta.get("icl", {}).get("description", ""))
         return fig
+
+
+def _role_traces(fig: go.Figure, kept: pd.DataFrame, role_heads: list[tuple[str, str]], at: Callable) -> None:
+    """The top panel: each (role, head)'s score over the steps ``at`` places, with its CI."""
+    import plotly.graph_objects as go
+
+    for role, head in role_heads:
+        column = ROLES.info(role, "column")
+        rows = kept[kept["label"] == head].sort_values("step")
+        fig.add_trace(
+            go.Scatter(
+                x=[at(s) for s in rows["step"]],
+                y=rows[column],
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": rows[f"{column}_hi"] - rows[column],
+                    "arrayminus": rows[column] - rows[f"{column}_lo"],
+                    "thickness": 1,
+                    "width": 0,
+                },
+                mode="lines+markers",
+                name=f"{head} {role}",
+                customdata=rows["revision"],
+                hovertemplate="%{customdata}: %{y:.3f}<extra>" + f"{head} {role}</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+
+
+def _icl_trace(fig: go.Figure, revs: pd.DataFrame, at: Callable) -> None:
+    """The bottom panel: the in-context learning score of each revision."""
+    import plotly.graph_objects as go
+
+    fig.add_trace(
+        go.Scatter(
+            x=[at(s) for s in revs["step"]],
+            y=revs["icl"],
+            mode="lines+markers",
+            name="in-context learning score",
+            line={"color": "black"},
+            customdata=revs["revision"],
+            hovertemplate="%{customdata}: %{y:.3f} nats<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
+
+
+def _frame(fig: go.Figure, title: str, icl: str) -> None:
+    """The title, size and legend, and what the in-context learning score is (``icl``) under it all."""
+    note = {
+        "text": f"in-context learning score: {icl}",
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0,
+        "y": -0.2,
+        "xanchor": "left",
+        "showarrow": False,
+        "font": {"size": 11},
+    }
+    fig.update_layout(
+        title={"text": title, "x": 0.01},
+        height=650,
+        margin={"b": 110},
+        legend={"orientation": "v"},
+        annotations=list(fig.layout.annotations) + ([note] if icl else []),
+    )
 
 
 def _log_scaled(steps: list[int]) -> bool:

@@ -11,9 +11,8 @@ the ablation sweep's batched replay.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -29,7 +28,7 @@ from interp.patching.metrics import refuse_raw
 from interp.patching.result import PatchScores, warned
 from interp.probes.task import TaskProbe
 from interp.registry import Registry
-from interp.scores import Shown, load_table, save_table
+from interp.results import Result
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -42,12 +41,12 @@ FAITHFUL_TO.add("mean", "the mean over the corrupted prompts", printed="its mean
 
 
 @dataclass(repr=False)
-class FaithfulnessCurves(Shown):
+class FaithfulnessCurves(Result):
     """A row per (ranking, n): ``faithfulness`` (normalised metric, pooled over pairs, with its
     bootstrap CI over pairs in ``faithfulness_lo`` and ``faithfulness_hi``) and ``heads`` kept."""
 
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    KIND = STEM
+    what = "faithfulness curves"
 
     def smallest(self, fraction: float) -> dict[str, int | None]:
         """Per ranking, the smallest ``n`` whose faithfulness reaches ``fraction`` (None: never)."""
@@ -86,13 +85,6 @@ class FaithfulnessCurves(Shown):
             yaxis_title="normalised metric (corrupted 0, clean 1)",
         )
         return fig
-
-    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: str | Path, stem: str = STEM) -> FaithfulnessCurves:
-        return cls(*load_table(path, stem, "faithfulness curves"))
 
 
 def faithfulness_curves(

@@ -13,8 +13,7 @@ key/value head, shared by its group.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,7 +43,8 @@ from interp.patching.metrics import refuse_raw
 from interp.patching.result import effect_scale, warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.registry import Registry
-from interp.scores import NOISE_FLOOR_FRACTION, Shown, load_table, save_table
+from interp.results import Result
+from interp.scores import NOISE_FLOOR_FRACTION
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -57,12 +57,12 @@ for _site in ("q", "k", "v"):
 
 
 @dataclass(repr=False)
-class PathScores(Shown):
+class PathScores(Result):
     """A row per (sender, receiver): ``effect`` (the fraction of the clean-corrupted gap the path
     moves) with its bootstrap CI over pairs; ``.grid()`` is the sender x receiver matrix."""
 
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    KIND = STEM
+    what = "path patching"
     shown_by = "effect"
 
     def grid(self, score: str = "effect") -> np.ndarray:
@@ -103,13 +103,6 @@ class PathScores(Shown):
             x_name="receiver",
             y_name="sender",
         )
-
-    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: str | Path, stem: str = STEM) -> PathScores:
-        return cls(*load_table(path, stem, "path patching"))
 
 
 def path_patch(

@@ -10,7 +10,7 @@ bootstrap CI over pairs (``effect_lo``, ``effect_hi``); a raw metric's ``effect`
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,13 +18,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from interp._io import PARTIAL, atomic_write, partial_name
+from interp._io import PARTIAL, partial_name
 from interp.scores import HeadScores, file_frame, memory_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from interp.plots import Scale
+
+
+def _pairs_path(json_path: Path) -> Path:
+    """The ``_pairs.csv`` beside a saved JSON (an interrupted run's files: ``<stem>_pairs.partial.csv``)."""
+    base = json_path.stem.removesuffix(PARTIAL)
+    pairs_path = json_path.with_name(f"{base}_pairs.csv")
+    return partial_name(pairs_path) if base != json_path.stem else pairs_path
+
+
+def _read_pairs(json_path: Path) -> pd.DataFrame:
+    path = _pairs_path(json_path)
+    return memory_frame(pd.read_csv(path, dtype={"label": str})) if path.is_file() else pd.DataFrame()
 
 
 def warned(title: str, meta: dict[str, Any]) -> str:
@@ -43,6 +55,8 @@ class PatchScores(HeadScores):
     """
 
     pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    KIND = "patch_head"
 
     @property
     def by(self) -> str:
@@ -66,26 +80,22 @@ class PatchScores(HeadScores):
         out[t["layer"].to_numpy(), t["head"].to_numpy(), t["position"].to_numpy()] = t[score].to_numpy()
         return out
 
-    def save(self, out_dir: str | Path, stem: str | None = None, *, overwrite: bool = False) -> list[Path]:
-        """``<stem>.csv``, ``<stem>.json`` (as :meth:`HeadScores.save`) and ``<stem>_pairs.csv``."""
-        from interp.saving import claim
-
-        stem = stem or self.kind
-        (pairs_path,) = claim(Path(out_dir), [f"{stem}_pairs.csv"], overwrite=overwrite)
-        written = super().save(out_dir, stem, overwrite=overwrite)
-        return [*written, atomic_write(pairs_path, file_frame(self.pairs).to_csv(index=False))]
+    def extra_files(self, stem: str) -> dict[str, str]:
+        """``<stem>_pairs.csv`` beside ``<stem>.csv`` and ``<stem>.json`` (as :meth:`HeadScores.save`)."""
+        return {f"{stem}_pairs.csv": file_frame(self.pairs).to_csv(index=False)}
 
     @classmethod
-    def load(cls, path: str | Path, stem: str = "patch_head") -> PatchScores:
-        """Read back what :meth:`save` wrote (its ``.json``, or the folder with ``<stem>.json``)."""
-        scores = HeadScores.load(path, stem)
-        path = Path(path)
-        json_path = path / f"{stem}.json" if path.is_dir() else path
-        base = json_path.stem.removesuffix(PARTIAL)  # an interrupted run's files: <stem>_pairs.partial.csv
-        pairs_path = json_path.with_name(f"{base}_pairs.csv")
-        pairs_path = partial_name(pairs_path) if base != json_path.stem else pairs_path
-        pairs = memory_frame(pd.read_csv(pairs_path, dtype={"label": str})) if pairs_path.is_file() else pd.DataFrame()
-        return cls(scores.table, scores.meta, pairs)
+    def from_json(cls, blob: Mapping[str, Any], path: Path) -> PatchScores:
+        """The table and meta of the JSON, and the pairs from the ``_pairs.csv`` beside it (none there:
+        an empty frame)."""
+        scores = super().from_json(blob, path)
+        scores.pairs = _read_pairs(path)
+        return scores
+
+    @classmethod
+    def claims(cls, blob: Mapping[str, Any], path: Path) -> bool:
+        """A per-head table's JSON with the pairs' CSV beside it (every kind of patching writes one)."""
+        return super().claims(blob, path) and _pairs_path(path).is_file()
 
     def tokens(self) -> list[str]:
         """The labels of the positions (the tokens of the first pair's patched prompt)."""

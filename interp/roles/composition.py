@@ -29,9 +29,8 @@ Multi-head latent attention is refused (no per-head ``W_K``/``W_V``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -45,7 +44,7 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.progress import tqdm
 from interp.registry import Registry
-from interp.scores import Shown, load_table, save_table
+from interp.results import Result
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -128,11 +127,12 @@ def composition_grid(w: HeadWeights, kind: str) -> Float[Tensor, "layer head lay
 
 
 @dataclass(repr=False)
-class Compositions(Shown):
-    """A row per (kind, earlier head, later head): score, baseline mean and sd, z-score."""
+class Compositions(Result):
+    """A row per (kind, earlier head, later head): score, baseline mean and sd, z-score; saved as
+    ``<stem>.csv`` and ``<stem>.json`` (rows and meta), each written atomically."""
 
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    KIND = STEM
+    what = "composition scores"
     shown_by = "score"
 
     def grid(self, kind: str) -> np.ndarray:
@@ -169,14 +169,6 @@ class Compositions(Shown):
             fig.update_yaxes(title_text="earlier head", type="category", autorange="reversed", row=1, col=i)
         fig.update_layout(title=title or f"composition scores: {self.meta.get('model', '')}", coloraxis={})
         return fig
-
-    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        """``<stem>.csv`` and ``<stem>.json`` (rows and meta), each written atomically."""
-        return save_table(out_dir, stem, STEM, self.table, self.meta, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: str | Path, stem: str = STEM) -> Compositions:
-        return cls(*load_table(path, stem, "composition scores"))
 
 
 def composition_scores(

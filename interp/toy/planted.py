@@ -164,48 +164,19 @@ def planted_model(
     )
     model = ToyTransformer(cfg)
     alpha = gap / (1.0 - overlap)  # code match n_freqs vs at most overlap * n_freqs elsewhere
-    gamma = gap  # one-hot match 1 vs 0
-    codes = position_codes(n_ctx, freqs)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
         model.embed.weight[:, lay.token] = torch.eye(d_vocab)
         pos = torch.zeros(n_ctx, lay.d_model, dtype=torch.float64)
-        pos[:, lay.pos] = codes
+        pos[:, lay.pos] = position_codes(n_ctx, freqs)
         pos[:, lay.const] = 1.0
         pos[0, lay.sink] = 1.0
         model.pos_embed.weight.copy_(pos.float())
         root = d_head**0.5  # undo the 1 / sqrt(d_head) the attention applies
-
-        # 0.0 previous-token: q = P_{p-1} (the code rotated back one step), k = P_k; v = token, o -> prev
-        q, k, v, o = _blank(model, 0, PREV_TOKEN[1])
-        cos, sin = freqs.cos(), freqs.sin()
-        back = torch.zeros(2 * n_freqs, 2 * n_freqs, dtype=torch.float64)  # code(p) @ back = code(p - 1)
-        for f in range(n_freqs):
-            c, s = 2 * f, 2 * f + 1
-            back[c, c], back[s, c] = cos[f], sin[f]  # cos(a - w) = cos a cos w + sin a sin w
-            back[c, s], back[s, s] = -sin[f], cos[f]  # sin(a - w) = sin a cos w - cos a sin w
-        q[lay.pos, : 2 * n_freqs] = (back * alpha * root / n_freqs).float()
-        k[lay.pos, : 2 * n_freqs] = torch.eye(2 * n_freqs)
-        v[lay.token, :d_vocab] = torch.eye(d_vocab)
-        o[:d_vocab, lay.prev] = torch.eye(d_vocab)
-
-        # 0.1 streaming: beta on BOS and on the query itself, at most beta * overlap elsewhere
-        q, k, v, o = _blank(model, 0, STREAMING[1])
-        beta = gap / (1.0 - overlap)
-        q[lay.pos, : 2 * n_freqs] = torch.eye(2 * n_freqs) * beta * root / n_freqs
-        k[lay.pos, : 2 * n_freqs] = torch.eye(2 * n_freqs)
-        sink_col = 2 * n_freqs
-        q[lay.const, sink_col] = beta * root
-        q[lay.pos.start : lay.pos.stop : 2, sink_col] = -beta * root / n_freqs  # minus code(p) . P_0
-        k[lay.sink, sink_col] = 1.0
-
-        # 1.0 retrieval: q = current token, k = previous token; v = token, o -> copy; unembed reads copy
-        q, k, v, o = _blank(model, 1, RETRIEVAL[1])
-        q[lay.token, :d_vocab] = torch.eye(d_vocab) * gamma * root
-        k[lay.prev, :d_vocab] = torch.eye(d_vocab)
-        v[lay.token, :d_vocab] = torch.eye(d_vocab)
-        o[:d_vocab, lay.copy] = torch.eye(d_vocab)
+        _plant_previous(model, lay, freqs, alpha * root)
+        _plant_streaming(model, lay, alpha * root)  # beta = alpha: the same margin over the codes
+        _plant_retrieval(model, lay, gap * root)  # one-hot match 1 vs 0
         model.unembed.weight[:, lay.copy] = torch.eye(d_vocab) * gap
     model.planted = {PREV_TOKEN: "prev_token", STREAMING: "streaming", RETRIEVAL: "retrieval"}
     model.pos_overlap = overlap
@@ -226,3 +197,44 @@ def _blank(model: ToyTransformer, layer: int, head: int) -> tuple[torch.Tensor, 
     q, k, v = (w[rows(i)].T for i in range(3))  # transposes of slices: views into the weight
     o = attn.W_out.weight[:, head * d : (head + 1) * d].T
     return q, k, v, o
+
+
+def _plant_previous(model: ToyTransformer, lay: Layout, freqs: torch.Tensor, scale: float) -> None:
+    """Head 0.0, previous-token: q = P_{p-1} (the code rotated back one step), k = P_k; v = token,
+    o -> prev. ``scale``: the logit margin per code match, times sqrt(d_head)."""
+    n_freqs, d_vocab = lay.n_freqs, lay.d_vocab
+    q, k, v, o = _blank(model, 0, PREV_TOKEN[1])
+    cos, sin = freqs.cos(), freqs.sin()
+    back = torch.zeros(2 * n_freqs, 2 * n_freqs, dtype=torch.float64)  # code(p) @ back = code(p - 1)
+    for f in range(n_freqs):
+        c, s = 2 * f, 2 * f + 1
+        back[c, c], back[s, c] = cos[f], sin[f]  # cos(a - w) = cos a cos w + sin a sin w
+        back[c, s], back[s, s] = -sin[f], cos[f]  # sin(a - w) = sin a cos w - cos a sin w
+    q[lay.pos, : 2 * n_freqs] = (back * scale / n_freqs).float()
+    k[lay.pos, : 2 * n_freqs] = torch.eye(2 * n_freqs)
+    v[lay.token, :d_vocab] = torch.eye(d_vocab)
+    o[:d_vocab, lay.prev] = torch.eye(d_vocab)
+
+
+def _plant_streaming(model: ToyTransformer, lay: Layout, scale: float) -> None:
+    """Head 0.1, streaming: ``beta`` on BOS and on the query itself, at most ``beta * overlap``
+    elsewhere (``scale``: beta times sqrt(d_head)); writes nothing."""
+    n_freqs = lay.n_freqs
+    q, k, _, _ = _blank(model, 0, STREAMING[1])
+    q[lay.pos, : 2 * n_freqs] = torch.eye(2 * n_freqs) * scale / n_freqs
+    k[lay.pos, : 2 * n_freqs] = torch.eye(2 * n_freqs)
+    sink_col = 2 * n_freqs
+    q[lay.const, sink_col] = scale
+    q[lay.pos.start : lay.pos.stop : 2, sink_col] = -scale / n_freqs  # minus code(p) . P_0
+    k[lay.sink, sink_col] = 1.0
+
+
+def _plant_retrieval(model: ToyTransformer, lay: Layout, scale: float) -> None:
+    """Head 1.0, retrieval: q = current token, k = previous token; v = token, o -> copy (which the
+    unembedding reads). ``scale``: the one-hot match's logit, times sqrt(d_head)."""
+    d_vocab = lay.d_vocab
+    q, k, v, o = _blank(model, 1, RETRIEVAL[1])
+    q[lay.token, :d_vocab] = torch.eye(d_vocab) * scale
+    k[lay.prev, :d_vocab] = torch.eye(d_vocab)
+    v[lay.token, :d_vocab] = torch.eye(d_vocab)
+    o[:d_vocab, lay.copy] = torch.eye(d_vocab)
