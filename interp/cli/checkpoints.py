@@ -14,15 +14,11 @@ exporter is available) and ``checkpoints_atlas.html``, one self-contained page o
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from interp._io import ensure_writable_dir
 from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores, train_checkpoints
 from interp.checkpoints.icl import ICL_DATA
 from interp.checkpoints.result import fmt_steps
@@ -30,28 +26,13 @@ from interp.checkpoints.roles import holder_runs
 from interp.checkpoints.sweep import BLOCK_LENS, KIND, retrieval_fits
 from interp.checkpoints.toy import NAME as TOY_TRAINING
 from interp.checkpoints.toy import trained
-from interp.cli.common import (
-    EXIT_MODEL,
-    EXIT_USAGE,
-    add_resume_flags,
-    base_parser,
-    default_out,
-    fail,
-    float_in,
-    interrupted,
-    one_line_warnings,
-    positive_int,
-    print_written,
-    progress_lines,
-    stop_interrupted,
-)
-from interp.errors import InterpError, ModelLoadError, UsageError
+from interp.cli.common import Command
+from interp.cli.flags import add_block_flags, add_ci_flag, add_resume_flags, base_parser, choice, positive_int, set_help
+from interp.config import RunConfig
+from interp.errors import UsageError
 from interp.journal import FOLDER, finished_units, refuse_unfinished, run_arguments
-from interp.lock import out_lock
-from interp.models import resolve_device, resolve_dtype
-from interp.saving import cli_owned
+from interp.models import resolve_device
 from interp.texts import BYTES_NOTE
-from interp.threads import choose_threads
 
 STEM = "checkpoints"
 PROG = "python -m interp.checkpoints"
@@ -63,49 +44,23 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "Every head score (with bootstrap CIs) and Olsson et al.'s in-context learning score at each "
         "checkpoint of a training run: roles over time, handoffs and the induction-head phase change.",
     )
-    p.set_defaults(model=TOY_TRAINING)
-    for action in p._actions:
-        if action.dest == "model":
-            action.help = (
-                f"'{TOY_TRAINING}' (default: train the toy from scratch here and sweep its checkpoints), or a "
-                "Hugging Face name whose --revisions to sweep (EleutherAI/pythia-70m)"
-            )
-    p.add_argument(
-        "--revisions",
-        default=None,
-        help="Hub revisions: step0,step1000,... or a range start:stop:stride in steps, stop included "
-        "(0:143000:1000 gives step0, step1000, ..., step143000)",
-    )
-    p.add_argument(
-        "--checkpoints",
-        nargs="+",
-        default=None,
-        help="checkpoint folders (each a Hugging Face or toy model folder), or one quoted glob ('runs/step*'); "
-        "ordered by the step in their names",
-    )
-    p.add_argument(
-        "--seq-len",
-        type=positive_int,
-        default=None,
-        help=f"tokens per repeated block of the head-score probe (default: {BLOCK_LENS[0]}, or {BLOCK_LENS[1]} where "
+    _revision_flags(p)
+    add_block_flags(
+        p,
+        None,
+        f"tokens per repeated block of the head-score probe (default: {BLOCK_LENS[0]}, or {BLOCK_LENS[1]} where "
         f"the context cannot hold --repeats blocks of {BLOCK_LENS[0]}, as {TOY_TRAINING}'s "
         f"{ToyTraining().model.n_ctx} tokens, else the longest block that fits)",
     )
-    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument(
-        "--ci",
-        type=float_in(0, 1, low_open=True, high_open=True),
-        default=0.95,
-        help="confidence level of the bootstrap CIs",
-    )
-    p.add_argument(
+    add_ci_flag(p, "confidence level of the bootstrap CIs")
+    what = "what the in-context score is read on: "
+    choice(
+        p,
         "--icl-data",
-        choices=ICL_DATA.names(),
-        default=None,
-        help="what the in-context score is read on: "
-        + ICL_DATA.help()
-        + " (default: text for a model with a tokenizer, repeated for the toy); "
-        + BYTES_NOTE,
+        ICL_DATA,
+        None,
+        what,
+        f" (default: text for a model with a tokenizer, repeated for the toy); {BYTES_NOTE}",
     )
     p.add_argument(
         "--icl-len",
@@ -131,6 +86,32 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         help="--retrieval only: tokens of the needle probe (default: min(1024, the context))",
     )
+    add_resume_flags(p)
+    return p
+
+
+def _revision_flags(p: argparse.ArgumentParser) -> None:
+    """Where the revisions come from: a Hub model's, checkpoint folders, or the toy trained here."""
+    set_help(
+        p,
+        "model",
+        f"'{TOY_TRAINING}' (default: train the toy from scratch here and sweep its checkpoints), or a "
+        "Hugging Face name whose --revisions to sweep (EleutherAI/pythia-70m)",
+        model=TOY_TRAINING,
+    )
+    p.add_argument(
+        "--revisions",
+        default=None,
+        help="Hub revisions: step0,step1000,... or a range start:stop:stride in steps, stop included "
+        "(0:143000:1000 gives step0, step1000, ..., step143000)",
+    )
+    p.add_argument(
+        "--checkpoints",
+        nargs="+",
+        default=None,
+        help="checkpoint folders (each a Hugging Face or toy model folder), or one quoted glob ('runs/step*'); "
+        "ordered by the step in their names",
+    )
     p.add_argument(
         "--train-steps",
         type=positive_int,
@@ -149,8 +130,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="Hub revisions only: delete each revision's downloaded files once it is scored (a revision "
         "that was already cached stays); the free disk is checked before each download",
     )
-    add_resume_flags(p)
-    return p
 
 
 def check(args: argparse.Namespace) -> None:
@@ -169,7 +148,7 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.revisions is not None and toy:
         raise UsageError(f"--revisions name versions of a Hub model: pass --model NAME (not {TOY_TRAINING})")
-    trains = toy and args.checkpoints is None
+    trains = _trains(args)
     for flag, value in (("--train-steps", args.train_steps), ("--every", args.every)):
         if value is not None and not trains:
             raise UsageError(f"{flag} sets how {TOY_TRAINING} trains: it does nothing for other revisions")
@@ -181,6 +160,10 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--evict deletes downloaded Hub revisions: it does nothing for local folders")
 
 
+def _trains(args: argparse.Namespace) -> bool:
+    return args.model == TOY_TRAINING and args.checkpoints is None
+
+
 def plan_of(args: argparse.Namespace) -> ToyTraining:
     plan = ToyTraining()
     train = replace(plan.train, seed=args.seed, steps=args.train_steps or plan.train.steps)
@@ -188,18 +171,7 @@ def plan_of(args: argparse.Namespace) -> ToyTraining:
 
 
 def main(args: argparse.Namespace, out: Path) -> list[Path]:
-    import torch
-
-    device = resolve_device(args.device)
-    trains = args.model == TOY_TRAINING and args.checkpoints is None
-    if args.threads:
-        threads, why = args.threads, "--threads"
-    elif trains:
-        threads, why = 1, "the toy trains deterministically and as fast on one thread"
-    else:  # the size of the models to come is unknown here: the machine decides
-        threads, why = choose_threads(None)
-    torch.set_num_threads(threads)
-    print(f"threads: {threads} ({why})", flush=True)
+    trains = _trains(args)
     checkpoints = args.checkpoints
     if trains:
         refuse_unfinished(out, KIND, args.resume, args.fresh)  # before the training, not after it
@@ -230,7 +202,7 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         retrieval=args.retrieval,
         retrieval_len=args.retrieval_len,
         seed=args.seed,
-        device=device,
+        device=resolve_device(args.device),
         dtype=args.dtype,
         out=out,
         resume=args.resume,
@@ -239,7 +211,7 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         name=args.model if trains or args.revisions else None,
         arguments=run_arguments(args, ignore=(*_NOT_RESULTS, "evict", "threads", "device")),
         log=lambda line: print(line, flush=True),
-        config=_config(args),
+        config=RunConfig(seed=args.seed, level=args.ci),
     )
     print(f"\nswept {len(result.revisions)} revision(s) in {time.perf_counter() - t0:.0f} s")
     print(summary(result, args.top))
@@ -247,12 +219,6 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
 
 
 _NOT_RESULTS = ("out", "top", "no_progress", "resume", "fresh", "journals", "progress")
-
-
-def _config(args: argparse.Namespace):
-    from interp.config import RunConfig
-
-    return RunConfig(seed=args.seed, level=args.ci)
 
 
 def summary(result: CheckpointScores, top: int = 10) -> str:
@@ -316,36 +282,8 @@ def _journaled(out: Path | None) -> str:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    run: dict[str, Any] = {}  # what stop_interrupted needs: the --out folder, whether the run finished
-    started = time.time()
-    try:
-        check(args)
-        resolve_device(args.device)
-        resolve_dtype(args.dtype)
-        with (
-            one_line_warnings(parser.prog),
-            progress_lines(bool(args.no_progress)),
-            ExitStack() as held,
-        ):
-            out = run["out"] = ensure_writable_dir(args.out or default_out(args.model, STEM))
-            held.enter_context(out_lock(out, f".interp-{STEM}.lock"))
-            with cli_owned() as replaced:
-                written = main(args, out)
-            run["done"] = True
-    except ModelLoadError as e:
-        return fail(parser, e, EXIT_MODEL)
-    except InterpError as e:
-        return fail(parser, e, EXIT_USAGE)
-    except BaseException as e:  # Ctrl-C at any moment: what was written is marked partial, exit 130
-        if not interrupted(e):
-            raise
-        print(f"{parser.prog}: {_journaled(run.get('out'))}", file=sys.stderr)
-        return stop_interrupted(parser.prog, e, run, started, lead=True)
-    print_written(written, replaced)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
+    with Command(build_parser(prog), argv, STEM, check=check, stop_note=_journaled, ranks=False) as cmd:
+        # it loads each revision itself, of a size unknown here: the machine decides, unless the toy trains
+        cmd.threads(None, "the toy trains deterministically and as fast on one thread" if _trains(cmd.args) else None)
+        cmd.done(main(cmd.args, cmd.out))
+    return cmd.code

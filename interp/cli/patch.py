@@ -24,7 +24,6 @@ receiver no sender can reach, more pairs than the task file holds, a flag this r
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,20 +32,16 @@ from interp._io import writes_partial
 from interp.ablation.modes import SITES, parse_heads
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
-from interp.cli.common import (
-    FRAMED_UNREAD,
-    Unread,
+from interp.cli.common import FRAMED_UNREAD, Unread, partial_note, run_cli, stop_partial
+from interp.cli.flags import (
+    add_minibatch_flag,
     add_resume_flags,
     add_task_flag,
     base_parser,
     check_task,
-    format_table,
-    partial_note,
-    plural,
+    choice,
     positive_int,
-    run_cli,
-    set_batch_help,
-    stop_partial,
+    set_help,
     task_pairs,
 )
 from interp.config import RunConfig
@@ -67,6 +62,7 @@ from interp.patching.faithfulness import TARGETS
 from interp.patching.paths import LOGITS, refuse_late_senders, refuse_pathless
 from interp.plots import save_figure
 from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
+from interp.scores import format_table, plural
 
 STEM = "patch"
 PATH = "path"
@@ -91,10 +87,13 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     )
     add_resume_flags(p)
     add_task_flag(p, "repeat")
-    set_batch_help(
-        p, f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)"
+    set_help(
+        p,
+        "batch",
+        f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)",
+        batch=None,
     )
-    p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
+    choice(p, "--method", METHODS, "exact")
     p.add_argument(
         "--by",
         choices=[*BY.names(), PATH],
@@ -145,24 +144,17 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         default=DEFAULT_DIRECTION,
         help="; ".join(f"{d}: {DIRECTION_HELP[d]}" for d in DIRECTIONS),
     )
-    p.add_argument(
-        "--metric",
-        choices=METRICS.names(),
-        default=None,
-        help=METRICS.help() + " (default: the task's own: prob-diff for greater-than, else logit-diff)",
+    choice(
+        p, "--metric", METRICS, None, after=" (default: the task's own: prob-diff for greater-than, else logit-diff)"
     )
-    p.add_argument(
-        "--replay", choices=REPLAYS.names(), default=None, help="exact: " + REPLAYS.help() + " (default: auto)"
-    )
+    choice(p, "--replay", REPLAYS, None, "exact: ", " (default: auto)")
     p.add_argument(
         "--steps",
         type=positive_int,
         default=None,
         help="eap-ig: integration steps between the activations (default: 5)",
     )
-    p.add_argument(
-        "--minibatch", type=positive_int, default=None, help="pairs per forward (default: every pair in one forward)"
-    )
+    add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
     return p
 
 
@@ -390,7 +382,3 @@ def faithfulness_main(
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.patch") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

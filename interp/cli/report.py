@@ -12,23 +12,21 @@ read before the model loads (a bad task file is one line and exit 2).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
-from interp.cli.common import (
-    FRAMED_UNREAD,
-    Unread,
+from interp.cli.common import FRAMED_UNREAD, Unread, run_cli
+from interp.cli.flags import (
+    add_block_flags,
     add_resume_flags,
     add_task_flag,
     base_parser,
     check_task,
     float_in,
     positive_int,
-    run_cli,
 )
 from interp.models import describe
 from interp.probes.task import task_probe
@@ -62,8 +60,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         "pruning curves and an attention-pattern viewer, as one offline HTML file.",
     )
     add_resume_flags(p)
-    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block of the score probe")
-    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
+    add_block_flags(p, 50, "tokens per repeated block of the score probe")
     p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
     p.add_argument("--ablation", choices=list(unpaired_ablations()), default="mean", help="how heads are ablated")
     p.add_argument(
@@ -210,7 +207,3 @@ UNREAD = (
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.report") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

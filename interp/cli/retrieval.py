@@ -37,7 +37,8 @@ import pandas as pd
 from interp._io import atomic_write
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, plural, positive_int, run_cli
+from interp.cli.common import Unread, run_cli
+from interp.cli.flags import add_ci_flag, add_engine_flag, add_minibatch_flag, base_parser, float_in, positive_int
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -53,6 +54,7 @@ from interp.retrieval import (
     retrieval_scores,
 )
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
+from interp.scores import plural
 from interp.stream.budget import PATTERN_BUDGET, choose_engine
 from interp.texts import BYTES_NOTE
 
@@ -97,13 +99,8 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
         help="copy distances, comma-separated (default: the powers of 4 from 16 that fit --seq-len); "
         "'none' skips the profile",
     )
-    p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
-    p.add_argument(
-        "--minibatch",
-        type=positive_int,
-        default=None,
-        help="sequences per forward pass (default: every sequence in one)",
-    )
+    add_ci_flag(p)
+    add_minibatch_flag(p, "sequences per forward pass (default: every sequence in one)")
     add_engine_flag(p)
     return p
 
@@ -308,7 +305,3 @@ def check(args: argparse.Namespace) -> None:
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.retrieval") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

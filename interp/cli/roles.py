@@ -29,27 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
-from interp.roles import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
-from interp.roles.composition import N_RANDOM, composition_work
-from interp.roles.encoder import encoder_work, head_map_work
-from interp.roles.ov import K_LOWEST, OV_SCORES, ov_work
-from interp.cli.common import (
-    FRAMED_UNREAD,
-    add_task_flag,
-    base_parser,
-    check_task,
-    float_in,
-    positive_int,
-    run_cli,
-    set_batch_help,
-)
+from interp.cli.common import FRAMED_UNREAD, run_cli
+from interp.cli.flags import add_ci_flag, add_task_flag, base_parser, check_task, float_in, positive_int, set_help
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -60,6 +47,10 @@ from interp.probes.user import text_ids
 from interp.progress import announcer, forward_work
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
+from interp.roles import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
+from interp.roles.composition import N_RANDOM, composition_work
+from interp.roles.encoder import encoder_work, head_map_work
+from interp.roles.ov import K_LOWEST, OV_SCORES, ov_work
 from interp.scores import HeadScores, format_table, join_scores, plural
 from interp.texts import BYTES_NOTE, decode_file
 
@@ -80,10 +71,12 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         "(weights), encoder heads, entropy, positional and rare-word heads (patterns), and direct logit "
         "attribution on your prompts.",
     )
-    set_batch_help(
+    set_help(
         p,
+        "batch",
         f"text-probe sequences (default: {BATCH}), and a task's pairs: a bundled task's (default: {BATCH}), or the "
         "first n of a task file (default: every pair)",
+        batch=None,
     )
     p.add_argument(
         "--analyses",
@@ -113,7 +106,7 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         f"{BYTES_NOTE}",
     )
     add_task_flag(p, None, "direct logit attribution on a task's clean prompts (--batch pairs): ")
-    p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
+    add_ci_flag(p)
     p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
     return p
 
@@ -354,7 +347,3 @@ def _plan(
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=(FRAMED_UNREAD,))
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

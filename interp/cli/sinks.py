@@ -6,13 +6,13 @@ the report (:meth:`SinkReport.save`) and its figures (:meth:`SinkReport.figures`
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_encoding_flag, add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.cli.common import Unread, run_cli
+from interp.cli.flags import add_encoding_flag, add_engine_flag, add_minibatch_flag, base_parser, float_in, positive_int
 from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
@@ -69,12 +69,7 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
         default=REL_THRESHOLD,
         help="massive activation: |x| above this times its hidden state's median |x|",
     )
-    p.add_argument(
-        "--minibatch",
-        type=positive_int,
-        default=None,
-        help="sequences per forward pass (default: every sequence in one)",
-    )
+    add_minibatch_flag(p, "sequences per forward pass (default: every sequence in one)")
     add_engine_flag(p)
     return p
 
@@ -132,7 +127,3 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.sinks") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
