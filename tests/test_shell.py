@@ -57,3 +57,35 @@ def test_the_checkpoint_sweep_out_of_memory_is_one_line_and_exit_1(tmp_path, cap
         "python -m interp.checkpoints: error: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB): "
         "run fewer sequences (--batch)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ablate", "--orders", "gradient,nope"], "--orders: unknown order(s) nope: choose from gradient, exact, "),
+        (["patch", "--faithfulness", "exact,x"], "--faithfulness: unknown method(s) x: choose from exact, attribution"),
+        (["report", "--skip", "sinks,foo"], "--skip: unknown part(s) foo: choose from sinks, exact, gradient, "),
+        (["roles", "--analyses", "ov,x"], "--analyses: unknown analysis(s) x: choose from composition, ov, "),
+        (["patch", "--faithfulness", ","], "--faithfulness: no method given: choose from exact, attribution, eap-ig"),
+    ],
+)
+def test_a_list_of_names_is_read_from_its_registry_by_one_parser(argv, message, capsys):
+    from interp.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert f"interp {argv[0]}: error: argument {message}" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_run_settings_of_a_command_s_flags():
+    from interp.cli import induction, patch
+    from interp.cli.flags import run_config
+    from interp.config import RunConfig
+
+    args = induction.build_parser().parse_args(["--ci", "0.9", "--seed", "3", "--engine", "stream"])
+    args.progress = False
+    assert run_config(args) == RunConfig(level=0.9, seed=3, engine="stream")
+    args = patch.build_parser().parse_args(["--minibatch", "2"])
+    args.progress = True
+    assert run_config(args) == RunConfig(minibatch=2, progress=True)

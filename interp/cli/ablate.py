@@ -53,18 +53,8 @@ from interp.ablation import (
 )
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
+from interp.cli import flags
 from interp.cli.common import Unread, partial_note, run_cli, stop_partial
-from interp.cli.flags import (
-    add_block_flags,
-    add_encoding_flag,
-    add_minibatch_flag,
-    add_resume_flags,
-    base_parser,
-    choice,
-    float_in,
-    positive_int,
-)
-from interp.config import RunConfig
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
@@ -74,8 +64,8 @@ from interp.texts import BYTES_NOTE, check_dataset
 STEM = "ablate"
 METHODS = ("exact", "gradient", "prune", "gates")
 
-_fraction = float_in(0, 1, low_open=True)
-_non_negative = float_in(0)
+_fraction = flags.float_in(0, 1, low_open=True)
+_non_negative = flags.float_in(0)
 
 
 def _lambdas(text: str) -> list[float]:
@@ -83,16 +73,6 @@ def _lambdas(text: str) -> list[float]:
         return [_non_negative(part) for part in text.split(",")]
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"lambda {e}") from None
-
-
-def _orders(text: str) -> list[str]:
-    orders = [o.strip() for o in text.split(",") if o.strip()]
-    bad = [o for o in orders if o not in ORDERS]
-    if bad or not orders:
-        raise argparse.ArgumentTypeError(
-            f"orders are a comma-separated subset of {','.join(ORDERS.names())}, got {text!r}"
-        )
-    return orders
 
 
 ENGINE_DEPRECATION = "--engine is deprecated for ablate: use --replay; --engine will be removed in the next release"
@@ -107,12 +87,12 @@ class _DeprecatedEngine(argparse.Action):
 
 
 def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Ablate attention heads (zero, mean or resample) to find which matter for a metric and "
         "how many can go: exact sweeps, Michel gradient importance, pruning curves, Voita gates.",
     )
-    add_resume_flags(p)
+    flags.add_resume_flags(p)
     p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
     p.add_argument(
         "--ablation",
@@ -122,7 +102,7 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         + "; ".join(f"{n}: {ABLATIONS.doc(n)}" for n in unpaired_ablations())
         + " (default: mean, as interp report)",
     )
-    choice(
+    flags.choice(
         p,
         "--metric",
         METRICS,
@@ -135,9 +115,9 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         default=None,
         help=f"repeated random tokens, or natural text ({BYTES_NOTE}); None: text for --metric lm, else repeated",
     )
-    add_block_flags(p, 50, "tokens per repeated block, or per text window")
+    flags.add_block_flags(p, 50, "tokens per repeated block, or per text window")
     p.add_argument("--dataset", default=None, help=f"text probe source; None: the bundled data/text; {BYTES_NOTE}")
-    add_encoding_flag(p, "--dataset file")
+    flags.add_encoding_flag(p, "--dataset file")
     p.add_argument(
         "--engine",
         choices=REPLAYS.names(),
@@ -145,7 +125,7 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         default=argparse.SUPPRESS,
         help="deprecated: use --replay (removed in the next release)",
     )
-    add_minibatch_flag(p, "sequences per forward (default: every sequence in one)")
+    flags.add_minibatch_flag(p, "sequences per forward (default: every sequence in one)")
     for flag, (methods, default, settings) in METHOD_FLAGS.items():
         shown = "" if default in (None, False) else f" (default: {_shown(default)})"
         p.add_argument(flag, default=None, **{**settings, "help": f"{'/'.join(methods)}: {settings['help']}{shown}"})
@@ -173,12 +153,12 @@ METHOD_FLAGS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
         ("prune",),
         None,
         {
-            "type": _orders,
+            "type": flags.names_in(ORDERS, "order"),
             "help": f"comma-separated orders to compare ({ORDERS.help()}); default: all of them (without gradient "
             "for a metric with no gradient at the clean point, e.g. pooled-cos)",
         },
     ),
-    "--random-seeds": (("prune",), 3, {"type": positive_int, "help": "random orders (seeds 0..n-1)"}),
+    "--random-seeds": (("prune",), 3, {"type": flags.positive_int, "help": "random orders (seeds 0..n-1)"}),
     "--tolerance": (
         ("prune", "gates"),
         0.1,
@@ -189,7 +169,7 @@ METHOD_FLAGS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
         [0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
         {"type": _lambdas, "help": "comma-separated L0 penalty weights"},
     ),
-    "--gate-steps": (("gates",), 200, {"type": positive_int, "help": "optimisation steps per lambda"}),
+    "--gate-steps": (("gates",), 200, {"type": flags.positive_int, "help": "optimisation steps per lambda"}),
     "--gate-lr": (("gates",), 0.05, {"type": float, "help": "Adam learning rate"}),
     "--replay": (
         ("exact", "prune", "gates"),
@@ -269,7 +249,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             )
     probe, metric_name = make_probe(args, model)
     metric = builtin_metric(metric_name, probe)
-    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
+    config = flags.run_config(args)
     common = dict(ablation=args.ablation, config=config)
     kind = "causal" if info.is_causal else "encoder"
     print(

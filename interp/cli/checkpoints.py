@@ -26,9 +26,8 @@ from interp.checkpoints.roles import holder_runs
 from interp.checkpoints.sweep import BLOCK_LENS, KIND, retrieval_fits
 from interp.checkpoints.toy import NAME as TOY_TRAINING
 from interp.checkpoints.toy import trained
+from interp.cli import flags
 from interp.cli.common import Command
-from interp.cli.flags import add_block_flags, add_ci_flag, add_resume_flags, base_parser, choice, positive_int, set_help
-from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.journal import FOLDER, finished_units, refuse_unfinished, run_arguments
 from interp.models import resolve_device
@@ -39,22 +38,22 @@ PROG = "python -m interp.checkpoints"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Every head score (with bootstrap CIs) and Olsson et al.'s in-context learning score at each "
         "checkpoint of a training run: roles over time, handoffs and the induction-head phase change.",
     )
     _revision_flags(p)
-    add_block_flags(
+    flags.add_block_flags(
         p,
         None,
         f"tokens per repeated block of the head-score probe (default: {BLOCK_LENS[0]}, or {BLOCK_LENS[1]} where "
         f"the context cannot hold --repeats blocks of {BLOCK_LENS[0]}, as {TOY_TRAINING}'s "
         f"{ToyTraining().model.n_ctx} tokens, else the longest block that fits)",
     )
-    add_ci_flag(p, "confidence level of the bootstrap CIs")
+    flags.add_ci_flag(p, "confidence level of the bootstrap CIs")
     what = "what the in-context score is read on: "
-    choice(
+    flags.choice(
         p,
         "--icl-data",
         ICL_DATA,
@@ -64,11 +63,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--icl-len",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="context of the in-context score in tokens (default: the model's, at most 512)",
     )
-    p.add_argument("--icl-batch", type=positive_int, default=16, help="sequences the in-context score averages")
+    p.add_argument("--icl-batch", type=flags.positive_int, default=16, help="sequences the in-context score averages")
     p.add_argument(
         "--no-sinks",
         action="store_true",
@@ -82,17 +81,17 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--retrieval-len",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="--retrieval only: tokens of the needle probe (default: min(1024, the context))",
     )
-    add_resume_flags(p)
+    flags.add_resume_flags(p)
     return p
 
 
 def _revision_flags(p: argparse.ArgumentParser) -> None:
     """Where the revisions come from: a Hub model's, checkpoint folders, or the toy trained here."""
-    set_help(
+    flags.set_help(
         p,
         "model",
         f"'{TOY_TRAINING}' (default: train the toy from scratch here and sweep its checkpoints), or a "
@@ -114,13 +113,13 @@ def _revision_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--train-steps",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help=f"{TOY_TRAINING} only: training steps (default {ToyTraining().train.steps})",
     )
     p.add_argument(
         "--every",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help=f"{TOY_TRAINING} only: a checkpoint every this many steps (default {ToyTraining().every})",
     )
@@ -211,7 +210,7 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         name=args.model if trains or args.revisions else None,
         arguments=run_arguments(args, ignore=(*_NOT_RESULTS, "evict", "threads", "device")),
         log=lambda line: print(line, flush=True),
-        config=RunConfig(seed=args.seed, level=args.ci),
+        config=flags.run_config(args),
     )
     print(f"\nswept {len(result.revisions)} revision(s) in {time.perf_counter() - t0:.0f} s")
     print(summary(result, args.top))

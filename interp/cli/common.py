@@ -29,6 +29,7 @@ from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageErr
 from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
 from interp.models import load_model, resolve_device, resolve_dtype
+from interp.progress import lines as progress_lines
 from interp.saving import cli_owned
 from interp.threads import choose_threads, count_parameters
 
@@ -170,7 +171,7 @@ class Command:
             _quiet(not self.lead, stderr=False),
             writes_skipped(not self.lead),
             one_line_warnings(self.parser.prog),
-            progress_lines(bool(getattr(args, "no_progress", False))),
+            progress_lines(bool(getattr(args, "no_progress", False))),  # bars or lines
         ):
             self._held.enter_context(setting)
         with distributed.checked("checking --out"):
@@ -231,23 +232,22 @@ class Command:
 
     def _failed(self, e: BaseException) -> int:
         """The exit code of a run that ``e`` ended (2 raises, as argparse does; a bug re-raises)."""
-        quiet = not self.lead
         if interrupted(e):
             if self._stop_note is not None and self.lead:
                 print(f"{self.parser.prog}: {self._stop_note(self.out)}", file=sys.stderr)
             run = {"out": self.out, "done": self._done}
             return stop_interrupted(self.parser.prog, e, run, self._started, self.lead)
-        if isinstance(e, (ModelLoadError, RankFailedError)):
-            return fail(self.parser, e, EXIT_MODEL, quiet=quiet, aliases=self.aliases)
         if isinstance(e, InterpError):
-            return fail(self.parser, e, EXIT_USAGE, quiet=quiet, aliases=self.aliases)
-        if out_of_memory(e):  # past the estimates made before the work (they do not count everything)
+            code = EXIT_MODEL if isinstance(e, (ModelLoadError, RankFailedError)) else EXIT_USAGE
+        elif out_of_memory(e):  # past the estimates made before the work (they do not count everything)
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             advice = "run fewer sequences per forward (--minibatch), or fewer of them (--batch)"
             if "--minibatch" not in self.parser._option_string_actions:  # a command that runs whole batches
                 advice = "run fewer sequences (--batch)"
-            return fail(self.parser, RuntimeError(f"out of memory ({why[:160]}): {advice}"), EXIT_MODEL, quiet=quiet)
-        raise e
+            code, e = EXIT_MODEL, RuntimeError(f"out of memory ({why[:160]}): {advice}")
+        else:
+            raise e
+        return fail(self.parser, e, code, quiet=not self.lead, aliases=self.aliases)
 
 
 def run_cli(
@@ -390,13 +390,6 @@ def one_line_warnings(prog: str) -> Iterator[None]:
     with warnings.catch_warnings():  # restores the previous showwarning on the way out
         warnings.showwarning = show
         yield
-
-
-def progress_lines(force: bool) -> Any:
-    """Progress as lines (``--no-progress``), or as usual: bars on a terminal, lines elsewhere."""
-    from interp.progress import lines
-
-    return lines(force)
 
 
 def _placement(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.registry import Registry
 from interp.scores import plural
@@ -123,6 +124,15 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+# the run settings the shared flags set: RunConfig's field -> the flag's dest
+RUN_FLAGS = {"seed": "seed", "level": "ci", "minibatch": "minibatch", "engine": "engine", "progress": "progress"}
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run settings of a command's flags (those it has; progress only on rank 0, as the shell sets it)."""
+    return RunConfig(**{field: getattr(args, dest) for field, dest in RUN_FLAGS.items() if hasattr(args, dest)})
+
+
 def set_help(p: argparse.ArgumentParser, dest: str, text: str, **defaults: Any) -> None:
     """A shared flag's help said as this command reads it (and its default changed, ``dest=value``)."""
     p.set_defaults(**defaults)
@@ -133,6 +143,21 @@ def set_help(p: argparse.ArgumentParser, dest: str, text: str, **defaults: Any) 
 def choice(p: argparse.ArgumentParser, flag: str, names: Registry, default: Any, before: str = "", after: str = ""):
     """A flag whose choices and help (``before`` + each name's line + ``after``) come from a registry."""
     p.add_argument(flag, choices=names.names(), default=default, help=before + names.help() + after)
+
+
+def names_in(names: Registry, what: str, empty: bool = False) -> Callable[[str], list[str]]:
+    """An argparse type: names of ``names`` (each a ``what``), comma-separated, each once (``empty``: none
+    is a choice too)."""
+
+    def parse(text: str) -> list[str]:
+        given = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+        unknown = [n for n in given if n not in names]
+        if unknown or not (given or empty):
+            shown = f"unknown {what}(s) {', '.join(unknown)}" if unknown else f"no {what} given"
+            raise argparse.ArgumentTypeError(f"{shown}: choose from {', '.join(names)}")
+        return given
+
+    return parse
 
 
 def add_block_flags(p: argparse.ArgumentParser, seq_len: int | None, text: str = "tokens per repeated block") -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from interp.adapters import HookedModel
+from interp.cli import flags
 from interp.cli.common import run_cli
-from interp.cli.flags import add_block_flags, add_ci_flag, add_engine_flag, base_parser
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
 from interp.plots import MARK_THRESHOLD, save_figure, short_name
@@ -26,14 +26,14 @@ STEM = "induction"
 
 
 def build_parser(prog: str = "python -m interp.induction") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Score every attention head as previous-token, duplicate-token and induction head "
         "on repeated random tokens, with bootstrap CIs.",
     )
-    add_block_flags(p, 50)
-    add_ci_flag(p, "confidence level of the bootstrap intervals")
-    add_engine_flag(p)
+    flags.add_block_flags(p, 50)
+    flags.add_ci_flag(p, "confidence level of the bootstrap intervals")
+    flags.add_engine_flag(p)
     return p
 
 
@@ -41,7 +41,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()
-    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=args.progress, engine=args.engine)
+    scores = head_scores(model, probe, config=flags.run_config(args))
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
 

@@ -32,18 +32,8 @@ from interp._io import writes_partial
 from interp.ablation.modes import SITES, parse_heads
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
+from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, Unread, partial_note, run_cli, stop_partial
-from interp.cli.flags import (
-    add_minibatch_flag,
-    add_resume_flags,
-    add_task_flag,
-    base_parser,
-    check_task,
-    choice,
-    positive_int,
-    set_help,
-    task_pairs,
-)
 from interp.config import RunConfig
 from interp.errors import InterpError, UsageError
 from interp.models import describe
@@ -70,30 +60,21 @@ PATH_SITES = ("q", "k", "v")
 FAITHFUL_TO = ("corrupted", "mean")
 
 
-def methods_arg(text: str) -> list[str]:
-    """An argparse type: method names of :data:`METHODS`, comma-separated."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METHODS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"rankings are methods, comma-separated: choose from {list(METHODS.names())}")
-    return list(dict.fromkeys(names))
-
-
 def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Which heads matter for a task: patch each head's output from one prompt of every clean/corrupted "
         "pair into the other (exact, batched) and measure how much of the answer moves.",
     )
-    add_resume_flags(p)
-    add_task_flag(p, "repeat")
-    set_help(
+    flags.add_resume_flags(p)
+    flags.add_task_flag(p, "repeat")
+    flags.set_help(
         p,
         "batch",
         f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)",
         batch=None,
     )
-    choice(p, "--method", METHODS, "exact")
+    flags.choice(p, "--method", METHODS, "exact")
     p.add_argument(
         "--by",
         choices=[*BY.names(), PATH],
@@ -119,7 +100,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     )
     p.add_argument(
         "--faithfulness",
-        type=methods_arg,
+        type=flags.names_in(METHODS, "method"),
         nargs="?",
         const=list(METHODS.names()),
         default=None,
@@ -144,17 +125,17 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         default=DEFAULT_DIRECTION,
         help="; ".join(f"{d}: {DIRECTION_HELP[d]}" for d in DIRECTIONS),
     )
-    choice(
+    flags.choice(
         p, "--metric", METRICS, None, after=" (default: the task's own: prob-diff for greater-than, else logit-diff)"
     )
-    choice(p, "--replay", REPLAYS, None, "exact: ", " (default: auto)")
+    flags.choice(p, "--replay", REPLAYS, None, "exact: ", " (default: auto)")
     p.add_argument(
         "--steps",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="eap-ig: integration steps between the activations (default: 5)",
     )
-    add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
+    flags.add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
     return p
 
 
@@ -239,19 +220,19 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.steps is not None and args.method != "eap-ig":
         raise UsageError(f"--method {args.method} does not read --steps (it applies to --method eap-ig): drop it")
-    check_task(args.task, args.batch)
+    flags.check_task(args.task, args.batch)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
-    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
+    config = flags.run_config(args)
     task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed, framed=args.framed)
     metric, normalised = task_metric(task, args.metric)
     exact = args.method == "exact"
 
     def header(clean: float, corrupted: float) -> None:
         print(
-            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {task_pairs(task)} "
+            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {flags.task_pairs(task)} "
             f"of {task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
             f"{clean:.4f}, corrupted {corrupted:.4f}; {args.direction} by {args.by}"
         )

@@ -18,30 +18,14 @@ from pathlib import Path
 
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
+from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, Unread, run_cli
-from interp.cli.flags import (
-    add_block_flags,
-    add_resume_flags,
-    add_task_flag,
-    base_parser,
-    check_task,
-    float_in,
-    positive_int,
-)
 from interp.models import describe
 from interp.probes.task import task_probe
 from interp.report.atlas import STEM
 from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
 from interp.scores import format_table, plural
-
-
-def _parts(text: str) -> list[str]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in parts if p not in PARTS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(bad)}: choose from {', '.join(PARTS)}")
-    return parts
 
 
 def _heads(text: str) -> list[str]:
@@ -54,24 +38,24 @@ def _heads(text: str) -> list[str]:
 
 
 def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Write a one-page head atlas: each head's scores and role, heatmaps, sinks, ablation importance, "
         "pruning curves and an attention-pattern viewer, as one offline HTML file.",
     )
-    add_resume_flags(p)
-    add_block_flags(p, 50, "tokens per repeated block of the score probe")
-    p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
+    flags.add_resume_flags(p)
+    flags.add_block_flags(p, 50, "tokens per repeated block of the score probe")
+    p.add_argument("--sink-seq-len", type=flags.positive_int, default=64, help="random tokens per sink-probe sequence")
     p.add_argument("--ablation", choices=list(unpaired_ablations()), default="mean", help="how heads are ablated")
     p.add_argument(
         "--threshold",
-        type=float_in(0, 1, low_open=True, high_open=True),
+        type=flags.float_in(0, 1, low_open=True, high_open=True),
         default=THRESHOLD,
         help="a role also needs at least this score (besides a CI above the uniform baseline)",
     )
     p.add_argument(
         "--skip",
-        type=_parts,
+        type=flags.names_in(PARTS, "part", empty=True),
         default=[],
         help=f"parts to leave out, comma-separated: {', '.join(PARTS)} (e.g. exact,pruning for a large model); "
         + PARTS.help(),
@@ -79,15 +63,15 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     p.add_argument(
         "--view-heads", type=_heads, default=None, help="heads shown first in the pattern viewer, e.g. 1.2,0.1"
     )
-    p.add_argument("--view-len", type=positive_int, default=12, help="tokens per block of the viewer's sequence")
+    p.add_argument("--view-len", type=flags.positive_int, default=12, help="tokens per block of the viewer's sequence")
     p.add_argument(
         "--retrieval-len",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="needle-probe tokens of the retrieval part (default: min(1024, the context) when the context holds "
         "at least 512, else left out)",
     )
-    add_task_flag(
+    flags.add_task_flag(
         p,
         None,
         "add the task part: exact per-head patching (denoising, the task's normalised metric) and direct logit "
@@ -95,7 +79,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     )
     p.add_argument(
         "--task-pairs",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help=f"with --task: the pairs of a bundled task (default: {TASK_PAIRS}), or the first n of a task file "
         "(default: every pair)",
@@ -106,7 +90,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
 def check(args: argparse.Namespace) -> None:
     """Before the model loads: ``--task`` is a bundled task or a readable task file with every column."""
     if args.task is not None:
-        check_task(args.task, args.task_pairs, "--task-pairs")
+        flags.check_task(args.task, args.task_pairs, "--task-pairs")
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:

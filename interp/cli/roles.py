@@ -35,8 +35,8 @@ from typing import Any
 
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
+from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, run_cli
-from interp.cli.flags import add_ci_flag, add_task_flag, base_parser, check_task, float_in, positive_int, set_help
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -65,13 +65,13 @@ ANALYSES.add("dla", "direct logit attribution on --prompts, --text or --task")
 
 
 def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "What each head writes and reads: composition between heads, copy suppression and successor heads "
         "(weights), encoder heads, entropy, positional and rare-word heads (patterns), and direct logit "
         "attribution on your prompts.",
     )
-    set_help(
+    flags.set_help(
         p,
         "batch",
         f"text-probe sequences (default: {BATCH}), and a task's pairs: a bundled task's (default: {BATCH}), or the "
@@ -80,13 +80,15 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
     )
     p.add_argument(
         "--analyses",
-        type=_names,
+        type=flags.names_in(ANALYSES, "analysis", empty=True),
         default=list(ANALYSES.names()),
         help=f"comma-separated, from: {ANALYSES.help()} (default: all; dla runs only with --prompts, --text or --task)",
     )
-    p.add_argument("--seq-len", type=positive_int, default=32, help="body tokens per text-probe sequence")
-    p.add_argument("--k", type=positive_int, default=K_LOWEST, help="copy suppression: the lowest k logits")
-    p.add_argument("--n-random", type=positive_int, default=N_RANDOM, help="composition: random heads per baseline")
+    p.add_argument("--seq-len", type=flags.positive_int, default=32, help="body tokens per text-probe sequence")
+    p.add_argument("--k", type=flags.positive_int, default=K_LOWEST, help="copy suppression: the lowest k logits")
+    p.add_argument(
+        "--n-random", type=flags.positive_int, default=N_RANDOM, help="composition: random heads per baseline"
+    )
     p.add_argument(
         "--sequences",
         default=None,
@@ -105,17 +107,12 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable; "
         f"{BYTES_NOTE}",
     )
-    add_task_flag(p, None, "direct logit attribution on a task's clean prompts (--batch pairs): ")
-    add_ci_flag(p)
-    p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
+    flags.add_task_flag(p, None, "direct logit attribution on a task's clean prompts (--batch pairs): ")
+    flags.add_ci_flag(p)
+    p.add_argument(
+        "--threshold", type=flags.float_in(0, 1), default=THRESHOLD, help="the least score a named role needs"
+    )
     return p
-
-
-def _names(text: str) -> list[str]:
-    try:
-        return ANALYSES.check_all([t.strip() for t in text.split(",") if t.strip()])
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _read_json(path: str | None, what: str) -> Any:
@@ -150,7 +147,7 @@ def check(args: argparse.Namespace) -> None:
     if len(given) > 1:
         raise UsageError(f"give one of --prompts, --text or --task, not {' and '.join(given)}")
     if args.task is not None:
-        check_task(args.task, args.batch)
+        flags.check_task(args.task, args.batch)
     args.prompt_rows = _read_json(args.prompts, "--prompts")
     if isinstance(args.prompt_rows, dict):  # one object: a JSON-lines file of one line
         args.prompt_rows = [args.prompt_rows]
