@@ -2,7 +2,7 @@
 
 In the library, :func:`claim` refuses to write over a result already saved under the same names
 unless ``overwrite=True``. A command owns its ``--out`` folder: inside :func:`cli_owned` (which
-:func:`interp.cli.common.run_cli` enters) its own earlier outputs are replaced, and :func:`replaced`
+:class:`interp.cli.common.Command`, the command shell, enters) its own earlier outputs are replaced, and :func:`replaced`
 says which files were. :func:`provenance` is what every saved JSON carries beside its meta: the
 versions of interp, torch, transformers and TransformerLens, and the command line.
 """

@@ -109,7 +109,7 @@ def test_gates_write_summary_heads_and_figures(loaded, tmp_path, capsys):
         (["--lambdas", "0.1,-0.5"], "lambda must be >= 0, got -0.5"),
         (["--step", "0"], "argument --step: must be in (0, 1], got 0"),
         (["--tolerance", "nan"], "argument --tolerance: must be >= 0, got nan"),
-        (["--orders", "gradient,alphabetical"], "orders are a comma-separated subset"),
+        (["--orders", "gradient,alphabetical"], "unknown order(s) alphabetical: choose from gradient, exact, random"),
     ],
 )
 def test_bad_flags_exit_2_before_loading(argv, message, tmp_path, capsys):

@@ -258,7 +258,7 @@ def test_an_atlas_interrupted_in_an_ablation_part_writes_no_complete_atlas(part,
 def test_an_error_met_while_stopping_is_one_line_and_the_run_still_exits_130(tmp_path, capsys):
     """A cleanup that fails on the way out of a Ctrl-C (the browser's profile folder, once) does
     not turn the interrupt into a traceback and exit 1."""
-    from interp.cli import common
+    from interp.cli import common, flags
 
     def main(args, model, out):
         out.mkdir(exist_ok=True)
@@ -269,7 +269,7 @@ def test_an_error_met_while_stopping_is_one_line_and_the_run_still_exits_130(tmp
             raise OSError(39, "Directory not empty")
 
     argv = ["--out", str(tmp_path / "o"), "--device", "cpu"]
-    assert common.run_cli(common.base_parser("p", "a test"), main, argv, "t") == 130
+    assert common.run_cli(flags.base_parser("p", "a test"), main, argv, "t") == 130
     printed = capsys.readouterr()
     assert printed.err == "p: while stopping: OSError: [Errno 39] Directory not empty\np: interrupted\n"
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.partial.csv"]
@@ -399,7 +399,7 @@ def test_an_interrupt_after_every_file_is_written_keeps_their_names_and_says_the
 ):
     """Chosen: the run is complete once every file is written; a Ctrl-C while the last lines print
     renames nothing, says so in one line, and exits 130 (the signal was still a Ctrl-C)."""
-    from interp.cli import common
+    from interp.cli import common, flags
 
     def main(args, model, out):
         (out / "a.csv").write_text("x")
@@ -411,7 +411,7 @@ def test_an_interrupt_after_every_file_is_written_keeps_their_names_and_says_the
 
     monkeypatch.setattr(common, "print_written", print_then_ctrl_c)
     argv = ["--out", str(tmp_path / "o"), "--device", "cpu"]
-    assert common.run_cli(common.base_parser("p", "a test"), main, argv, "t") == 130
+    assert common.run_cli(flags.base_parser("p", "a test"), main, argv, "t") == 130
     printed = capsys.readouterr()
     assert printed.err == "p: interrupted after every file was written: they are complete\n"
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["a.csv"]

@@ -53,30 +53,19 @@ from interp.ablation import (
 )
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
-from interp.cli.common import (
-    Unread,
-    add_encoding_flag,
-    add_resume_flags,
-    base_parser,
-    float_in,
-    format_table,
-    partial_note,
-    positive_int,
-    run_cli,
-    stop_partial,
-)
-from interp.config import RunConfig
+from interp.cli import flags
+from interp.cli.common import Unread, partial_note, run_cli, stop_partial
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import TokenProbe, repeated_tokens, text_probe
-from interp.scores import HeadScores, plural
+from interp.scores import HeadScores, format_table, plural
 from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "ablate"
 METHODS = ("exact", "gradient", "prune", "gates")
 
-_fraction = float_in(0, 1, low_open=True)
-_non_negative = float_in(0)
+_fraction = flags.float_in(0, 1, low_open=True)
+_non_negative = flags.float_in(0)
 
 
 def _lambdas(text: str) -> list[float]:
@@ -84,16 +73,6 @@ def _lambdas(text: str) -> list[float]:
         return [_non_negative(part) for part in text.split(",")]
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"lambda {e}") from None
-
-
-def _orders(text: str) -> list[str]:
-    orders = [o.strip() for o in text.split(",") if o.strip()]
-    bad = [o for o in orders if o not in ORDERS]
-    if bad or not orders:
-        raise argparse.ArgumentTypeError(
-            f"orders are a comma-separated subset of {','.join(ORDERS.names())}, got {text!r}"
-        )
-    return orders
 
 
 ENGINE_DEPRECATION = "--engine is deprecated for ablate: use --replay; --engine will be removed in the next release"
@@ -108,12 +87,12 @@ class _DeprecatedEngine(argparse.Action):
 
 
 def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Ablate attention heads (zero, mean or resample) to find which matter for a metric and "
         "how many can go: exact sweeps, Michel gradient importance, pruning curves, Voita gates.",
     )
-    add_resume_flags(p)
+    flags.add_resume_flags(p)
     p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
     p.add_argument(
         "--ablation",
@@ -123,11 +102,12 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         + "; ".join(f"{n}: {ABLATIONS.doc(n)}" for n in unpaired_ablations())
         + " (default: mean, as interp report)",
     )
-    p.add_argument(
+    flags.choice(
+        p,
         "--metric",
-        choices=METRICS.names(),
-        default=None,
-        help=METRICS.help() + "; default: incontext for decoders (lm with --probe text), pooled-cos for encoders",
+        METRICS,
+        None,
+        after="; default: incontext for decoders (lm with --probe text), pooled-cos for encoders",
     )
     p.add_argument(
         "--probe",
@@ -135,21 +115,9 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         default=None,
         help=f"repeated random tokens, or natural text ({BYTES_NOTE}); None: text for --metric lm, else repeated",
     )
-    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block, or per text window")
-    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
+    flags.add_block_flags(p, 50, "tokens per repeated block, or per text window")
     p.add_argument("--dataset", default=None, help=f"text probe source; None: the bundled data/text; {BYTES_NOTE}")
-    add_encoding_flag(p, "--dataset file")
-    p.add_argument(
-        "--ablated",
-        default=None,
-        help="heads kept ablated throughout, e.g. '1.2,0.3' (the sweep then asks what matters without them)",
-    )
-    p.add_argument(
-        "--replay",
-        choices=REPLAYS.names(),
-        default=None,
-        help="exact/prune/gates: how head sets are evaluated: " + REPLAYS.help() + " (default: auto)",
-    )
+    flags.add_encoding_flag(p, "--dataset file")
     p.add_argument(
         "--engine",
         choices=REPLAYS.names(),
@@ -157,83 +125,75 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         default=argparse.SUPPRESS,
         help="deprecated: use --replay (removed in the next release)",
     )
-    p.add_argument(
-        "--minibatch", type=positive_int, default=None, help="sequences per forward (default: every sequence in one)"
-    )
-    p.add_argument("--normalize", action="store_true", help="gradient: divide each layer's scores by their L2 norm")
-    p.add_argument(
-        "--per",
-        choices=("example", "token"),
-        default=None,
-        help="gradient: absolute value of the gate gradient per sequence (Michel et al.) or per token "
-        "(default: example)",
-    )
-    p.add_argument(
-        "--step", type=_fraction, default=None, help="prune: fraction of heads removed per step (default: 0.1)"
-    )
-    p.add_argument("--reestimate", action="store_true", help="prune: re-estimate importance after every step")
-    p.add_argument(
-        "--orders",
-        type=_orders,
-        default=None,
-        help="prune: comma-separated orders to compare (" + ORDERS.help() + "); default: all of them "
-        "(without gradient for a metric with no gradient at the clean point, e.g. pooled-cos)",
-    )
-    p.add_argument(
-        "--random-seeds", type=positive_int, default=None, help="prune: random orders (seeds 0..n-1) (default: 3)"
-    )
-    p.add_argument(
-        "--tolerance",
-        type=_non_negative,
-        default=None,
-        help="prune/gates: the metric may degrade by this fraction (default: 0.1)",
-    )
-    p.add_argument(
-        "--lambdas",
-        type=_lambdas,
-        default=None,
-        help="gates: comma-separated L0 penalty weights (default: " + ",".join(map(str, DEFAULTS["lambdas"])) + ")",
-    )
-    p.add_argument(
-        "--gate-steps", type=positive_int, default=None, help="gates: optimisation steps per lambda (default: 200)"
-    )
-    p.add_argument("--gate-lr", type=float, default=None, help="gates: Adam learning rate (default: 0.05)")
+    flags.add_minibatch_flag(p, "sequences per forward (default: every sequence in one)")
+    for flag, (methods, default, settings) in METHOD_FLAGS.items():
+        shown = "" if default in (None, False) else f" (default: {_shown(default)})"
+        p.add_argument(flag, default=None, **{**settings, "help": f"{'/'.join(methods)}: {settings['help']}{shown}"})
     return p
 
 
-# flags that only some methods read: dest -> (the flag, the methods that read it, its default)
-METHOD_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "normalize": ("--normalize", ("gradient",)),
-    "per": ("--per", ("gradient",)),
-    "step": ("--step", ("prune",)),
-    "reestimate": ("--reestimate", ("prune",)),
-    "orders": ("--orders", ("prune",)),
-    "random_seeds": ("--random-seeds", ("prune",)),
-    "tolerance": ("--tolerance", ("prune", "gates")),
-    "lambdas": ("--lambdas", ("gates",)),
-    "gate_steps": ("--gate-steps", ("gates",)),
-    "gate_lr": ("--gate-lr", ("gates",)),
-    "replay": ("--replay", ("exact", "prune", "gates")),
-    "ablated": ("--ablated", ("exact", "gradient")),
+# the flags that only some methods read: flag -> (those methods, its default, how it parses and its help)
+METHOD_FLAGS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
+    "--normalize": (
+        ("gradient",),
+        False,
+        {"action": "store_true", "help": "divide each layer's scores by their L2 norm"},
+    ),
+    "--per": (
+        ("gradient",),
+        "example",
+        {
+            "choices": ("example", "token"),
+            "help": "absolute value of the gate gradient per sequence (Michel et al.) or per token",
+        },
+    ),
+    "--step": (("prune",), 0.1, {"type": _fraction, "help": "fraction of heads removed per step"}),
+    "--reestimate": (("prune",), False, {"action": "store_true", "help": "re-estimate importance after every step"}),
+    "--orders": (
+        ("prune",),
+        None,
+        {
+            "type": flags.names_in(ORDERS, "order"),
+            "help": f"comma-separated orders to compare ({ORDERS.help()}); default: all of them (without gradient "
+            "for a metric with no gradient at the clean point, e.g. pooled-cos)",
+        },
+    ),
+    "--random-seeds": (("prune",), 3, {"type": flags.positive_int, "help": "random orders (seeds 0..n-1)"}),
+    "--tolerance": (
+        ("prune", "gates"),
+        0.1,
+        {"type": _non_negative, "help": "the metric may degrade by this fraction"},
+    ),
+    "--lambdas": (
+        ("gates",),
+        [0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
+        {"type": _lambdas, "help": "comma-separated L0 penalty weights"},
+    ),
+    "--gate-steps": (("gates",), 200, {"type": flags.positive_int, "help": "optimisation steps per lambda"}),
+    "--gate-lr": (("gates",), 0.05, {"type": float, "help": "Adam learning rate"}),
+    "--replay": (
+        ("exact", "prune", "gates"),
+        "auto",
+        {"choices": REPLAYS.names(), "help": "how head sets are evaluated: " + REPLAYS.help()},
+    ),
+    "--ablated": (
+        ("exact", "gradient"),
+        None,
+        {"help": "heads kept ablated throughout, e.g. '1.2,0.3' (the sweep then asks what matters without them)"},
+    ),
 }
-DEFAULTS: dict[str, Any] = {
-    "per": "example",
-    "step": 0.1,
-    "random_seeds": 3,
-    "tolerance": 0.1,
-    "lambdas": [0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
-    "gate_steps": 200,
-    "gate_lr": 0.05,
-    "replay": "auto",
-}
+
+
+def _shown(default: Any) -> str:
+    return ",".join(map(str, default)) if isinstance(default, list) else str(default)
 
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse flags the chosen ``--method`` would ignore (exit 2, before the model loads), then fill
     in the defaults of the ones it reads."""
     ignored = []
-    for dest, (flag, methods) in METHOD_FLAGS.items():
-        if getattr(args, dest, None) not in (None, False) and args.method not in methods:
+    for flag, (methods, _, _) in METHOD_FLAGS.items():
+        if getattr(args, _dest(flag)) not in (None, False) and args.method not in methods:
             ignored.append(f"{flag} (it applies to --method {' or '.join(methods)})")
     if ignored:
         raise AblationError(
@@ -241,11 +201,15 @@ def check_flags(args: argparse.Namespace) -> None:
             f"{'it' if len(ignored) == 1 else 'them'}, or choose the method that reads "
             f"{'it' if len(ignored) == 1 else 'them'}"
         )
-    for dest, value in DEFAULTS.items():
-        if getattr(args, dest, None) is None:
-            setattr(args, dest, value)
+    for flag, (_, default, _) in METHOD_FLAGS.items():
+        if getattr(args, _dest(flag)) is None:
+            setattr(args, _dest(flag), default)
     if probe_kind(args) == "text":
         check_dataset(args.dataset)
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
 
 
 def probe_kind(args: argparse.Namespace) -> str:
@@ -285,7 +249,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             )
     probe, metric_name = make_probe(args, model)
     metric = builtin_metric(metric_name, probe)
-    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
+    config = flags.run_config(args)
     common = dict(ablation=args.ablation, config=config)
     kind = "causal" if info.is_causal else "encoder"
     print(
@@ -416,7 +380,3 @@ def _write_gates(args: argparse.Namespace, sweep: GateSweep, out: Path, elapsed:
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.ablate") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check_flags, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

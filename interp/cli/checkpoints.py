@@ -14,15 +14,11 @@ exporter is available) and ``checkpoints_atlas.html``, one self-contained page o
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from interp._io import ensure_writable_dir
 from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores, train_checkpoints
 from interp.checkpoints.icl import ICL_DATA
 from interp.checkpoints.result import fmt_steps
@@ -30,46 +26,78 @@ from interp.checkpoints.roles import holder_runs
 from interp.checkpoints.sweep import BLOCK_LENS, KIND, SweepOut, retrieval_fits, sweep_sizes
 from interp.checkpoints.toy import NAME as TOY_TRAINING
 from interp.checkpoints.toy import trained
-from interp.cli.common import (
-    EXIT_MODEL,
-    EXIT_USAGE,
-    add_resume_flags,
-    base_parser,
-    default_out,
-    fail,
-    float_in,
-    interrupted,
-    one_line_warnings,
-    positive_int,
-    print_written,
-    progress_lines,
-    stop_interrupted,
-)
-from interp.errors import InterpError, ModelLoadError, UsageError
+from interp.cli import flags
+from interp.cli.common import Command
+from interp.errors import UsageError
 from interp.journal import FOLDER, finished_units, refuse_unfinished, run_arguments
-from interp.lock import out_lock
-from interp.models import resolve_device, resolve_dtype
-from interp.saving import cli_owned
+from interp.models import resolve_device
 from interp.texts import BYTES_NOTE
-from interp.threads import choose_threads
 
 STEM = "checkpoints"
 PROG = "python -m interp.checkpoints"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Every head score (with bootstrap CIs) and Olsson et al.'s in-context learning score at each "
         "checkpoint of a training run: roles over time, handoffs and the induction-head phase change.",
     )
-    p.set_defaults(model=TOY_TRAINING)
-    for action in p._actions:
-        if action.dest == "model":
-            action.help = (
-                f"'{TOY_TRAINING}' (default: train the toy from scratch here and sweep its checkpoints), or a "
-                "Hugging Face name whose --revisions to sweep (EleutherAI/pythia-70m)"
-            )
+    _revision_flags(p)
+    flags.add_block_flags(
+        p,
+        None,
+        f"tokens per repeated block of the head-score probe (default: {BLOCK_LENS[0]}, or {BLOCK_LENS[1]} where "
+        f"the context cannot hold --repeats blocks of {BLOCK_LENS[0]}, as {TOY_TRAINING}'s "
+        f"{ToyTraining().model.n_ctx} tokens, else the longest block that fits)",
+    )
+    flags.add_ci_flag(p, "confidence level of the bootstrap CIs")
+    what = "what the in-context score is read on: "
+    flags.choice(
+        p,
+        "--icl-data",
+        ICL_DATA,
+        None,
+        what,
+        f" (default: text for a model with a tokenizer, repeated for the toy); {BYTES_NOTE}",
+    )
+    p.add_argument(
+        "--icl-len",
+        type=flags.positive_int,
+        default=None,
+        help="context of the in-context score in tokens (default: the model's, at most 512)",
+    )
+    p.add_argument("--icl-batch", type=flags.positive_int, default=16, help="sequences the in-context score averages")
+    p.add_argument(
+        "--no-sinks",
+        action="store_true",
+        help="leave out each head's first-token mass (the sink role), read on 16 x 64 random tokens as the atlas does",
+    )
+    p.add_argument(
+        "--retrieval",
+        action="store_true",
+        help="add each head's retrieval score (Wu et al. 2024, with its CI), retrieval mass and streaming share, "
+        "read on one needle probe for every revision (3 needles of 8 tokens in 2 sequences; see --retrieval-len)",
+    )
+    p.add_argument(
+        "--retrieval-len",
+        type=flags.positive_int,
+        default=None,
+        help="--retrieval only: tokens of the needle probe (default: min(1024, the context))",
+    )
+    flags.add_resume_flags(p)
+    return p
+
+
+def _revision_flags(p: argparse.ArgumentParser) -> None:
+    """Where the revisions come from: a Hub model's, checkpoint folders, or the toy trained here."""
+    flags.set_help(
+        p,
+        "model",
+        f"'{TOY_TRAINING}' (default: train the toy from scratch here and sweep its checkpoints), or a "
+        "Hugging Face name whose --revisions to sweep (EleutherAI/pythia-70m)",
+        model=TOY_TRAINING,
+    )
     p.add_argument(
         "--revisions",
         default=None,
@@ -84,62 +112,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "ordered by the step in their names",
     )
     p.add_argument(
-        "--seq-len",
-        type=positive_int,
-        default=None,
-        help=f"tokens per repeated block of the head-score probe (default: {BLOCK_LENS[0]}, or {BLOCK_LENS[1]} where "
-        f"the context cannot hold --repeats blocks of {BLOCK_LENS[0]}, as {TOY_TRAINING}'s "
-        f"{ToyTraining().model.n_ctx} tokens, else the longest block that fits)",
-    )
-    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument(
-        "--ci",
-        type=float_in(0, 1, low_open=True, high_open=True),
-        default=0.95,
-        help="confidence level of the bootstrap CIs",
-    )
-    p.add_argument(
-        "--icl-data",
-        choices=ICL_DATA.names(),
-        default=None,
-        help="what the in-context score is read on: "
-        + ICL_DATA.help()
-        + " (default: text for a model with a tokenizer, repeated for the toy); "
-        + BYTES_NOTE,
-    )
-    p.add_argument(
-        "--icl-len",
-        type=positive_int,
-        default=None,
-        help="context of the in-context score in tokens (default: the model's, at most 512)",
-    )
-    p.add_argument("--icl-batch", type=positive_int, default=16, help="sequences the in-context score averages")
-    p.add_argument(
-        "--no-sinks",
-        action="store_true",
-        help="leave out each head's first-token mass (the sink role), read on 16 x 64 random tokens as the atlas does",
-    )
-    p.add_argument(
-        "--retrieval",
-        action="store_true",
-        help="add each head's retrieval score (Wu et al. 2024, with its CI), retrieval mass and streaming share, "
-        "read on one needle probe for every revision (3 needles of 8 tokens in 2 sequences; see --retrieval-len)",
-    )
-    p.add_argument(
-        "--retrieval-len",
-        type=positive_int,
-        default=None,
-        help="--retrieval only: tokens of the needle probe (default: min(1024, the context))",
-    )
-    p.add_argument(
         "--train-steps",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help=f"{TOY_TRAINING} only: training steps (default {ToyTraining().train.steps})",
     )
     p.add_argument(
         "--every",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help=f"{TOY_TRAINING} only: a checkpoint every this many steps (default {ToyTraining().every})",
     )
@@ -149,8 +129,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="Hub revisions only: delete each revision's downloaded files once it is scored (a revision "
         "that was already cached stays); the free disk is checked before each download",
     )
-    add_resume_flags(p)
-    return p
 
 
 def check(args: argparse.Namespace) -> None:
@@ -169,7 +147,7 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.revisions is not None and toy:
         raise UsageError(f"--revisions name versions of a Hub model: pass --model NAME (not {TOY_TRAINING})")
-    trains = toy and args.checkpoints is None
+    trains = _trains(args)
     for flag, value in (("--train-steps", args.train_steps), ("--every", args.every)):
         if value is not None and not trains:
             raise UsageError(f"{flag} sets how {TOY_TRAINING} trains: it does nothing for other revisions")
@@ -181,6 +159,10 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--evict deletes downloaded Hub revisions: it does nothing for local folders")
 
 
+def _trains(args: argparse.Namespace) -> bool:
+    return args.model == TOY_TRAINING and args.checkpoints is None
+
+
 def plan_of(args: argparse.Namespace) -> ToyTraining:
     plan = ToyTraining()
     train = replace(plan.train, seed=args.seed, steps=args.train_steps or plan.train.steps)
@@ -188,18 +170,7 @@ def plan_of(args: argparse.Namespace) -> ToyTraining:
 
 
 def main(args: argparse.Namespace, out: Path) -> list[Path]:
-    import torch
-
-    device = resolve_device(args.device)
-    trains = args.model == TOY_TRAINING and args.checkpoints is None
-    if args.threads:
-        threads, why = args.threads, "--threads"
-    elif trains:
-        threads, why = 1, "the toy trains deterministically and as fast on one thread"
-    else:  # the size of the models to come is unknown here: the machine decides
-        threads, why = choose_threads(None)
-    torch.set_num_threads(threads)
-    print(f"threads: {threads} ({why})", flush=True)
+    trains = _trains(args)
     checkpoints = args.checkpoints
     if trains:
         refuse_unfinished(out, KIND, args.resume, args.fresh)  # before the training, not after it
@@ -230,10 +201,10 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         checkpoints,
         model=None if args.revisions is None else args.model,
         revisions=args.revisions,
-        config=_config(args),
+        config=flags.run_config(args),
         sizes=sizes,
         parts=[p for p, on in (("sinks", not args.no_sinks), ("retrieval", args.retrieval)) if on],
-        device=device,
+        device=resolve_device(args.device),
         dtype=args.dtype,
         evict=args.evict,
         out=SweepOut(out, resume=args.resume, fresh=args.fresh, arguments=arguments),
@@ -246,12 +217,6 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
 
 
 _NOT_RESULTS = ("out", "top", "no_progress", "resume", "fresh", "journals", "progress")
-
-
-def _config(args: argparse.Namespace):
-    from interp.config import RunConfig
-
-    return RunConfig(seed=args.seed, level=args.ci)
 
 
 def summary(result: CheckpointScores, top: int = 10) -> str:
@@ -315,36 +280,8 @@ def _journaled(out: Path | None) -> str:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    run: dict[str, Any] = {}  # what stop_interrupted needs: the --out folder, whether the run finished
-    started = time.time()
-    try:
-        check(args)
-        resolve_device(args.device)
-        resolve_dtype(args.dtype)
-        with (
-            one_line_warnings(parser.prog),
-            progress_lines(bool(args.no_progress)),
-            ExitStack() as held,
-        ):
-            out = run["out"] = ensure_writable_dir(args.out or default_out(args.model, STEM))
-            held.enter_context(out_lock(out, f".interp-{STEM}.lock"))
-            with cli_owned() as replaced:
-                written = main(args, out)
-            run["done"] = True
-    except ModelLoadError as e:
-        return fail(parser, e, EXIT_MODEL)
-    except InterpError as e:
-        return fail(parser, e, EXIT_USAGE)
-    except BaseException as e:  # Ctrl-C at any moment: what was written is marked partial, exit 130
-        if not interrupted(e):
-            raise
-        print(f"{parser.prog}: {_journaled(run.get('out'))}", file=sys.stderr)
-        return stop_interrupted(parser.prog, e, run, started, lead=True)
-    print_written(written, replaced)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
+    with Command(build_parser(prog), argv, STEM, check=check, stop_note=_journaled, ranks=False) as cmd:
+        # it loads each revision itself, of a size unknown here: the machine decides, unless the toy trains
+        cmd.threads(None, "the toy trains deterministically and as fast on one thread" if _trains(cmd.args) else None)
+        cmd.done(main(cmd.args, cmd.out))
+    return cmd.code

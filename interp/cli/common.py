@@ -1,13 +1,14 @@
-"""What every ``python -m interp.<analysis>`` command shares: common flags, checks and exit codes.
+"""The command shell: what every ``python -m interp.<analysis>`` command runs inside (:class:`Command`).
 
-Exit codes: 0 done; 1 the model cannot be loaded (one clear line on stderr); 2 bad usage or bad
-input (argparse's convention), with nothing written; 130 interrupted.
+Parse, the checks before the model, the out-folder lock, threads, Ctrl-C and exit codes live here;
+the flags the commands share are in :mod:`interp.cli.flags`. Exit codes: 0 done; 1 the model cannot
+be loaded (one clear line on stderr); 2 bad usage or bad input (argparse's convention), with nothing
+written; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -28,201 +29,12 @@ from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageErr
 from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
 from interp.models import load_model, resolve_device, resolve_dtype
+from interp.progress import lines as progress_lines
 from interp.saving import cli_owned
-from interp.scores import format_table, plural  # noqa: F401  (the commands' summary table; it lives with the results)
+from interp.threads import choose_threads, count_parameters
 
 EXIT_MODEL = 1
 EXIT_USAGE = 2
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _device_map(text: str) -> str | dict[str, Any]:
-    """An argparse type: a device-map strategy name, or a JSON object of module name -> device."""
-    if not text.lstrip().startswith("{"):
-        return text
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno}): {text!r}") from None
-    if not all(isinstance(v, (str, int)) for v in value.values()):
-        raise argparse.ArgumentTypeError('a device map\'s values are device names or indices, e.g. "cuda:0" or 0')
-    return value
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Append "(default: X)" unless the help text already says what the default is."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        return text if "default" in text.lower() else super()._get_help_string(action)
-
-
-def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """A parser with the flags every analysis takes: model, device, dtype, seed, batch, out, top."""
-    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_Formatter)
-    p.add_argument(
-        "--model",
-        default="toy",
-        help="Hugging Face name (gpt2, EleutherAI/pythia-70m, ...), a local HF model "
-        "directory, or 'toy' for the bundled toy model",
-    )
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
-    p.add_argument(
-        "--n-devices",
-        type=positive_int,
-        default=None,
-        help="spread the model's blocks evenly over this many CUDA devices (a model too large for one)",
-    )
-    p.add_argument(
-        "--device-map",
-        type=_device_map,
-        default=None,
-        help="spread the model as a Hugging Face device map: auto, balanced, sequential, or JSON such as "
-        '\'{"transformer.h.0": "cuda:0", ...}\' (default: one device)',
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed for probes and bootstrap")
-    p.add_argument("--batch", type=positive_int, default=10, help="probe sequences")
-    p.add_argument("--out", default=None, help="output folder (default: a folder named after the model)")
-    p.add_argument("--top", type=positive_int, default=10, help="rows in the printed summary")
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bars: a line every 10 s or tenth of the way instead (what runs outside a terminal get)",
-    )
-    add_threads_flag(p)
-    return p
-
-
-def set_batch_help(p: argparse.ArgumentParser, text: str) -> None:
-    """``--batch`` given no default (None: the command's own choice, which ``text`` states)."""
-    p.set_defaults(batch=None)
-    (action,) = [a for a in p._actions if a.dest == "batch"]
-    action.help = text
-
-
-def add_threads_flag(p: argparse.ArgumentParser) -> None:
-    """``--threads N``: torch's CPU threads (default: one for small models or a busy machine)."""
-    p.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="CPU threads for torch (default: 1 for a model under 20M parameters or when fewer than 2 CPUs "
-        "are free, else the free CPUs; the first line printed says what was picked and why)",
-    )
-
-
-def set_threads(args: argparse.Namespace, model: HookedModel) -> str:
-    """Set torch's thread count from ``--threads`` or :func:`interp.threads.choose_threads`; the line to print."""
-    import torch
-
-    from interp.threads import choose_threads, count_parameters
-
-    given = getattr(args, "threads", None)
-    n, why = (given, "--threads") if given else choose_threads(count_parameters(model))
-    torch.set_num_threads(n)
-    return f"threads: {n} ({why})"
-
-
-def add_resume_flags(p: argparse.ArgumentParser) -> None:
-    """``--resume`` / ``--fresh``: for commands whose long work is journaled (see :mod:`interp.journal`)."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run journaled under --out (a crash, a kill, Ctrl-C): it must have the same "
-        "arguments, model and probe; without a journal there, start",
-    )
-    g.add_argument("--fresh", action="store_true", help="discard a journal under --out and start over")
-
-
-def add_engine_flag(p: argparse.ArgumentParser) -> None:
-    """``--engine {auto,pattern,stream}``: how attention statistics are computed."""
-    from interp.stream.budget import ENGINES
-
-    p.add_argument(
-        "--engine",
-        choices=ENGINES.names(),
-        default="auto",
-        help=ENGINES.help() + " (default: auto)",
-    )
-
-
-def add_task_flag(p: argparse.ArgumentParser, default: str | None, what: str = "") -> None:
-    """``--task repeat|ioi|greater-than|FILE``: a bundled task of :data:`~interp.probes.task.TASKS`
-    (``--batch`` pairs, seeded by ``--seed``) or a task file; :func:`check_task` reads it before
-    the model loads, :func:`~interp.probes.task.task_probe` builds it. And ``--framed``: a task
-    file's prompts carry the model's framing (refused otherwise: :data:`FRAMED_UNREAD`)."""
-    from interp.probes.task import COLUMNS, TASKS
-
-    p.add_argument(
-        "--task",
-        default=default,
-        help=what
-        + "a bundled task ("
-        + TASKS.help()
-        + ") or a .jsonl/.csv file with the columns "
-        + ", ".join(COLUMNS),
-    )
-    p.add_argument(
-        "--framed",
-        action="store_true",
-        help="a task file's prompts already carry the model's framing (its BOS, or [CLS] ... [SEP]): take them "
-        "as they are (default: the framing is added, though never a second BOS to a prompt that starts with one)",
-    )
-
-
-def check_task(task: str, n_pairs: int | None = None, flag: str = "--batch") -> None:
-    """Before the model loads: ``--task`` is a bundled task, or a readable task file with every column
-    and at least the ``n_pairs`` pairs asked for (``flag``)."""
-    from interp.probes.task import TASKS, check_task_file, first_pairs
-
-    if task in TASKS:
-        return
-    if Path(task).suffix.lower() not in (".jsonl", ".json", ".csv"):
-        raise UsageError(f"unknown task {task!r}: choose from {list(TASKS)} or give a .jsonl/.csv file")
-    first_pairs(check_task_file(task), n_pairs, task, flag)
-
-
-def task_pairs(task: Any) -> str:
-    """How many pairs of its file a task holds, for a command's header: ``5 pairs``, or ``the first 2
-    of 5 pairs`` when a file was cut."""
-    every = task.meta.get("file_pairs", task.n_pairs)
-    return (
-        plural(task.n_pairs, "pair")
-        if every == task.n_pairs
-        else f"the first {task.n_pairs} of {plural(every, 'pair')}"
-    )
-
-
-def add_encoding_flag(p: argparse.ArgumentParser, what: str = "text files") -> None:
-    """``--encoding NAME``: how the command reads its ``what`` (default utf-8; see :func:`interp.texts.decode_file`)."""
-    p.add_argument(
-        "--encoding",
-        type=_encoding,
-        default="utf-8",
-        help=f"the encoding of the {what}, e.g. latin-1 or cp1252 (default: utf-8)",
-    )
-
-
-def _encoding(text: str) -> str:
-    """An argparse type: a text encoding Python knows, as given."""
-    from interp.texts import check_encoding
-
-    try:
-        check_encoding(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def default_out(model_spec: str, analysis: str) -> Path:
@@ -284,104 +96,172 @@ def refuse_unread(
         raise UsageError(f"{parser.prog} would ignore {'; '.join(ignored)}: drop {them}")
 
 
+class Command:
+    """One run of a command, as a context manager: ``with Command(parser, argv, "induction") as cmd:``.
+
+    Entering parses ``argv`` and checks everything that needs no model (exit 2, nothing loaded,
+    nothing written): the flags in ``unread`` that this run would ignore (:class:`Unread`), then
+    ``check(args)`` (the library's ``validate_*`` calls, flags that do not go together, inputs that
+    are missing or empty), the device and dtype; then ``--out`` is made and its lock taken. The
+    body reads ``cmd.args`` and ``cmd.out``, loads the model as a step (:meth:`load_model`, which
+    also opens the journals of a command with ``--resume`` as ``args.journals`` and picks the
+    threads; a command that loads its models itself calls :meth:`threads`), makes its one library
+    call, prints its summary and ends with :meth:`done` and the paths it wrote, printed last (the
+    ``.partial`` files they supersede removed). ``cmd.code`` is then the exit code.
+
+    Exit codes: an :class:`~interp.errors.InterpError` is one line on stderr, its parameters shown
+    as this command's flags (:func:`in_flags`, ``aliases`` where a flag's dest is not the
+    parameter's name): exit 1 when the model cannot be had (or another rank failed), 2 for bad
+    usage or input (raised as argparse does); running out of memory is one line and exit 1; any
+    other exception is a bug and keeps its traceback. On Ctrl-C, at any moment, what this run wrote
+    under ``--out`` is marked partial (:func:`stop_interrupted`; ``stop_note(out)`` adds a line
+    first) and the exit is 130. A failure before the body raises :class:`SystemExit` with its code.
+
+    Warnings are one line each; progress is bars on a terminal and lines elsewhere (``--no-progress``:
+    lines). Under ``torchrun`` (``ranks``) every rank runs the command and loads a replica, the
+    analyses share the work out (:mod:`interp.distributed`), only rank 0 prints, shows progress and
+    writes, and a failure on any rank stops every rank with that rank's error.
+    """
+
+    def __init__(
+        self,
+        parser: argparse.ArgumentParser,
+        argv: Sequence[str] | None,
+        analysis: str,
+        *,
+        check: Callable[[argparse.Namespace], None] | None = None,
+        unread: Sequence[Unread] = (),
+        aliases: Mapping[str, str] | None = None,
+        stop_note: Callable[[Path | None], str] | None = None,
+        ranks: bool = True,
+    ) -> None:
+        self.parser, self.argv, self.analysis, self.aliases = parser, argv, analysis, aliases
+        self._check, self._unread, self._stop_note, self._ranks = check, unread, stop_note, ranks
+        self.lead = distributed.is_main() if ranks else True
+        self.out: Path | None = None
+        self.written: list[Path] = []
+        self.code = 0
+        self._done = False
+        self._held, self._running = ExitStack(), ExitStack()  # the run's setting; its checked work
+
+    def __enter__(self) -> Command:
+        self._started = time.time()
+        try:
+            self._open()
+        except BaseException as e:
+            self.__exit__(type(e), e, e.__traceback__)
+            raise SystemExit(self.code) from None
+        return self
+
+    def _open(self) -> None:
+        with _quiet(not self.lead):
+            args = self.args = self.parser.parse_args(self.argv)  # --help and usage errors: once, from rank 0
+        args.progress = self.lead  # only rank 0 reports progress; --no-progress turns its bars into lines
+        refuse_unread(self.parser, args, sys.argv[1:] if self.argv is None else self.argv, self._unread)
+        if self._check is not None:
+            self._check(args)
+        # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
+        self.device = resolve_device(distributed.rank_device(args.device))
+        resolve_dtype(args.dtype)
+        self._placement = _placement(args)
+        if self._ranks:
+            distributed.start(self.device if self._placement is None else "cpu")
+        for setting in (
+            distributed.interrupt_once(),
+            _quiet(not self.lead, stderr=False),
+            writes_skipped(not self.lead),
+            one_line_warnings(self.parser.prog),
+            progress_lines(bool(getattr(args, "no_progress", False))),  # bars or lines
+        ):
+            self._held.enter_context(setting)
+        with distributed.checked("checking --out"):
+            target = args.out or default_out(args.model, self.analysis)
+            self.out = ensure_writable_dir(target) if self.lead else Path(target)
+            self._held.enter_context(out_lock(self.out, f".interp-{self.analysis}.lock", take=self.lead))
+        self._running.enter_context(distributed.checked(f"running {self.analysis}"))
+        self._replaced = self._running.enter_context(cli_owned())  # a command owns its --out
+
+    def load_model(self) -> HookedModel:
+        """``--model`` on this rank's device (or spread over devices), the journals opened (a command
+        with ``--resume``: ``args.journals``, under the lock: one run per journal), the threads set."""
+        args = self.args
+        with distributed.checked("loading the model"):
+            kwargs = {"device": self.device} if self._placement is None else self._placement
+            model = load_model(args.model, dtype=args.dtype, **kwargs)
+            if hasattr(args, "resume"):  # journaled long work
+                journals = Journals(
+                    self.out, run_arguments(args), model, args.model, resume=args.resume, fresh=args.fresh
+                )
+                args.journals = journals
+                self._held.callback(journals.close)
+        self.threads(count_parameters(model))
+        return model
+
+    def threads(self, n_params: int | None, one: str | None = None) -> None:
+        """Set torch's CPU threads, ``--threads`` or :func:`~interp.threads.choose_threads` for a model of
+        ``n_params`` (``one``: why one thread is right here), and say so in the run's first line."""
+        import torch
+
+        given = getattr(self.args, "threads", None)
+        n, why = (given, "--threads") if given else (1, one) if one else choose_threads(n_params)
+        torch.set_num_threads(n)
+        if self.lead:
+            print(f"threads: {n} ({why})", flush=True)
+
+    def done(self, written: Sequence[Path]) -> None:
+        """The run is complete: ``written`` are its files (a Ctrl-C from here on renames none of them)."""
+        self.written, self._done = list(written), True
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        try:
+            try:
+                with self._held:
+                    with self._running:  # every rank checks in; the run's earlier outputs are replaced
+                        if error is not None:
+                            raise error
+                    removed = remove_superseded(self.written) if self.lead else []
+            finally:
+                if self._ranks:
+                    distributed.stop()
+            if self.lead:
+                print_written(self.written, self._replaced, removed)
+            self.code = 0
+        except BaseException as e:
+            self.code = self._failed(e)
+        return True
+
+    def _failed(self, e: BaseException) -> int:
+        """The exit code of a run that ``e`` ended (2 raises, as argparse does; a bug re-raises)."""
+        if interrupted(e):
+            if self._stop_note is not None and self.lead:
+                print(f"{self.parser.prog}: {self._stop_note(self.out)}", file=sys.stderr)
+            run = {"out": self.out, "done": self._done}
+            return stop_interrupted(self.parser.prog, e, run, self._started, self.lead)
+        if isinstance(e, InterpError):
+            code = EXIT_MODEL if isinstance(e, (ModelLoadError, RankFailedError)) else EXIT_USAGE
+        elif out_of_memory(e):  # past the estimates made before the work (they do not count everything)
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            advice = "run fewer sequences per forward (--minibatch), or fewer of them (--batch)"
+            if "--minibatch" not in self.parser._option_string_actions:  # a command that runs whole batches
+                advice = "run fewer sequences (--batch)"
+            code, e = EXIT_MODEL, RuntimeError(f"out of memory ({why[:160]}): {advice}")
+        else:
+            raise e
+        return fail(self.parser, e, code, quiet=not self.lead, aliases=self.aliases)
+
+
 def run_cli(
     parser: argparse.ArgumentParser,
     main: Callable[[argparse.Namespace, Any, Path], Sequence[Path]],
     argv: Sequence[str] | None,
     analysis: str,
-    *,
-    check: Callable[[argparse.Namespace], None] | None = None,
-    unread: Sequence[Unread] = (),
+    **shell: Any,
 ) -> int:
-    """Parse, check the cheap things first (device, dtype, --out), load the model, run ``main``.
-
-    ``main(args, model, out_dir)`` returns the paths it wrote; they are printed last. Every check
-    that needs no model runs before the model loads (exit 2, nothing loaded, nothing written): the
-    flags in ``unread`` that this run would ignore are refused (:class:`Unread`), then ``check(args)``
-    runs (flags that do not go together, inputs that are missing or empty), then ``--out`` is
-    checked and its lock taken. A command
-    with ``--resume`` (:func:`add_resume_flags`) finds ``args.journals`` (a
-    :class:`~interp.journal.Journals`): ``args.journals(kind, probe.tokens)`` opens the journal of one
-    kind of long work, and ``args.journals.finish()`` deletes them once the final outputs are written.
-
-    The first line printed says how many CPU threads torch got and why (``--threads``, or
-    :func:`interp.threads.choose_threads`). Progress is bars on a terminal and occasional lines
-    elsewhere (:mod:`interp.progress`; ``--no-progress`` forces lines). Warnings are one line each,
-    ``prog: warning: ...``. On Ctrl-C, at any moment, the files this run had already written under
-    ``--out`` are renamed with ``.partial`` before their suffix (:func:`mark_partial`), temporary
-    files are removed, and the run exits 130 (an error met while stopping is named in one line, not
-    a traceback: :func:`interrupted`). Errors that
-    ``interp`` raises on purpose (:class:`~interp.errors.InterpError`) end the run with one line on
-    stderr: exit 1 when the model cannot be had (or another rank failed), 2 for bad usage or input
-    (nothing written). Any other exception is a bug and keeps its traceback (exit 1).
-
-    Under ``torchrun`` every rank runs this: each loads a replica and runs ``main``, the analyses
-    share the work out (:mod:`interp.distributed`), and only rank 0 prints, shows progress and
-    writes files; the other ranks skip their writes and keep quiet. A failure on any rank, while
-    loading or analysing, stops every rank with that rank's error.
-    """
-    lead = distributed.is_main()
-    started = time.time()
-    run: dict[str, Any] = {}  # what the interrupt handler needs: "out" once known, "done" once written
-    try:
-        with _quiet(not lead):
-            args = parser.parse_args(argv)  # --help and usage errors: once, from rank 0
-        args.progress = lead  # only rank 0 reports progress; --no-progress turns its bars into lines
-        try:
-            refuse_unread(parser, args, sys.argv[1:] if argv is None else argv, unread)
-            if check is not None:
-                check(args)
-            # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
-            device = resolve_device(distributed.rank_device(args.device))
-            resolve_dtype(args.dtype)
-            placement = _placement(args)
-            distributed.start(device if placement is None else "cpu")
-            with (
-                distributed.interrupt_once(),
-                _quiet(not lead, stderr=False),
-                writes_skipped(not lead),
-                one_line_warnings(parser.prog),
-                progress_lines(bool(getattr(args, "no_progress", False))),
-                ExitStack() as held,
-            ):
-                with distributed.checked("checking --out and loading the model"):
-                    target = args.out or default_out(args.model, analysis)
-                    out = ensure_writable_dir(target) if lead else Path(target)
-                    run["out"] = out
-                    held.enter_context(out_lock(out, f".interp-{analysis}.lock", take=lead))  # one run per --out
-                    kwargs = {"device": device} if placement is None else placement
-                    model = load_model(args.model, dtype=args.dtype, **kwargs)
-                    if hasattr(args, "resume"):  # journaled long work (under the lock: one run per journal)
-                        arguments = run_arguments(args)
-                        args.journals = Journals(
-                            out, arguments, model, args.model, resume=args.resume, fresh=args.fresh
-                        )
-                        held.callback(args.journals.close)
-                if lead:
-                    print(set_threads(args, model), flush=True)
-                else:
-                    set_threads(args, model)
-                with distributed.checked(f"running {analysis}"), cli_owned() as replaced:
-                    written = main(args, model, out)  # a command owns its --out: its earlier outputs are replaced
-                    run["done"] = True
-                removed = remove_superseded(written) if lead else []
-        finally:
-            distributed.stop()
-        if lead:
-            print_written(written, replaced, removed)
-        return 0
-    except BaseException as e:
-        if interrupted(e):
-            return stop_interrupted(parser.prog, e, run, started, lead)
-        if isinstance(e, (ModelLoadError, RankFailedError)):
-            return fail(parser, e, EXIT_MODEL, quiet=not lead)
-        if isinstance(e, InterpError):
-            return fail(parser, e, EXIT_USAGE, quiet=not lead)
-        if out_of_memory(e):  # past the estimates made before the work (they do not count everything)
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            advice = "run fewer sequences per forward (--minibatch), or fewer of them (--batch)"
-            return fail(parser, RuntimeError(f"out of memory ({why[:160]}): {advice}"), EXIT_MODEL, quiet=not lead)
-        raise
+    """The shell (:class:`Command`, ``shell`` its options) around ``main(args, model, out)``, which
+    returns the paths it wrote: a command that loads one model. Returns the exit code."""
+    with Command(parser, argv, analysis, **shell) as cmd:
+        cmd.done(main(cmd.args, cmd.load_model(), cmd.out))
+    return cmd.code
 
 
 def out_of_memory(error: BaseException) -> bool:
@@ -426,7 +306,7 @@ def partial_note(missing: int, total: int, units: str) -> str:
 def stop_partial(written: Sequence[Path], journals: Journals | None = None) -> None:
     """A run that ends with partial results (a Ctrl-C inside journaled work): list the files just
     written (each named ``.partial``), say whether ``--resume`` can finish it, and raise
-    :class:`KeyboardInterrupt` for :func:`run_cli`, which says "interrupted" once and exits 130."""
+    :class:`KeyboardInterrupt` for the shell (:class:`Command`), which says "interrupted" once and exits 130."""
     print("\nwrote the rows computed so far, marked partial:")
     for path in written:
         print(f"  {path}")
@@ -512,13 +392,6 @@ def one_line_warnings(prog: str) -> Iterator[None]:
         yield
 
 
-def progress_lines(force: bool) -> Any:
-    """Progress as lines (``--no-progress``), or as usual: bars on a terminal, lines elsewhere."""
-    from interp.progress import lines
-
-    return lines(force)
-
-
 def _placement(args: argparse.Namespace) -> dict[str, Any] | None:
     """``load_model`` keywords for a model spread over devices (--device-map / --n-devices), or None."""
     device_map = getattr(args, "device_map", None)
@@ -596,34 +469,3 @@ def fail(
     if not quiet:
         print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return code
-
-
-def float_in(
-    low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
-) -> Callable[[str], float]:
-    """An argparse type: a finite float within ``[low, high]`` (``low_open``/``high_open`` exclude an end).
-
-    ``float_in(0)`` is ``>= 0``, ``float_in(0, 1, low_open=True)`` is a fraction in ``(0, 1]``.
-    """
-    if low is not None and high is not None:
-        what = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    elif low is not None:
-        what = f"{'>' if low_open else '>='} {low:g}"
-    else:
-        what = f"{'<' if high_open else '<='} {high:g}" if high is not None else "finite"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        ok = value == value and abs(value) != float("inf")
-        if low is not None:
-            ok &= value > low if low_open else value >= low
-        if high is not None:
-            ok &= value < high if high_open else value <= high
-        if not ok:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-
-    return parse

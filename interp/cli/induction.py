@@ -8,15 +8,14 @@ heads ranked by induction score and writes ``induction.csv``, ``induction.json``
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from interp.adapters import HookedModel
-from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
-from interp.config import RunConfig
+from interp.cli import flags
+from interp.cli.common import run_cli
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
 from interp.plots import MARK_THRESHOLD, save_figure, short_name
@@ -27,20 +26,14 @@ STEM = "induction"
 
 
 def build_parser(prog: str = "python -m interp.induction") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Score every attention head as previous-token, duplicate-token and induction head "
         "on repeated random tokens, with bootstrap CIs.",
     )
-    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block")
-    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument(
-        "--ci",
-        type=float_in(0, 1, low_open=True, high_open=True),
-        default=0.95,
-        help="confidence level of the bootstrap intervals",
-    )
-    add_engine_flag(p)
+    flags.add_block_flags(p, 50)
+    flags.add_ci_flag(p, "confidence level of the bootstrap intervals")
+    flags.add_engine_flag(p)
     return p
 
 
@@ -48,8 +41,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()
-    config = RunConfig(seed=args.seed, level=args.ci, progress=args.progress, engine=args.engine)
-    scores = head_scores(model, probe, config=config)
+    scores = head_scores(model, probe, config=flags.run_config(args))
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
 
@@ -105,7 +97,3 @@ def top_line(scores: Any, name: str, baseline: float, threshold: float = MARK_TH
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.induction") -> int:
     return run_cli(build_parser(prog), main, argv, STEM)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

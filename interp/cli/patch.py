@@ -24,7 +24,6 @@ receiver no sender can reach, more pairs than the task file holds, a flag this r
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,28 +32,13 @@ from interp._io import writes_partial
 from interp.ablation.modes import SITES
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
-from interp.cli.common import (
-    FRAMED_UNREAD,
-    Unread,
-    add_resume_flags,
-    add_task_flag,
-    base_parser,
-    check_task,
-    format_table,
-    partial_note,
-    plural,
-    positive_int,
-    run_cli,
-    set_batch_help,
-    stop_partial,
-    task_pairs,
-)
+from interp.cli import flags
+from interp.cli.common import FRAMED_UNREAD, Unread, partial_note, run_cli, stop_partial
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
 from interp.patching import (
     BY,
-    DIRECTIONS,
     FAITHFUL_TO,
     METHODS,
     METRICS,
@@ -71,34 +55,29 @@ from interp.patching import (
 from interp.patching.faithfulness import TARGETS
 from interp.patching.paths import LOGITS
 from interp.plots import save_figure
-from interp.probes.task import DEFAULT_DIRECTION, N_PAIRS, TaskProbe, task_probe
+from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
+from interp.scores import format_table, plural
 
 STEM = "patch"
 PATH = "path"
 ALIASES = {"n_pairs": "batch", "to": "faithfulness_to"}  # the library's parameters whose flags have other names
 
 
-def methods_arg(text: str) -> list[str]:
-    """An argparse type: method names of :data:`METHODS`, comma-separated."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METHODS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"rankings are methods, comma-separated: choose from {list(METHODS.names())}")
-    return list(dict.fromkeys(names))
-
-
 def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Which heads matter for a task: patch each head's output from one prompt of every clean/corrupted "
         "pair into the other (exact, batched) and measure how much of the answer moves.",
     )
-    add_resume_flags(p)
-    add_task_flag(p, "repeat")
-    set_batch_help(
-        p, f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)"
+    flags.add_resume_flags(p)
+    flags.add_task_flag(p, "repeat")
+    flags.set_help(
+        p,
+        "batch",
+        f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)",
+        batch=None,
     )
-    p.add_argument("--method", choices=METHODS.names(), default="exact", help=METHODS.help())
+    flags.choice(p, "--method", METHODS, "exact")
     p.add_argument(
         "--by",
         choices=[*BY.names(), PATH],
@@ -124,7 +103,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     )
     p.add_argument(
         "--faithfulness",
-        type=methods_arg,
+        type=flags.names_in(METHODS, "method"),
         nargs="?",
         const=list(METHODS.names()),
         default=None,
@@ -149,24 +128,17 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         default=DEFAULT_DIRECTION,
         help=DIRECTIONS.help(),
     )
-    p.add_argument(
-        "--metric",
-        choices=METRICS.names(),
-        default=None,
-        help=METRICS.help() + " (default: the task's own: prob-diff for greater-than, else logit-diff)",
+    flags.choice(
+        p, "--metric", METRICS, None, after=" (default: the task's own: prob-diff for greater-than, else logit-diff)"
     )
-    p.add_argument(
-        "--replay", choices=REPLAYS.names(), default=None, help="exact: " + REPLAYS.help() + " (default: auto)"
-    )
+    flags.choice(p, "--replay", REPLAYS, None, "exact: ", " (default: auto)")
     p.add_argument(
         "--steps",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="eap-ig: integration steps between the activations (default: 5)",
     )
-    p.add_argument(
-        "--minibatch", type=positive_int, default=None, help="pairs per forward (default: every pair in one forward)"
-    )
+    flags.add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
     return p
 
 
@@ -223,19 +195,19 @@ def check(args: argparse.Namespace) -> None:
         if args.site not in (None, "z"):  # the command ranks by its own run: of head outputs
             raise UsageError(f"--faithfulness ranks head outputs (site z): drop --site {args.site}, or --faithfulness")
         validate_faithfulness_curves(to=args.faithfulness_to or FAITHFUL_TO.names()[0], metric=args.metric)
-    check_task(args.task, args.batch)
+    flags.check_task(args.task, args.batch)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
-    config = RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress)
+    config = flags.run_config(args)
     task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed, framed=args.framed)
     metric, normalised = task_metric(task, args.metric)
     exact = args.method == "exact"
 
     def header(clean: float, corrupted: float) -> None:
         print(
-            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {task_pairs(task)} "
+            f"{info.name} ({info.n_layers} layers x {info.n_heads} heads); task {task.name}: {flags.task_pairs(task)} "
             f"of {task.seq_len} tokens, read at position {task.read_position}; {metric.name} clean "
             f"{clean:.4f}, corrupted {corrupted:.4f}; {args.direction} by {args.by}"
         )
@@ -366,7 +338,3 @@ def faithfulness_main(
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.patch") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

@@ -10,14 +10,14 @@ what was left out. ``--text-file`` is read in ``--encoding`` (utf-8 unless given
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_encoding_flag, base_parser, positive_int, run_cli
+from interp.cli.common import Unread, run_cli
+from interp.cli.flags import add_encoding_flag, base_parser, positive_int
 from interp.errors import UsageError
 from interp.report.patterns_view import MAX_HEADS, MAX_TEXTS, MAX_WINDOWS
 from interp.texts import BYTES_NOTE, decode_file
@@ -109,7 +109,3 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.patterns") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

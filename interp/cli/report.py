@@ -12,24 +12,14 @@ read before the model loads (a bad task file is one line and exit 2).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from interp.ablation.modes import unpaired_ablations
 from interp.adapters import HookedModel
-from interp.cli.common import (
-    FRAMED_UNREAD,
-    Unread,
-    add_resume_flags,
-    add_task_flag,
-    base_parser,
-    check_task,
-    float_in,
-    positive_int,
-    run_cli,
-)
+from interp.cli import flags
+from interp.cli.common import FRAMED_UNREAD, Unread, run_cli
 from interp.config import RunConfig
 from interp.models import describe
 from interp.probes.task import task_probe
@@ -37,14 +27,6 @@ from interp.report.atlas import STEM
 from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, atlas_sizes, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
 from interp.scores import format_table, plural
-
-
-def _parts(text: str) -> list[str]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in parts if p not in PARTS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown part(s) {', '.join(bad)}: choose from {', '.join(PARTS)}")
-    return parts
 
 
 def _heads(text: str) -> list[str]:
@@ -57,25 +39,24 @@ def _heads(text: str) -> list[str]:
 
 
 def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Write a one-page head atlas: each head's scores and role, heatmaps, sinks, ablation importance, "
         "pruning curves and an attention-pattern viewer, as one offline HTML file.",
     )
-    add_resume_flags(p)
-    p.add_argument("--seq-len", type=positive_int, default=50, help="tokens per repeated block of the score probe")
-    p.add_argument("--repeats", type=positive_int, default=2, help="times the block is repeated")
-    p.add_argument("--sink-seq-len", type=positive_int, default=64, help="random tokens per sink-probe sequence")
+    flags.add_resume_flags(p)
+    flags.add_block_flags(p, 50, "tokens per repeated block of the score probe")
+    p.add_argument("--sink-seq-len", type=flags.positive_int, default=64, help="random tokens per sink-probe sequence")
     p.add_argument("--ablation", choices=list(unpaired_ablations()), default="mean", help="how heads are ablated")
     p.add_argument(
         "--threshold",
-        type=float_in(0, 1, low_open=True, high_open=True),
+        type=flags.float_in(0, 1, low_open=True, high_open=True),
         default=THRESHOLD,
         help="a role also needs at least this score (besides a CI above the uniform baseline)",
     )
     p.add_argument(
         "--skip",
-        type=_parts,
+        type=flags.names_in(PARTS, "part", empty=True),
         default=[],
         help=f"parts to leave out, comma-separated: {', '.join(PARTS)} (e.g. exact,pruning for a large model); "
         + PARTS.help(),
@@ -83,15 +64,15 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     p.add_argument(
         "--view-heads", type=_heads, default=None, help="heads shown first in the pattern viewer, e.g. 1.2,0.1"
     )
-    p.add_argument("--view-len", type=positive_int, default=12, help="tokens per block of the viewer's sequence")
+    p.add_argument("--view-len", type=flags.positive_int, default=12, help="tokens per block of the viewer's sequence")
     p.add_argument(
         "--retrieval-len",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="needle-probe tokens of the retrieval part (default: min(1024, the context) when the context holds "
         "at least 512, else left out)",
     )
-    add_task_flag(
+    flags.add_task_flag(
         p,
         None,
         "add the task part: exact per-head patching (denoising, the task's normalised metric) and direct logit "
@@ -99,7 +80,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
     )
     p.add_argument(
         "--task-pairs",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help=f"with --task: the pairs of a bundled task (default: {TASK_PAIRS}), or the first n of a task file "
         "(default: every pair)",
@@ -110,7 +91,7 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
 def check(args: argparse.Namespace) -> None:
     """Before the model loads: ``--task`` is a bundled task or a readable task file with every column."""
     if args.task is not None:
-        check_task(args.task, args.task_pairs, "--task-pairs")
+        flags.check_task(args.task, args.task_pairs, "--task-pairs")
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -213,7 +194,3 @@ UNREAD = (
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.report") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

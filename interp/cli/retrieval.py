@@ -37,7 +37,8 @@ import pandas as pd
 from interp._io import atomic_write
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, plural, positive_int, run_cli
+from interp.cli import flags
+from interp.cli.common import Unread, run_cli
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
@@ -55,6 +56,7 @@ from interp.retrieval import (
     validate_retrieval_scores,
 )
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
+from interp.scores import plural
 from interp.stream.budget import PATTERN_BUDGET, choose_engine
 from interp.texts import BYTES_NOTE
 
@@ -63,22 +65,26 @@ _SHORTER = "--distances none skips the copy-distance profile, shorter --distance
 
 
 def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Find retrieval heads (Wu et al. 2024: the most-attended key is the needle token being copied), "
         "streaming heads (attention on the sink + recent window) and how far back each head copies, "
         "on teacher-forced needle-in-a-haystack probes.",
     )
     p.set_defaults(batch=4)
-    p.add_argument("--seq-len", type=positive_int, default=None, help="body tokens (default: min(1024, the context))")
+    p.add_argument(
+        "--seq-len", type=flags.positive_int, default=None, help="body tokens (default: min(1024, the context))"
+    )
     p.add_argument(
         "--depths",
         type=_floats,
         default=[0.1, 0.5, 0.9],
         help="needle depths in [0, 1], comma-separated; one needle per depth (default: 0.1,0.5,0.9)",
     )
-    p.add_argument("--needles", type=positive_int, default=None, help="evenly spread needles (overrides --depths)")
-    p.add_argument("--needle-len", type=positive_int, default=8, help="tokens per needle")
+    p.add_argument(
+        "--needles", type=flags.positive_int, default=None, help="evenly spread needles (overrides --depths)"
+    )
+    p.add_argument("--needle-len", type=flags.positive_int, default=8, help="tokens per needle")
     p.add_argument(
         "--haystack",
         choices=["random", "text"],
@@ -88,7 +94,7 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
     p.add_argument("--sink", type=int, default=DEFAULT_SINK, help="streaming share: the first keys kept")
     p.add_argument(
         "--window",
-        type=positive_int,
+        type=flags.positive_int,
         default=None,
         help="streaming share: recent keys kept (default: min(1024, seq_len // 4))",
     )
@@ -99,18 +105,13 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
         help="copy distances, comma-separated (default: the powers of 4 from 16 that fit --seq-len); "
         "'none' skips the profile",
     )
-    p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
-    p.add_argument(
-        "--minibatch",
-        type=positive_int,
-        default=None,
-        help="sequences per forward pass (default: every sequence in one)",
-    )
-    add_engine_flag(p)
+    flags.add_ci_flag(p)
+    flags.add_minibatch_flag(p, "sequences per forward pass (default: every sequence in one)")
+    flags.add_engine_flag(p)
     return p
 
 
-_depth = float_in(0, 1)
+_depth = flags.float_in(0, 1)
 
 
 def _floats(text: str) -> list[float]:
@@ -312,7 +313,3 @@ def check(args: argparse.Namespace) -> None:
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.retrieval") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

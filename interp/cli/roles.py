@@ -29,24 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
-from interp.cli.common import (
-    FRAMED_UNREAD,
-    add_task_flag,
-    base_parser,
-    check_task,
-    float_in,
-    in_flags,
-    positive_int,
-    run_cli,
-    set_batch_help,
-)
+from interp.cli import flags
+from interp.cli.common import FRAMED_UNREAD, in_flags, run_cli
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
@@ -76,26 +66,30 @@ ANALYSES.add("dla", "direct logit attribution on --prompts, --text or --task")
 
 
 def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "What each head writes and reads: composition between heads, copy suppression and successor heads "
         "(weights), encoder heads, entropy, positional and rare-word heads (patterns), and direct logit "
         "attribution on your prompts.",
     )
-    set_batch_help(
+    flags.set_help(
         p,
+        "batch",
         f"text-probe sequences (default: {BATCH}), and a task's pairs: a bundled task's (default: {BATCH}), or the "
         "first n of a task file (default: every pair)",
+        batch=None,
     )
     p.add_argument(
         "--analyses",
-        type=_names,
+        type=flags.names_in(ANALYSES, "analysis", empty=True),
         default=list(ANALYSES.names()),
         help=f"comma-separated, from: {ANALYSES.help()} (default: all; dla runs only with --prompts, --text or --task)",
     )
-    p.add_argument("--seq-len", type=positive_int, default=32, help="body tokens per text-probe sequence")
-    p.add_argument("--k", type=positive_int, default=K_LOWEST, help="copy suppression: the lowest k logits")
-    p.add_argument("--n-random", type=positive_int, default=N_RANDOM, help="composition: random heads per baseline")
+    p.add_argument("--seq-len", type=flags.positive_int, default=32, help="body tokens per text-probe sequence")
+    p.add_argument("--k", type=flags.positive_int, default=K_LOWEST, help="copy suppression: the lowest k logits")
+    p.add_argument(
+        "--n-random", type=flags.positive_int, default=N_RANDOM, help="composition: random heads per baseline"
+    )
     p.add_argument(
         "--sequences",
         default=None,
@@ -114,17 +108,12 @@ def build_parser(prog: str = "python -m interp.roles") -> argparse.ArgumentParse
         help="direct logit attribution of a text's last token (its logit, at the position before it); repeatable; "
         f"{BYTES_NOTE}",
     )
-    add_task_flag(p, None, "direct logit attribution on a task's clean prompts (--batch pairs): ")
-    p.add_argument("--ci", type=float_in(0, 1, low_open=True, high_open=True), default=0.95, help="bootstrap CI level")
-    p.add_argument("--threshold", type=float_in(0, 1), default=THRESHOLD, help="the least score a named role needs")
+    flags.add_task_flag(p, None, "direct logit attribution on a task's clean prompts (--batch pairs): ")
+    flags.add_ci_flag(p)
+    p.add_argument(
+        "--threshold", type=flags.float_in(0, 1), default=THRESHOLD, help="the least score a named role needs"
+    )
     return p
-
-
-def _names(text: str) -> list[str]:
-    try:
-        return ANALYSES.check_all([t.strip() for t in text.split(",") if t.strip()])
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _read_json(path: str | None, what: str) -> Any:
@@ -159,7 +148,7 @@ def check(args: argparse.Namespace) -> None:
     if len(given) > 1:
         raise UsageError(f"give one of --prompts, --text or --task, not {' and '.join(given)}")
     if args.task is not None:
-        check_task(args.task, args.batch)
+        flags.check_task(args.task, args.batch)
     args.prompt_rows = _read_json(args.prompts, "--prompts")
     if isinstance(args.prompt_rows, dict):  # one object: a JSON-lines file of one line
         args.prompt_rows = [args.prompt_rows]
@@ -355,7 +344,3 @@ def _dla_plan(args: argparse.Namespace, info: ModelInfo, prompts: Any, task: Any
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=(FRAMED_UNREAD,))
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

@@ -6,14 +6,13 @@ the report (:meth:`SinkReport.save`) and its figures (:meth:`SinkReport.figures`
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from interp.adapters import HookedModel
-from interp.cli.common import Unread, add_encoding_flag, add_engine_flag, base_parser, float_in, positive_int, run_cli
-from interp.config import RunConfig
+from interp.cli import flags
+from interp.cli.common import Unread, run_cli
 from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
@@ -24,7 +23,7 @@ STEM = "sinks"
 
 
 def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParser:
-    p = base_parser(
+    p = flags.base_parser(
         prog,
         "Find attention-sink heads, the tokens they park attention on, and the massive "
         "residual activations behind them.",
@@ -44,39 +43,34 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
     )
     p.add_argument("--split", default="train", help="--dataset split")
     p.add_argument("--text-column", default="text", help="--dataset column holding the text")
-    add_encoding_flag(p, "--dataset file")
-    p.add_argument("--seq-len", type=positive_int, default=64, help="body tokens per sequence")
+    flags.add_encoding_flag(p, "--dataset file")
+    p.add_argument("--seq-len", type=flags.positive_int, default=64, help="body tokens per sequence")
     p.add_argument(
         "--epsilon",
-        type=float_in(0, 1, low_open=True, high_open=True),
+        type=flags.float_in(0, 1, low_open=True, high_open=True),
         default=EPSILON,
         help="Sink_k^eps threshold on a head's mass",
     )
     p.add_argument(
         "--sink-ratio",
-        type=float_in(0, low_open=True),
+        type=flags.float_in(0, low_open=True),
         default=SINK_RATIO,
         help="a token is a sink when it draws this many times a uniform head's attention",
     )
     p.add_argument(
         "--abs-threshold",
-        type=float_in(0, low_open=True),
+        type=flags.float_in(0, low_open=True),
         default=ABS_THRESHOLD,
         help="massive activation: |x| above this",
     )
     p.add_argument(
         "--rel-threshold",
-        type=float_in(0, low_open=True),
+        type=flags.float_in(0, low_open=True),
         default=REL_THRESHOLD,
         help="massive activation: |x| above this times its hidden state's median |x|",
     )
-    p.add_argument(
-        "--minibatch",
-        type=positive_int,
-        default=None,
-        help="sequences per forward pass (default: every sequence in one)",
-    )
-    add_engine_flag(p)
+    flags.add_minibatch_flag(p, "sequences per forward pass (default: every sequence in one)")
+    flags.add_engine_flag(p)
     return p
 
 
@@ -122,7 +116,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         abs_threshold=args.abs_threshold,
         rel_threshold=args.rel_threshold,
         sink_ratio=args.sink_ratio,
-        config=RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress, engine=args.engine),
+        config=flags.run_config(args),
     )
     elapsed = time.perf_counter() - t0
     report.meta["model_spec"] = report.heads.meta["model_spec"] = args.model
@@ -136,7 +130,3 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.sinks") -> int:
     return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
