@@ -29,10 +29,10 @@ from interp.cli.sinks import cli as sinks_cli
 from interp.config import RunConfig
 from interp.errors import InterpError, UsageError
 from interp.heads import head_scores
+from interp.parts.patterns import attention_patterns
+from interp.parts.table import role_table
 from interp.probes import TokenProbe, repeated_tokens
 from interp.progress import Lines, lines, tqdm
-from interp.report.patterns import attention_patterns
-from interp.report.roles import role_table
 from interp.threads import choose_threads
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from interp.roles.composition import Compositions
 from interp.patching.paths import PathScores
 from interp.patching.result import PatchScores
 from interp.plots import NEUTRAL, heatmap
+from interp.roles.composition import Compositions
 from interp.scores import NOISE_FLOOR_FRACTION, HeadScores
 
 H = 12  # GPT-2 small's heads per layer: labels 0.1 and 0.10 both exist

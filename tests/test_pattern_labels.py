@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from interp.config import RunConfig
-from interp.report.patterns import token_labels
+from interp.parts.patterns import token_labels
 from interp.texts import _byte_alphabet, token_bytes
 
 TEXT = "She said \u201cyes\u201d \U0001f600."

@@ -14,7 +14,7 @@ import pytest
 import interp
 from interp.browser import find_browser
 from interp.errors import OutputError, UsageError
-from interp.report.patterns import attention_patterns
+from interp.parts.patterns import attention_patterns
 from interp.report.patterns_view import MASKED, _encode, _windows, view_patterns
 from tests.helpers import one_thread
 

@@ -128,8 +128,8 @@ def test_atlas_loads_back_and_draws_its_figure(toy_atlas, tmp_path):
 
 
 def test_roles_and_parts_are_registries():
+    from interp.parts.table import role_columns
     from interp.report import PARTS, ROLES
-    from interp.report.roles import role_columns
 
     attention = ("induction", "previous-token", "current-token", "duplicate-token", "sink")
     assert ROLES.names()[:5] == attention

@@ -282,9 +282,7 @@ def test_too_little_free_memory_refuses_the_sweep_before_any_forward(toy, probe,
     assert forwards[0] > 0
     forwards[0] = 0
     monkeypatch.setattr(memory, "free_bytes", lambda device: whole.kept // 2)
-    with pytest.raises(
-        UsageError, match=r"free: use fewer or shorter probe sequences \(batch=, seq_len=\)$"
-    ):
+    with pytest.raises(UsageError, match=r"free: use fewer or shorter probe sequences \(batch=, seq_len=\)$"):
         Sweeper(toy, probe, metric)
     assert forwards[0] == 0
 
@@ -297,9 +295,7 @@ def test_too_little_free_memory_refuses_the_commands_with_one_line(tmp_path, cap
         code, _, err = _cli([*SMALL, "--method", method, "--out", str(out)], capsys)
         assert code == 2
         assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: {what} needs about ")
-        assert err.endswith(
-            ", but the cpu has 1 KiB free: use fewer or shorter probe sequences (--batch, --seq-len)\n"
-        )
+        assert err.endswith(", but the cpu has 1 KiB free: use fewer or shorter probe sequences (--batch, --seq-len)\n")
         assert not out.exists() or not any(out.iterdir())  # nothing written (not even a journal)
         assert forwards[0] == 0  # loading the toy runs no forward; neither did the analysis
 

@@ -9,8 +9,8 @@ import torch
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.heads import head_scores
+from interp.parts.table import role_table
 from interp.probes import probe_from_tokens
-from interp.report.roles import role_table
 from interp.roles import composition_scores
 from interp.roles.card import head_card, mean_write
 from tests.test_roles_composition import induction_pair

@@ -134,7 +134,7 @@ def test_decoder_next_token_is_nan_saying_why():
 
 
 def test_roles_are_named_from_the_encoder_scores(setup):
-    from interp.report.roles import role_table
+    from interp.parts.table import role_table
 
     _, _, s = setup
     roles = role_table(s, s.meta["baselines"]).set_index("label")["role"]

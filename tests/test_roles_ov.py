@@ -111,7 +111,7 @@ def test_copy_suppression_through_the_first_mlp():
 
 
 def test_roles_are_named_from_the_ov_scores(scores):
-    from interp.report.roles import role_table
+    from interp.parts.table import role_table
 
     roles = role_table(scores, scores.meta["baselines"]).set_index("label")["role"]
     assert roles.to_dict() == {"0.0": "copy-suppression", "0.1": "successor", "1.0": "", "1.1": ""}

@@ -18,8 +18,8 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.heads import attention_scores, head_scores, uniform_baseline
 from interp.models import describe, from_hf_model, load_model
+from interp.parts.table import uniform_baselines
 from interp.probes import TokenProbe, random_tokens, repeated_tokens
-from interp.report.roles import uniform_baselines
 from interp.sinks import sink_scores
 from interp.sinks.stats import sink_statistics
 from interp.stream.blockwise import column_sums, gathered_weights, row_stats

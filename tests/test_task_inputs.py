@@ -16,9 +16,7 @@ from interp.probes.task import TaskProbe, read_task, task_probe
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TASK_NOTE = (
-    "it is not added again; pass framed=True if the prompts carry all of the model's framing"
-)
+TASK_NOTE = "it is not added again; pass framed=True if the prompts carry all of the model's framing"
 
 
 @pytest.fixture(scope="module")

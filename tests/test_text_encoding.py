@@ -72,13 +72,19 @@ def test_the_commands_that_read_a_data_set_take_encoding(tmp_path, capsys):
         sinks_cli(["--dataset", str(latin), *small, "--out", str(tmp_path / "s")])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f"python -m interp.sinks: error: {_message(latin, spelled='--encoding')}" and "Traceback" not in err
+    assert (
+        err.splitlines()[-1] == f"python -m interp.sinks: error: {_message(latin, spelled='--encoding')}"
+        and "Traceback" not in err
+    )
     with one_thread():
         assert sinks_cli(["--dataset", str(latin), "--encoding", "latin-1", *small, "--out", str(tmp_path / "s")]) == 0
     argv = ["--probe", "text", "--dataset", str(latin), "--method", "gradient", *small]
     with pytest.raises(SystemExit) as e, one_thread():
         ablate_cli([*argv, "--out", str(tmp_path / "a")])
     assert e.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"python -m interp.ablate: error: {_message(latin, spelled='--encoding')}"
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"python -m interp.ablate: error: {_message(latin, spelled='--encoding')}"
+    )
     with one_thread():
         assert ablate_cli([*argv, "--encoding", "cp1252", "--out", str(tmp_path / "a")]) == 0

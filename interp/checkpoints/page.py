@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 from interp.checkpoints.roles import holder_runs
+from interp.parts.table import ROLES
 from interp.plots import MASS, PRETTY, Scale, panel_size, short_name
 from interp.report.atlas import HEATMAP_SCORES, plain
 from interp.report.page import STYLE, document, figure_html
-from interp.report.roles import ROLES
 from interp.scores import HeadScores
 
 if TYPE_CHECKING:

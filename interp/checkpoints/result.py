@@ -26,7 +26,7 @@ import pandas as pd
 from interp._io import atomic_write, atomic_write_json
 from interp.checkpoints import roles as roles_over_time
 from interp.errors import UsageError
-from interp.report.roles import ROLES, THRESHOLD
+from interp.parts.table import ROLES, THRESHOLD
 from interp.scores import HeadScores, Shown, file_frame, from_records, json_records, memory_frame
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Roles over training: who holds each role at each step, handoffs, first passes, the phase change.
 
 A head *holds* a role at a step when it passes the atlas's role rule there (its CI's lower bound
-above the uniform baseline and a score of at least 0.3 or the role's own bar: :func:`interp.report.roles.passes`) and scores
+above the uniform baseline and a score of at least 0.3 or the role's own bar: :func:`interp.parts.table.passes`) and scores
 highest among the heads that pass; the holder keeps the role while it passes and the leader's score
 stays inside its CI (a near tie between two heads is not a change). A *handoff* is a pair of consecutive steps where the holder
 changes from one head to another (steps between where no head holds it lie inside the range). Revisions flagged as duplicates (weights equal to another's) are
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from interp.report.roles import ROLES, THRESHOLD, passes
+from interp.parts.table import ROLES, THRESHOLD, passes
 
 
 def holders(heads: pd.DataFrame, baselines: Mapping[str, float], threshold: float = THRESHOLD) -> pd.DataFrame:

@@ -22,10 +22,10 @@ from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, Unread, run_cli
 from interp.config import RunConfig
 from interp.models import describe
+from interp.parts.table import THRESHOLD, role_columns
 from interp.probes.task import task_probe
 from interp.report.atlas import STEM
 from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, atlas_sizes, head_atlas
-from interp.report.roles import THRESHOLD, role_columns
 from interp.scores import format_table, plural
 
 

@@ -10,7 +10,7 @@ heads named for a role, and writes under ``--out``:
 - ``composition.{csv,json,html}``; ``ov_scores.{csv,json}``; ``encoder_heads.{csv,json}``;
   ``head_map.{json,html}``; ``logit_attribution*.{csv,json}`` (with ``--prompts``, ``--text`` or ``--task``);
 - ``roles.csv``: the per-head scores of the weight and pattern analyses and each head's roles
-  (:func:`interp.report.roles.role_table`).
+  (:func:`interp.parts.table.role_table`).
 
 An analysis a model cannot have (latent attention's composition, a tokenizer without ordinals for
 the successor score) is skipped with its reason printed; the rest run.
@@ -42,13 +42,13 @@ from interp.errors import UsageError
 from interp.models import describe
 from interp.parts import PARTS, Given, NotApplicable, run_part
 from interp.parts.roles import CompositionSizes, EncoderSizes, OVSizes, TextSizes
+from interp.parts.table import THRESHOLD, role_columns, role_table
 from interp.plots import save_figure, short_name
 from interp.probes.draw import drop_given_prefix
 from interp.probes.task import TASKS, task_probe
 from interp.probes.user import text_ids
 from interp.progress import announcer, forward_work
 from interp.registry import Registry
-from interp.report.roles import THRESHOLD, role_columns, role_table
 from interp.roles import logit_attribution
 from interp.roles.composition import N_RANDOM
 from interp.roles.ov import K_LOWEST

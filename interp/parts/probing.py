@@ -81,8 +81,8 @@ def pattern_view(
     on_probe: set[str] | None = None,
 ) -> dict:
     """The viewer's sequence: its tokens, every head's pattern on it, and the heads shown first."""
+    from interp.parts.patterns import attention_patterns, token_labels
     from interp.probes import repeated_tokens
-    from interp.report.patterns import attention_patterns, token_labels
 
     probe = repeated_tokens(model, batch=1, block_len=view_len, n_repeats=2, seed=seed + 1)
     ids = probe.tokens[0]
@@ -102,7 +102,7 @@ def pattern_view(
 def _strongest(roles: pd.DataFrame, on_probe: set[str] | None) -> list[str]:
     """The strongest head of each role scored on the repeated probe the viewer shows (``on_probe``:
     every role when None); of the other roles (weights, text), the strongest head named for it."""
-    from interp.report.roles import role_columns
+    from interp.parts.table import role_columns
 
     selected = []
     for col, role in role_columns().items():

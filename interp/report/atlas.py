@@ -20,7 +20,7 @@ import pandas as pd
 
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
-from interp.report.roles import role_column
+from interp.parts.table import role_column
 from interp.scores import HeadScores, Shown, file_frame, from_records, json_records, memory_frame, read_csv
 
 if TYPE_CHECKING:

@@ -44,13 +44,13 @@ from interp.parts.attention import ScoreSizes, SinkSizes
 from interp.parts.probing import PatternSizes, RetrievalSizes
 from interp.parts.roles import CARD_TOP
 from interp.parts.shape import body_room
+from interp.parts.table import THRESHOLD, role_table
 from interp.parts.task import TaskSizes
 from interp.probes.task import N_PAIRS
 from interp.progress import Plan, announcer, plan_note
 from interp.registry import Registry
 from interp.report.atlas import Atlas
 from interp.report.page import render_atlas
-from interp.report.roles import THRESHOLD, role_table
 from interp.scores import HeadScores
 
 # The parts of the atlas a run may leave out (``skip=``, ``--skip``): every part but the head scores,

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from interp.parts.table import ROLES, THRESHOLD, role_columns
 from interp.plots import DIVERGING, EFFECT, PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
-from interp.report.roles import ROLES, THRESHOLD, role_columns
 from interp.report.viewer import CARD_JS, VIEWER_JS
 from interp.scores import HeadScores
 

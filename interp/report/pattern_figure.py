@@ -17,8 +17,8 @@ from torch import Tensor
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
+from interp.parts.patterns import attention_patterns, token_labels
 from interp.plots import MAX_WIDTH
-from interp.report.patterns import attention_patterns, token_labels
 
 
 def pattern_heatmap(

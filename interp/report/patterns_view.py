@@ -24,7 +24,7 @@ import numpy as np
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import describe
-from interp.report.patterns import attention_patterns, token_labels
+from interp.parts.patterns import attention_patterns, token_labels
 
 STEM = "patterns"
 WINDOW = 64  # positions shown at once; longer texts are windowed
