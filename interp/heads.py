@@ -40,7 +40,6 @@ measure; the tests use this to check our numbers against the peer.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,7 +60,7 @@ from interp.probes import TokenProbe, repeated_tokens
 from interp.progress import tqdm
 from interp.registry import Registry
 from interp.scores import HeadScores, bootstrap_ratio, interval_notes
-from interp.stream.budget import choose_engine
+from interp.stream.budget import choose_engine, engine_run
 from interp.stream.driver import check_finite, gather_pass, row_pass, run_streamed
 
 Queries = Literal["targets", "all"]
@@ -437,9 +436,7 @@ def head_scores(
     if probe is None:
         probe = repeated_tokens(model, seed=cfg.seed)
     info = describe(model)
-    n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
-    engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
-    run = dataclasses.replace(cfg, engine=engine, progress=cfg.progress and distributed.is_main())
+    run, why = engine_run(cfg, model, probe.batch, probe.seq_len)
     num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
         lambda p: attention_scores(model, p, scores=scores, queries=queries, config=run),
         probe,
@@ -455,7 +452,7 @@ def head_scores(
         ci_level=cfg.level,
         n_boot=cfg.n_boot,
         seed=cfg.seed,
-        engine=engine,
+        engine=run.engine,
         engine_reason=why,
     )
     meta["ci_sequences"] = ci_sequences

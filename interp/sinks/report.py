@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +48,7 @@ from interp.sinks.tables import (
     sink_positions,
     token_table,
 )
-from interp.stream.budget import choose_engine
+from interp.stream.budget import engine_run
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -223,9 +222,7 @@ def sink_scores(
     if probe is None:
         probe = random_tokens(model, seed=cfg.seed)
     info = describe(model)
-    n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
-    engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
-    run = dataclasses.replace(cfg, engine=engine, progress=cfg.progress and distributed.is_main())
+    run, why = engine_run(cfg, model, probe.batch, probe.seq_len)
     stats = distributed.map_sequences(  # under torchrun: each rank runs its block of sequences
         lambda p: sink_statistics(
             model, p, abs_threshold=abs_threshold, rel_threshold=rel_threshold, max_massive=max_massive, config=run
@@ -264,7 +261,7 @@ def sink_scores(
         ci_level=cfg.level,
         n_boot=cfg.n_boot,
         seed=cfg.seed,
-        engine=engine,
+        engine=run.engine,
         engine_reason=why,
     )
     heads.meta.update(meta)

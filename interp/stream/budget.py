@@ -8,8 +8,11 @@ what the pattern engine really takes.
 
 from __future__ import annotations
 
+import dataclasses
+
+from interp import distributed
 from interp.adapters import HookedModel, describe
-from interp.config import PATTERN_BUDGET
+from interp.config import PATTERN_BUDGET, RunConfig
 from interp.registry import Registry
 
 ENGINES: Registry[str] = Registry("engine")
@@ -46,3 +49,12 @@ def choose_engine(
     if size > budget:
         return "stream", f"stream ({what}, over the {gib(budget)} budget)"
     return "pattern", f"pattern ({what}, within the {gib(budget)} budget)"
+
+
+def engine_run(config: RunConfig, model: HookedModel, n_seqs: int, seq_len: int) -> tuple[RunConfig, str]:
+    """The run settings each forward of an analysis gets, its engine resolved (:func:`choose_engine`
+    for ``n_seqs`` sequences of ``seq_len`` tokens, at most ``config.minibatch`` per pass) and its
+    progress on rank 0 only; and why that engine."""
+    n = min(config.minibatch or n_seqs, n_seqs)
+    engine, why = choose_engine(config.engine, model, n, seq_len, config.budget)
+    return dataclasses.replace(config, engine=engine, progress=config.progress and distributed.is_main()), why
