@@ -41,6 +41,8 @@ _API = {
     "uniform_baseline": "interp.heads",
     "uniform_baselines": "interp.heads",
     "HeadScores": "interp.scores",
+    # every saved result, read back by the one loader
+    "load_result": "interp.results",
     # sinks
     "sink_scores": "interp.sinks",
     "SinkReport": "interp.sinks",
@@ -134,6 +136,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.report import head_atlas as head_atlas
     from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap
     from interp.report.patterns_view import view_patterns as view_patterns
+    from interp.results import load_result as load_result
     from interp.retrieval import retrieval_scores as retrieval_scores
     from interp.roles import composition_scores as composition_scores
     from interp.roles import encoder_scores as encoder_scores
