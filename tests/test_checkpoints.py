@@ -372,8 +372,7 @@ def test_too_little_disk_for_a_download_is_one_line_before_it(hub_cache, monkeyp
     assert code == 1 and loads == ["step0"]
     assert err == (
         f"{PROG}: error: not enough disk for revision 'step10' of 'interp-test/tiny': it needs 3.0 GiB and "
-        f"{hub_cache} has 1.0 GiB free; free some space, point HF_HUB_CACHE at a larger disk, or pass evict=True "
-        "(command line: --evict)\n"
+        f"{hub_cache} has 1.0 GiB free; free some space, point HF_HUB_CACHE at a larger disk, or pass --evict\n"
     )
 
 

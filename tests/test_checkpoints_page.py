@@ -98,12 +98,12 @@ def test_a_context_that_cannot_hold_the_needle_probe_is_refused_in_one_line(tmp_
         )
     assert str(e.value) == (
         "the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) needs at least "
-        "56 tokens and step0's context holds 39: leave out retrieval=True (command line: --retrieval)"
+        "56 tokens and step0's context holds 39: leave out retrieval=True"
     )
     out = tmp_path / "out"
     flags = ["--checkpoints", str(tmp_path / "ck" / "step0"), "--retrieval", "--out", str(out), *SMALL_FLAGS]
     code, _, err = _cli([*flags[:-1], "--icl-len", "20", "--no-progress"], capsys)
-    assert code == 2 and err == f"{PROG}: error: {e.value}\n"
+    assert code == 2 and err == f"{PROG}: error: {str(e.value).replace('retrieval=True', '--retrieval')}\n"
     assert not out.exists()  # nothing written, no journal left
 
 
@@ -112,8 +112,7 @@ def test_a_needle_probe_longer_than_the_context_is_refused_in_one_line(folders, 
     code, _, err = _cli([*argv, "--out", str(tmp_path / "o"), *SMALL_FLAGS], capsys)
     assert code == 2 and err == (
         f"{PROG}: error: the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) "
-        "cannot be 300 tokens: step0's context holds 255 and the probe needs at least 56; ask for retrieval_len=56 to 255 "
-        "(command line: --retrieval-len)\n"
+        "cannot be 300 tokens: step0's context holds 255 and the probe needs at least 56; ask for --retrieval-len 56 to 255\n"
     )
 
 
@@ -122,8 +121,7 @@ def test_toy_training_with_a_needle_probe_it_cannot_hold_is_refused_before_train
     code, _, err = _cli(["--model", "toy-training", "--retrieval", "--retrieval-len", "200", "--out", str(out)], capsys)
     assert code == 2 and err == (
         f"{PROG}: error: the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) "
-        "cannot be 200 tokens: toy-training's context holds 95 and the probe needs at least 56; ask for retrieval_len=56 to 95 "
-        "(command line: --retrieval-len)\n"
+        "cannot be 200 tokens: toy-training's context holds 95 and the probe needs at least 56; ask for --retrieval-len 56 to 95\n"
     )
     assert not out.exists()
     code, _, err = _cli(["--retrieval-len", "60", "--out", str(out)], capsys)

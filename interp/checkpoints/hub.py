@@ -63,7 +63,8 @@ def prepare(name: str, revision: str) -> bool:
     if free < need * MARGIN:
         raise ModelLoadError(
             f"not enough disk for revision {revision!r} of {name!r}: it needs {_gb(need)} and {cache_dir()} has "
-            f"{_gb(free)} free; free some space, point HF_HUB_CACHE at a larger disk, or pass evict=True (command line: --evict)"
+            f"{_gb(free)} free; free some space, point HF_HUB_CACHE at a larger disk, or pass evict=True",
+            params="evict",
         )
     return True
 

@@ -144,11 +144,13 @@ def retrieval_fits(label: str, room: int, asked: int | None) -> int:
     if room < least:
         raise UsageError(
             f"the retrieval score's needle probe ({what}) needs at least {least} tokens and {label}'s context "
-            f"holds {room}: leave out retrieval=True (command line: --retrieval)"
+            f"holds {room}: leave out retrieval=True",
+            params="retrieval",
         )
     raise UsageError(
         f"the retrieval score's needle probe ({what}) cannot be {length} tokens: {label}'s context holds {room} and "
-        f"the probe needs at least {least}; ask for retrieval_len={least} to {room} (command line: --retrieval-len)"
+        f"the probe needs at least {least}; ask for retrieval_len={least} to {room}",
+        params="retrieval_len",
     )
 
 
