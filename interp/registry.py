@@ -108,9 +108,10 @@ class Registry(Generic[T]):
         """Names whose entry satisfies ``predicate``."""
         return tuple(n for n, e in self._entries.items() if predicate(e))
 
-    def help(self, sep: str = "; ") -> str:
-        """``"name: doc; name: doc"``: help text for a CLI flag."""
-        return sep.join(f"{n}: {e.doc}" if e.doc else n for n, e in self._entries.items())
+    def help(self, sep: str = "; ", only: Iterable[str] | None = None) -> str:
+        """``"name: doc; name: doc"``: help text for a CLI flag (``only``: of these names, in this order)."""
+        entries = [self.entry(n) for n in (self._entries if only is None else only)]
+        return sep.join(f"{e.name}: {e.doc}" if e.doc else e.name for e in entries)
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"

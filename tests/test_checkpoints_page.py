@@ -71,13 +71,11 @@ def test_the_retrieval_score_is_read_on_one_needle_probe_for_every_revision(swee
 
 
 def test_the_summary_names_the_best_retrieval_head_at_the_first_and_last_step(sweep):
-    from interp.cli.checkpoints import summary
-
     first, last = sweep.grid("retrieval", 10)[1, 0], sweep.grid("retrieval", 30)[1, 0]
     assert first > 0.25 and last > 0.25  # step 0 is a duplicate of step 30: the first step kept is 10
     assert (
         f"retrieval score of the best head: {first:.3f} at step 10 (head 1.0), {last:.3f} at step 30 (head 1.0)"
-        in summary(sweep).splitlines()
+        in sweep.summary().splitlines()
     )
 
 

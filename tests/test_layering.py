@@ -52,6 +52,8 @@ LAYERS: dict[str, float] = {
     "sinks": 10,
     "ablation": 10,
     "retrieval": 10,
+    # the retrieval roles checked by ablating their heads (window ablation), beside the scores
+    "retrieval.check": 10.25,
     # task analyses built on the ablation replay (patching is an ablation kind run on task pairs)
     "patching": 10.5,
     # the long-context machinery the analyses run on: capture, blockwise passes, driver, budget

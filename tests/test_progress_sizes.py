@@ -11,7 +11,6 @@ import torch
 
 import interp.ablation.pruning as pruning_module
 from interp.ablation import builtin_metric, pruning_curves
-from interp.cli.retrieval import _plan
 from interp.cli.retrieval import cli as retrieval_cli
 from interp.config import RunConfig
 from interp.models import ModelInfo, from_hf_model, load_model
@@ -20,6 +19,7 @@ from interp.probes.needle import needle_probe
 from interp.progress import LONG_WORK, forward_work, lines, long_parts, plan_note
 from interp.report import head_atlas
 from interp.report.build import atlas_sizes, atlas_work, long_work_note
+from interp.retrieval.check import retrieval_plan as _plan
 from interp.toy.planted import planted_model
 from tests.helpers import GPT2_SMALL, gpt2_model, one_thread, word_tokenizer
 

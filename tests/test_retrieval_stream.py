@@ -216,8 +216,9 @@ def test_command(tmp_path, capsys):
 
 def test_command_skips_the_ablation_check_past_the_pattern_budget(tmp_path, capsys, monkeypatch):
     from interp.cli import retrieval
+    from interp.retrieval import check
 
-    monkeypatch.setattr(retrieval, "PATTERN_BUDGET", 1000)
+    monkeypatch.setattr(check, "PATTERN_BUDGET", 1000)
     argv = ["--model", "planted:600", "--seq-len", "512", "--batch", "2", "--distances", "none", "--no-progress"]
     assert retrieval.cli([*argv, "--engine", "stream", "--window", "32", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out

@@ -46,7 +46,8 @@ The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, abl
 :mod:`~interp.ablation.curves` (the :class:`PruningCurves` result), :mod:`~interp.ablation.gates`
 and :mod:`~interp.ablation.settings` (names checked, run settings merged).
 
-Names a user chooses are registered once (:mod:`interp.registry`): :data:`METRICS`,
+Names a user chooses are registered once (:mod:`interp.registry`): :data:`METHODS` (the four
+analyses below, by name), :data:`METRICS`,
 :data:`ABLATIONS`, :data:`ORDERS`, :data:`GATE_UNITS` (gradient importance's ``per=``) and
 :data:`REPLAYS` (the sweep's ``replay=``: auto, fast or loop; "engine" means pattern/stream only).
 Each public analysis has a model-free check of its options, ``validate_<name>(...)``, which it calls
@@ -92,10 +93,25 @@ from interp.ablation.pruning import (
 from interp.ablation.replay import REPLAYS, Sweeper
 from interp.ablation.sweep import exact_sweep, loop_sweep, validate_exact_sweep
 from interp.errors import AblationError, MetricError
+from interp.registry import Registry
+
+# the analyses of which heads matter, by name (each its function)
+METHODS: Registry = Registry("ablation method")
+METHODS.add(
+    "exact", "ablate every head alone (the fast replay) and rank heads by how much the metric worsens", exact_sweep
+)
+METHODS.add("gradient", "Michel et al.'s gradient importance, one forward and backward per batch", gradient_importance)
+METHODS.add(
+    "prune",
+    "pruning curves in increasing order of importance, and how many heads can go within a tolerance",
+    pruning_curves,
+)
+METHODS.add("gates", "Voita et al.'s Hard-Concrete gates for a sweep of lambda", train_gates)
 
 __all__ = [
     "ABLATIONS",
     "GATE_UNITS",
+    "METHODS",
     "METRICS",
     "ORDERS",
     "REPLAYS",

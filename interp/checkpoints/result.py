@@ -102,6 +102,49 @@ class CheckpointScores(Shown):
                     pairs.append((role, head))
         return pairs
 
+    def summary(self, top: int = 10) -> str:
+        """What the sweep found, in a few lines, as ``interp checkpoints`` prints it: the duplicates, each
+        role's holders, the handoffs, the first passes (``top`` of each), and the phase-change window."""
+        lines = [f"in-context learning score: {self.meta['icl']['description']}"]
+        dup = self.duplicates
+        for row in dup.itertuples():
+            lines.append(
+                f"duplicate: {row.revision} has the weights of {row.duplicate_of} (fingerprint {row.weights}); "
+                "left out of the roles and the figure"
+            )
+        held = self.holders()
+        for role, seq in held.groupby("role", sort=False):
+            runs = roles_over_time.holder_runs(seq)
+            if any(h for h, _, _ in runs):
+                lines.append(f"{role}: " + "; ".join(f"{h or 'none'} (steps {a}-{b})" for h, a, b in runs[-top:]))
+        for row in self.handoffs().head(top).itertuples():
+            lines.append(
+                f"handoff: {row.role} moves from {row.from_head} to {row.to_head} between steps {row.from_step} and "
+                f"{row.to_step} ({row.from_head} {row.from_head_before:.3f} -> {row.from_head_after:.3f}, "
+                f"{row.to_head} {row.to_head_before:.3f} -> {row.to_head_after:.3f})"
+            )
+        firsts = self.first_passes()
+        for role, group in firsts.groupby("role", sort=False):
+            lines.append(
+                f"first passes the {role} rule: " + ", ".join(f"{r.head} at step {r.step}" for r in group.itertuples())
+            )
+        if "retrieval" in self.kept:
+            lines.append(_retrieval_line(self.kept))
+        window = self.phase_change()
+        if window is None:
+            steps = sorted(self.kept["step"].unique())
+            lines.append(
+                f"no phase change: the best induction score never rises from < 0.1 to > 0.5 over steps {fmt_steps(steps)}"
+            )
+        else:
+            lines.append(
+                f"phase change: steps {window['start']}-{window['end']}, the best induction score rises "
+                f"{window['score_start']:.3f} -> {window['score_end']:.3f} while the in-context score goes "
+                f"{window['icl_start']:.3f} -> {window['icl_end']:.3f} nats ({window['icl_fraction']:.0%} of its final "
+                f"{window['icl_final']:.3f})"
+            )
+        return "\n".join(lines)
+
     # ---- files ------------------------------------------------------------------------------
 
     def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
@@ -290,6 +333,15 @@ def _log_position(steps: list[int]):
         return step if step > 0 else zero_at
 
     return at
+
+
+def _retrieval_line(kept) -> str:
+    """The best head's retrieval score at the first and the last step kept."""
+    ends = []
+    for step in sorted(kept["step"].unique())[:: max(1, kept["step"].nunique() - 1)]:
+        at = kept[kept["step"] == step].sort_values(["retrieval", "layer", "head"], ascending=[False, True, True])
+        ends.append(f"{at['retrieval'].iloc[0]:.3f} at step {step} (head {at['label'].iloc[0]})")
+    return "retrieval score of the best head: " + ", ".join(ends)
 
 
 def fmt_steps(steps: list[int]) -> str:

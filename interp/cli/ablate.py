@@ -37,6 +37,8 @@ from typing import Any
 from interp._io import writes_partial
 from interp.ablation import (
     ABLATIONS,
+    GATE_UNITS,
+    METHODS,
     METRICS,
     ORDERS,
     REPLAYS,
@@ -57,13 +59,13 @@ from interp.cli import flags
 from interp.cli.common import Unread, partial_note, run_cli, stop_partial
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
-from interp.probes import TokenProbe, repeated_tokens, text_probe
+from interp.probes import PROBES, TokenProbe, repeated_tokens, text_probe
 from interp.scores import HeadScores, format_table, plural
 from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "ablate"
-METHODS = ("exact", "gradient", "prune", "gates")
 
+_PROBES = ("repeated", "text")  # the probes a head's ablation is measured on
 _fraction = flags.float_in(0, 1, low_open=True)
 _non_negative = flags.float_in(0)
 
@@ -93,15 +95,9 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         "how many can go: exact sweeps, Michel gradient importance, pruning curves, Voita gates.",
     )
     flags.add_resume_flags(p)
-    p.add_argument("--method", choices=METHODS, default="exact", help="what to compute")
-    p.add_argument(
-        "--ablation",
-        choices=unpaired_ablations(),
-        default="mean",
-        help="what an ablated head outputs: "
-        + "; ".join(f"{n}: {ABLATIONS.doc(n)}" for n in unpaired_ablations())
-        + " (default: mean, as interp report)",
-    )
+    flags.choice(p, "--method", METHODS, "exact", "what to compute: ")
+    what = "what an ablated head outputs: "
+    flags.choice(p, "--ablation", ABLATIONS, "mean", what, " (default: mean, as interp report)", unpaired_ablations())
     flags.choice(
         p,
         "--metric",
@@ -109,12 +105,7 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
         None,
         after="; default: incontext for decoders (lm with --probe text), pooled-cos for encoders",
     )
-    p.add_argument(
-        "--probe",
-        choices=("repeated", "text"),
-        default=None,
-        help=f"repeated random tokens, or natural text ({BYTES_NOTE}); None: text for --metric lm, else repeated",
-    )
+    flags.choice(p, "--probe", PROBES, None, after="; None: text for --metric lm, else repeated", only=_PROBES)
     flags.add_block_flags(p, 50, "tokens per repeated block, or per text window")
     p.add_argument("--dataset", default=None, help=f"text probe source; None: the bundled data/text; {BYTES_NOTE}")
     flags.add_encoding_flag(p, "--dataset file")
@@ -142,10 +133,7 @@ METHOD_FLAGS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
     "--per": (
         ("gradient",),
         "example",
-        {
-            "choices": ("example", "token"),
-            "help": "absolute value of the gate gradient per sequence (Michel et al.) or per token",
-        },
+        {"choices": GATE_UNITS.names(), "help": GATE_UNITS.help()},
     ),
     "--step": (("prune",), 0.1, {"type": _fraction, "help": "fraction of heads removed per step"}),
     "--reestimate": (("prune",), False, {"action": "store_true", "help": "re-estimate importance after every step"}),

@@ -19,10 +19,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores, train_checkpoints
+from interp.checkpoints import ToyTraining, checkpoint_scores, train_checkpoints
 from interp.checkpoints.icl import ICL_DATA
-from interp.checkpoints.result import fmt_steps
-from interp.checkpoints.roles import holder_runs
 from interp.checkpoints.sweep import BLOCK_LENS, KIND, SweepOut, retrieval_fits, sweep_sizes
 from interp.checkpoints.toy import NAME as TOY_TRAINING
 from interp.checkpoints.toy import trained
@@ -212,63 +210,11 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
         log=lambda line: print(line, flush=True),
     )
     print(f"\nswept {len(result.revisions)} revision(s) in {time.perf_counter() - t0:.0f} s")
-    print(summary(result, args.top))
+    print(result.summary(args.top))
     return result.written
 
 
 _NOT_RESULTS = ("out", "top", "no_progress", "resume", "fresh", "journals", "progress")
-
-
-def summary(result: CheckpointScores, top: int = 10) -> str:
-    """What the sweep found, in a few lines."""
-    lines = [f"in-context learning score: {result.meta['icl']['description']}"]
-    dup = result.duplicates
-    for row in dup.itertuples():
-        lines.append(
-            f"duplicate: {row.revision} has the weights of {row.duplicate_of} (fingerprint {row.weights}); "
-            "left out of the roles and the figure"
-        )
-    held = result.holders()
-    for role, seq in held.groupby("role", sort=False):
-        runs = holder_runs(seq)
-        if any(h for h, _, _ in runs):
-            lines.append(f"{role}: " + "; ".join(f"{h or 'none'} (steps {a}-{b})" for h, a, b in runs[-top:]))
-    for row in result.handoffs().head(top).itertuples():
-        lines.append(
-            f"handoff: {row.role} moves from {row.from_head} to {row.to_head} between steps {row.from_step} and "
-            f"{row.to_step} ({row.from_head} {row.from_head_before:.3f} -> {row.from_head_after:.3f}, "
-            f"{row.to_head} {row.to_head_before:.3f} -> {row.to_head_after:.3f})"
-        )
-    firsts = result.first_passes()
-    for role, group in firsts.groupby("role", sort=False):
-        lines.append(
-            f"first passes the {role} rule: " + ", ".join(f"{r.head} at step {r.step}" for r in group.itertuples())
-        )
-    if "retrieval" in result.kept:
-        lines.append(_retrieval_line(result.kept))
-    window = result.phase_change()
-    if window is None:
-        steps = sorted(result.kept["step"].unique())
-        lines.append(
-            f"no phase change: the best induction score never rises from < 0.1 to > 0.5 over steps {fmt_steps(steps)}"
-        )
-    else:
-        lines.append(
-            f"phase change: steps {window['start']}-{window['end']}, the best induction score rises "
-            f"{window['score_start']:.3f} -> {window['score_end']:.3f} while the in-context score goes "
-            f"{window['icl_start']:.3f} -> {window['icl_end']:.3f} nats ({window['icl_fraction']:.0%} of its final "
-            f"{window['icl_final']:.3f})"
-        )
-    return "\n".join(lines)
-
-
-def _retrieval_line(kept) -> str:
-    """The best head's retrieval score at the first and the last step kept."""
-    ends = []
-    for step in sorted(kept["step"].unique())[:: max(1, kept["step"].nunique() - 1)]:
-        at = kept[kept["step"] == step].sort_values(["retrieval", "layer", "head"], ascending=[False, True, True])
-        ends.append(f"{at['retrieval'].iloc[0]:.3f} at step {step} (head {at['label'].iloc[0]})")
-    return "retrieval score of the best head: " + ", ".join(ends)
 
 
 def _journaled(out: Path | None) -> str:

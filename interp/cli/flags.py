@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +140,19 @@ def set_help(p: argparse.ArgumentParser, dest: str, text: str, **defaults: Any) 
     action.help = text
 
 
-def choice(p: argparse.ArgumentParser, flag: str, names: Registry, default: Any, before: str = "", after: str = ""):
-    """A flag whose choices and help (``before`` + each name's line + ``after``) come from a registry."""
-    p.add_argument(flag, choices=names.names(), default=default, help=before + names.help() + after)
+def choice(
+    p: argparse.ArgumentParser,
+    flag: str,
+    names: Registry,
+    default: Any,
+    before: str = "",
+    after: str = "",
+    only: Sequence[str] | None = None,
+) -> None:
+    """A flag whose choices and help (``before`` + each name's line + ``after``) come from a registry
+    (``only``: the names of it this command reads)."""
+    choices = names.names() if only is None else tuple(only)
+    p.add_argument(flag, choices=choices, default=default, help=before + names.help(only=choices) + after)
 
 
 def names_in(names: Registry, what: str, empty: bool = False) -> Callable[[str], list[str]]:

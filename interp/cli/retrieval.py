@@ -1,7 +1,7 @@
 """``python -m interp.retrieval`` / ``interp retrieval``: retrieval heads, streaming heads and copy distance.
 
-A thin layer over :func:`interp.retrieval.retrieval_scores` on a needle probe and
-:func:`interp.retrieval.copy_distance_scores` on a copy-distance probe: it prints the heads ranked
+A thin layer over :func:`interp.retrieval.retrieval_scores` on a needle probe, the window-ablation
+check of the roles and the copy-distance profile (:mod:`interp.retrieval.check`): it prints the heads ranked
 by retrieval score with their role, and writes ``retrieval.{csv,json,html}``,
 ``retrieval_distance.{csv,html}`` under ``--out``. The defaults fit the model: ``--seq-len``
 defaults to ``min(1024, the context)`` (255 on the bundled toy), ``--window`` to
@@ -35,30 +35,25 @@ from typing import Any
 import pandas as pd
 
 from interp._io import atomic_write
-from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
 from interp.cli import flags
 from interp.cli.common import Unread, run_cli
-from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
-from interp.probes.needle import copy_distance_probe, default_distances, needle_probe
-from interp.progress import announcer, forward_work, plan_note, tqdm
+from interp.probes.needle import HAYSTACKS, default_distances, needle_probe
+from interp.progress import announcer, plan_note
 from interp.retrieval import (
     DEFAULT_SINK,
     RETRIEVAL_THRESHOLD,
     STREAMING_THRESHOLD,
-    copy_distance_scores,
     default_window,
-    needle_copy_loss,
     retrieval_scores,
     validate_retrieval_scores,
 )
+from interp.retrieval.check import CHECKED, copy_distance_profile, distance_leaders, retrieval_plan, window_check
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
 from interp.scores import plural
-from interp.stream.budget import PATTERN_BUDGET, choose_engine
-from interp.texts import BYTES_NOTE
 
 STEM = "retrieval"
 _SHORTER = "--distances none skips the copy-distance profile, shorter --distances shorten it"
@@ -85,12 +80,7 @@ def build_parser(prog: str = "python -m interp.retrieval") -> argparse.ArgumentP
         "--needles", type=flags.positive_int, default=None, help="evenly spread needles (overrides --depths)"
     )
     p.add_argument("--needle-len", type=flags.positive_int, default=8, help="tokens per needle")
-    p.add_argument(
-        "--haystack",
-        choices=["random", "text"],
-        default="random",
-        help=f"haystack tokens: seeded random draws, or the bundled English text ({BYTES_NOTE})",
-    )
+    flags.choice(p, "--haystack", HAYSTACKS, "random", "haystack tokens: ")
     p.add_argument("--sink", type=int, default=DEFAULT_SINK, help="streaming share: the first keys kept")
     p.add_argument(
         "--window",
@@ -134,7 +124,6 @@ def _ints(text: str) -> list[int] | str:
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     depths = args.depths if args.needles is None else [(i + 0.5) / args.needles for i in range(args.needles)]
-    haystack = None if args.haystack == "random" else "text"
     probe = needle_probe(
         model,
         seq_len=args.seq_len,
@@ -142,27 +131,22 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         needle_len=args.needle_len,
         batch=args.batch,
         seed=args.seed,
-        haystack=haystack,
+        haystack=args.haystack,
     )
     window = default_window(probe.seq_len) if args.window is None else args.window
     span = min(args.needle_len, 8)
     distances = args.distances
     if distances is None:  # what fits the needle probe: the length asked for (or its default)
         distances = default_distances(probe.meta["seq_len"], span)
-    plan = _plan(info, probe, distances, span)
+    plan = retrieval_plan(info, probe, distances, span)
     say = announcer("retrieval", plan, args.progress)
     note = plan_note(plan, lambda parts: _SHORTER if "distance" in parts else "")
     if note and args.progress:
         print(note, file=sys.stderr, flush=True)
     say("needle")
     t0 = time.perf_counter()
-    scores = retrieval_scores(
-        model,
-        probe,
-        sink=args.sink,
-        window=window,
-        config=_config(args),
-    )
+    config = flags.run_config(args)
+    scores = retrieval_scores(model, probe, sink=args.sink, window=window, config=config)
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
     print(
@@ -181,7 +165,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     counts = scores.table["role"].value_counts()
     print("heads per role: " + ", ".join(f"{r} {int(counts.get(r, 0))}" for r in ("retrieval", "streaming", "neither")))
     say("check")
-    scores.meta["ablation_check"] = _ablation_check(args, model, probe, scores, window)
+    check = window_check(model, probe, scores.table, sink=args.sink, window=window, config=config)
+    _print_check(check, probe, args.sink, window)
+    scores.meta["ablation_check"] = check
 
     written = scores.save(out, STEM)
     written += save_figure(
@@ -193,68 +179,27 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     return written
 
 
-def _plan(info: Any, probe: Any, distances: Any, span: int) -> dict[str, tuple[str, float]]:
-    """The command's parts, ``part -> (what, with its sizes; work)`` (:func:`interp.progress.forward_work`)."""
-    L, d = info.n_layers, info.d_model
-    T, body = probe.seq_len, probe.meta["seq_len"]  # framed, and as asked
-    needle = probe.batch * T
-    plan = {
-        "needle": (
-            f"the needle probe's scores ({probe.batch} x {body} tokens, {probe.n_needles // probe.batch} needle(s) "
-            f"of {probe.needle_len} tokens)",
-            forward_work(needle, L, d, context=T),
-        ),
-        # the clean run and one per role, each with its logits
-        "check": (
-            "the ablation check (up to 3 passes of the needle probe)",
-            3 * forward_work(needle, L, d, info.d_vocab, T),
-        ),
-    }
-    if distances != "none":
-        n = max(distances) + 2 * span
-        what = f"the copy-distance profile ({len(distances)} distance(s) of {', '.join(map(str, distances))} tokens, 2 x {n} tokens each)"
-        plan["distance"] = (what, forward_work(2 * len(distances) * (n + T - body), L, d, context=n + T - body))
-    return plan
-
-
-def _ablation_check(args: argparse.Namespace, model: HookedModel, probe: Any, scores: Any, window: int) -> dict:
-    """Restrict each role's heads to the sink + window (the ``window`` ablation) and print the
-    needle-copy loss against the unrestricted model's: a streaming head should lose nothing, a
-    retrieval head should break the copy. The ablation edits the pattern, so it runs only where the
-    pattern engine fits (its budget, as ``--engine auto`` decides); a longer probe gets a note instead."""
-    n_seqs = min(args.minibatch or probe.batch, probe.batch)
-    engine, why = choose_engine("auto", model, n_seqs, probe.seq_len, PATTERN_BUDGET)
-    what = f"the first {args.sink} + last {window} keys"
-    if engine != "pattern":
+def _print_check(check: dict, probe: Any, sink: int, window: int) -> None:
+    """The ablation check's lines (:func:`~interp.retrieval.check.window_check`): each role's
+    needle-copy loss restricted against unrestricted, or why it was skipped."""
+    what = f"the first {sink} + last {window} keys"
+    if "skipped" in check:
+        why = check["skipped"].removeprefix("stream (")[:-1]
         print(
             f"\nablation check skipped: restricting heads to {what} edits the attention pattern, which needs the "
-            f"pattern engine, and {why.removeprefix('stream (')[:-1]}; lower --seq-len or --batch to run it"
+            f"pattern engine, and {why}; lower --seq-len or --batch to run it"
         )
-        return {"skipped": why}
-    table = scores.table
-    roles = [r for r in ("streaming", "retrieval") if (table["role"] == r).any()]
-    bar = tqdm(total=1 + len(roles), desc="ablation check", unit="pass", disable=not args.progress)
-    loss_config = RunConfig(minibatch=args.minibatch)
-    clean = needle_copy_loss(model, probe, config=loss_config)
-    bar.update()
-    ablation = WindowAblation(sink=args.sink, window=window)
-    print(
-        f"\nablation check: needle-copy loss (nats, {len(probe.retrieval_pairs())} copy steps) with a role's heads restricted to {what}:"
-    )
-    check: dict[str, Any] = {"clean": clean, "sink": args.sink, "window": window}
-    for role in ("streaming", "retrieval"):
-        heads = table.loc[table["role"] == role, "label"].tolist()
-        if not heads:
+        return
+    n = len(probe.retrieval_pairs())
+    print(f"\nablation check: needle-copy loss (nats, {n} copy steps) with a role's heads restricted to {what}:")
+    clean = check["clean"]
+    for role in CHECKED:
+        if role not in check:
             print(f"  {role} heads: none")
             continue
-        with ablated(model, heads, ablation=ablation):
-            loss = needle_copy_loss(model, probe, config=loss_config)
-        bar.update()
+        heads, loss = check[role]["heads"], check[role]["loss"]
         shown = ", ".join(heads[:8]) + (f" (+{len(heads) - 8})" if len(heads) > 8 else "")
         print(f"  {role} heads ({shown}): {clean:.4f} unrestricted -> {loss:.4f} restricted ({loss - clean:+.4f})")
-        check[role] = {"heads": heads, "loss": loss}
-    bar.close()
-    return check
 
 
 def summary_table(frame: pd.DataFrame) -> str:
@@ -277,28 +222,18 @@ def summary_table(frame: pd.DataFrame) -> str:
 def _distance_profile(
     args: argparse.Namespace, model: HookedModel, out: Path, distances: list[int], span: int
 ) -> list[Path]:
-    probe = copy_distance_probe(model, distances, span=span, batch=2, seed=args.seed)
-    table = copy_distance_scores(model, probe, config=_config(args))
-    windows = layer_windows(model)
-    best = table.groupby(["layer", "head"])["induction"].mean().nlargest(min(args.top, 8))
+    table, probe = copy_distance_profile(model, distances, span=span, config=flags.run_config(args))
     print(f"\ncopy distance ({', '.join(str(d) for d in probe.meta['distances'])} tokens): top heads by induction mass")
-    wide = table.set_index(["layer", "head", "distance"])["induction"].unstack("distance")
-    wide = wide.loc[best.index]
-    wide.index = [f"{l}.{h}" for l, h in wide.index]
-    print(wide.to_string(float_format=lambda v: f"{v:.3f}"))
+    print(distance_leaders(table, min(args.top, 8)).to_string(float_format=lambda v: f"{v:.3f}"))
     written = [atomic_write(out / f"{STEM}_distance.csv", table.to_csv(index=False))]
-    fig = copy_distance_figure(table, windows=windows, title=f"{short_name(describe(model).name)}: copy distance")
-    written += save_figure(fig, out, f"{STEM}_distance")
+    title = f"{short_name(describe(model).name)}: copy distance"
+    written += save_figure(
+        copy_distance_figure(table, windows=layer_windows(model), title=title), out, f"{STEM}_distance"
+    )
     return written
 
 
 UNREAD = (Unread("--depths", "--needles spreads the needles instead", lambda args: args.needles is not None),)
-
-
-def _config(args: argparse.Namespace) -> RunConfig:
-    return RunConfig(
-        level=args.ci, seed=args.seed, minibatch=args.minibatch, progress=args.progress, engine=args.engine
-    )
 
 
 def check(args: argparse.Namespace) -> None:

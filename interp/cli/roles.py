@@ -44,9 +44,8 @@ from interp.parts import PARTS, Given, NotApplicable, run_part
 from interp.parts.roles import CompositionSizes, EncoderSizes, OVSizes, TextSizes
 from interp.parts.table import THRESHOLD, role_columns, role_table
 from interp.plots import save_figure, short_name
-from interp.probes.draw import drop_given_prefix
+from interp.probes.prompts import check_prompt_rows, prompt_ids
 from interp.probes.task import TASKS, task_probe
-from interp.probes.user import text_ids
 from interp.progress import announcer, forward_work
 from interp.registry import Registry
 from interp.roles import logit_attribution
@@ -154,56 +153,8 @@ def check(args: argparse.Namespace) -> None:
         args.prompt_rows = [args.prompt_rows]
     if args.text:
         args.prompt_rows = [{"text": t} for t in args.text]
-    rows = args.prompt_rows
-    if rows is not None and (not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows)):
-        raise UsageError("--prompts must hold a non-empty list of objects, one per prompt")
-    for i, r in enumerate(rows or []):
-        if "text" in r:
-            continue
-        if ("prompt" in r) == ("tokens" in r) or "answer" not in r:
-            raise UsageError(f'--prompts: prompt {i} needs "answer" and one of "prompt" (text) or "tokens" (ids)')
-
-
-def prompt_ids(
-    model: HookedModel, info: ModelInfo, rows: list[dict]
-) -> tuple[list[list[int]], list[int], list[int] | None]:
-    """Token ids, answer ids and wrong ids (``None`` when no prompt gives one) of ``--prompts``. Texts
-    are read by :func:`~interp.probes.user.text_ids` (a model without a tokenizer reads UTF-8 bytes); a
-    text prompt gets the model's BOS unless it starts with one (:func:`drop_given_prefix`)."""
-
-    def one(value: Any, i: int, what: str) -> int:
-        if isinstance(value, int):
-            return value
-        ids = text_ids(model, str(value))
-        if len(ids) != 1:
-            raise UsageError(
-                f"--prompts: prompt {i}'s {what} {value!r} is {len(ids)} tokens; give a single-token {what}"
-            )
-        return int(ids[0])
-
-    bos = [] if info.bos_token_id is None else [info.bos_token_id]
-    texts = {
-        i: text_ids(model, r["text"] if "text" in r else r["prompt"]) for i, r in enumerate(rows) if "tokens" not in r
-    }
-    given = dict(zip(texts, drop_given_prefix(info, list(texts.values()), "prompt"))) if bos else texts
-    tokens, answers, wrongs = [], [], []
-    for i, r in enumerate(rows):
-        if "text" in r:  # --text: the text's last token, predicted at the position before it
-            ids = given[i]
-            if len(bos + ids) < 2:
-                raise UsageError(
-                    f"--text {i}: {r['text']!r} has fewer than two tokens: nothing to predict its last from"
-                )
-            tokens.append((bos + ids)[:-1])
-            answers.append(ids[-1])
-            wrongs.append(None)
-            continue
-        tokens.append([int(t) for t in r["tokens"]] if "tokens" in r else bos + given[i])
-        answers.append(one(r["answer"], i, "answer"))
-        wrongs.append(one(r["wrong"], i, "wrong") if "wrong" in r else None)
-    if any(w is None for w in wrongs) and not all(w is None for w in wrongs):
-        raise UsageError('--prompts: give "wrong" for every prompt or for none')
-    return tokens, answers, None if wrongs[0] is None else wrongs
+    if args.prompt_rows is not None:
+        check_prompt_rows(args.prompt_rows)
 
 
 # this command's analyses, each a part of interp.parts (its name there)
@@ -212,7 +163,7 @@ PARTS_OF = {"composition": "composition", "ov": "ov", "encoder": "encoder", "map
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
-    prompts = prompt_ids(model, info, args.prompt_rows) if args.prompt_rows is not None else None
+    prompts = prompt_ids(model, args.prompt_rows) if args.prompt_rows is not None else None
     task = None
     if "dla" in args.analyses and args.task is not None:
         n_pairs = args.batch if args.batch is not None or args.task not in TASKS else BATCH

@@ -15,7 +15,7 @@ from interp.cli import flags
 from interp.cli.common import Unread, run_cli
 from interp.errors import UsageError
 from interp.plots import save_figure
-from interp.probes import random_tokens, text_probe
+from interp.probes import PROBES, random_tokens, text_probe
 from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores, validate_sink_scores
 from interp.texts import BYTES_NOTE, check_dataset
 
@@ -29,11 +29,8 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
         "residual activations behind them.",
     )
     p.set_defaults(batch=16)
-    p.add_argument(
-        "--probe",
-        choices=["random", "text"],
-        default=None,
-        help=f"random tokens (Gu et al.) or natural text ({BYTES_NOTE}) (default: text with --dataset, else random)",
+    flags.choice(
+        p, "--probe", PROBES, None, after=" (default: text with --dataset, else random)", only=("random", "text")
     )
     p.add_argument(
         "--dataset",

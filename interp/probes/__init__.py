@@ -26,6 +26,7 @@ and ids).
 """
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from interp.probes.draw import (
@@ -39,8 +40,17 @@ from interp.probes.draw import (
 from interp.probes.probe import TokenProbe
 from interp.probes.text import text_probe
 from interp.probes.user import probe_from_texts, probe_from_tokens
+from interp.registry import Registry
+from interp.texts import BYTES_NOTE
+
+# the probes a command chooses by name (its --probe), each the function that draws it
+PROBES: Registry[Callable[..., TokenProbe]] = Registry("probe")
+PROBES.add("random", "random tokens (Gu et al.)", random_tokens)
+PROBES.add("repeated", "repeated random tokens", repeated_tokens)
+PROBES.add("text", f"natural text ({BYTES_NOTE})", text_probe)
 
 __all__ = [
+    "PROBES",
     "TokenProbe",
     "draws_distinct",
     "frame_tokens",

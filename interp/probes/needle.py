@@ -63,8 +63,15 @@ from interp.errors import UsageError
 from interp.models import ModelInfo, describe
 from interp.probes import TokenProbe
 from interp.probes.draw import check_fits, check_positive, frame_tokens, framed_probe, ordinary_vocab
+from interp.registry import Registry
+from interp.texts import BYTES_NOTE
 
 DEFAULT_SEQ_LEN = 1024
+
+# the haystacks a name chooses (``haystack=``; token ids of your own are the other choice)
+HAYSTACKS: Registry[str] = Registry("haystack")
+HAYSTACKS.add("random", "seeded random draws")
+HAYSTACKS.add("text", f"the bundled English text ({BYTES_NOTE})")
 
 
 @dataclass
@@ -145,8 +152,8 @@ def needle_probe(
 
     One needle of ``needle_len`` tokens per entry of ``depths`` (each in [0, 1]); the copies of all
     needles close each sequence. ``seq_len`` defaults to ``min(1024, the model's room)``.
-    ``haystack``: ``None`` (seeded random ordinary tokens), ``"text"`` (the bundled text) or your
-    own 1-D token ids. See the module docstring for the layout and the exact definitions.
+    ``haystack``: ``None`` or ``"random"`` (seeded random ordinary tokens), ``"text"`` (the bundled
+    text; the names are :data:`HAYSTACKS`) or your own 1-D token ids. See the module docstring for the layout and the exact definitions.
     """
     info = _decoder_info(model)
     seq_len = _default_len(info, seq_len)
@@ -354,11 +361,11 @@ def _haystack_stream(
     model: HookedModel, info: ModelInfo, vocab: Tensor, haystack: Any, budget: int
 ) -> tuple[Tensor | None, str]:
     """``(ids, source)``: the haystack's 1-D token stream, or ``None`` for random draws."""
-    if haystack is None:
+    if haystack is None or (isinstance(haystack, str) and haystack == "random"):
         return None, "random"
     if isinstance(haystack, (str, os.PathLike)):
         if str(haystack) != "text":
-            raise UsageError(f"haystack must be None, 'text' or token ids, got {haystack!r}")
+            raise UsageError(f"haystack must be None, 'random', 'text' or token ids, got {haystack!r}")
         from interp.texts import bytes_to_ids, text_rows, tokenize_rows
 
         rows, source = text_rows(None, "train", "text")
