@@ -112,4 +112,7 @@ def test_a_receiver_no_sender_can_reach_is_refused_before_any_forward(toy):
     same = TaskProbe.from_pairs(toy, [[1, 2, 3]], [[1, 2, 3]], [5], [6])
     with pytest.raises(UsageError) as e:
         path_patch(toy, same, receivers="0.1,1.2")
-    assert str(e.value) == "receiver 0.1 is in layer 0, and no sender is in an earlier layer: no path reaches it"
+    assert str(e.value) == (
+        "receivers=0.1,1.2: receiver 0.1 is in layer 0, and no sender is in an earlier layer: no path reaches it; "
+        "choose receivers in layer 1 or later, or receivers=logits"
+    )
