@@ -84,6 +84,7 @@ _API = {
     "save_png": "interp.plots",
     "view_patterns": "interp.report.patterns_view",
     "head_atlas": "interp.report",
+    "atlas_sizes": "interp.report",
     "Atlas": "interp.report",
     "pattern_heatmap": "interp.report.pattern_figure",
     # errors
@@ -133,6 +134,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.probes.task import TaskProbe as TaskProbe
     from interp.probes.task import task_probe as task_probe
     from interp.report import Atlas as Atlas
+    from interp.report import atlas_sizes as atlas_sizes
     from interp.report import head_atlas as head_atlas
     from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap
     from interp.report.patterns_view import view_patterns as view_patterns
