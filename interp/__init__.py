@@ -52,6 +52,7 @@ _API = {
     "encoder_scores": "interp.roles",
     "head_map": "interp.roles",
     "logit_attribution": "interp.roles",
+    "qk_attribution": "interp.roles",
     # ablation
     "ablated": "interp.ablation",
     "exact_sweep": "interp.ablation",
@@ -114,6 +115,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.roles import encoder_scores as encoder_scores
     from interp.roles import head_map as head_map
     from interp.roles import logit_attribution as logit_attribution
+    from interp.roles import qk_attribution as qk_attribution
     from interp.roles import ov_scores as ov_scores
     from interp.config import RunConfig as RunConfig
     from interp.errors import InterpError as InterpError
