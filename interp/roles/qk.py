@@ -32,19 +32,15 @@ float tolerance is refused as "not a sum of parts".
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp._io import atomic_write, atomic_write_json
 from interp.adapters import AttentionInputs, HookedModel, describe
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
@@ -62,13 +58,8 @@ from interp.roles.qk_parts import (
     clean_run,
     qk_parts,
 )
-from interp.scores import Shown, bootstrap_ratio, read_csv
-
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
-
-STEM = "qk_attribution"
-VALUES = ("contrast", "score")
+from interp.roles.qk_result import STEM, VALUES, QKAttribution, head_totals
+from interp.scores import bootstrap_ratio
 
 TARGETS: Registry[str] = Registry("target")
 TARGETS.add("induction", "the induction targets of a repeated-token probe: the token after the previous occurrence")
@@ -399,40 +390,7 @@ def qk_attribution(
                 f"{info.name}'s query/key inputs are not a sum of parts the adapter reads: refused"
             )
         worst = max(worst, err)
-        names, kinds, matrix = _grouping(terms.components, group, keep_set)
-        per_seq = {v: _per_sequence(getattr(terms, v), matrix, pairs[:, 0], B) for v in VALUES}
-        count = torch.bincount(pairs[:, 0], minlength=B).double()
-        stats = {}
-        for v, num in per_seq.items():
-            den = count[:, None, None, None].expand_as(num)
-            stats[v] = bootstrap_ratio(num, den, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
-        for n_h, h in enumerate(hs):
-            label = f"{layer}.{h}"
-            totals[label] = {
-                "contrast": float(terms.model_contrast[:, n_h].mean()),
-                "score": float(terms.model_score[:, n_h].mean()),
-                "n_targets": len(pairs),
-            }
-            for x, qname in enumerate(names):
-                for y, kname in enumerate(names):
-                    row = {
-                        "head": label,
-                        "layer": layer,
-                        "query": qname,
-                        "key": kname,
-                        "query_kind": kinds[x],
-                        "key_kind": kinds[y],
-                    }
-                    for v in VALUES:
-                        point, lo, hi = stats[v]
-                        row.update(
-                            {
-                                v: float(point[n_h, x, y]),
-                                f"{v}_lo": float(lo[n_h, x, y]),
-                                f"{v}_hi": float(hi[n_h, x, y]),
-                            }
-                        )
-                    rows.append(row)
+        rows += _head_rows(terms, layer, hs, pairs, B, _grouping(terms.components, group, keep_set), cfg, totals)
         notes.append(f"layer {layer}: input norm {terms.report.norm}, its scale frozen at the run's own")
     a0 = run.inputs[layers[0]]
     meta = run_header(info, src.probe, kind=STEM, n_boot=cfg.n_boot, ci_level=cfg.level, seed=cfg.seed, **src.meta)
@@ -456,6 +414,46 @@ def qk_attribution(
     return QKAttribution(pd.DataFrame(rows), meta)
 
 
+def _head_rows(
+    terms: QKTerms,
+    layer: int,
+    heads: list[int],
+    pairs: Tensor,
+    B: int,
+    grouping: tuple[list[str], list[str], Tensor],
+    cfg: RunConfig,
+    totals: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The table's rows for ``heads`` of ``layer`` (means over targets, CIs over sequences); each
+    head's own mean contrast and score go to ``totals``."""
+    names, kinds, matrix = grouping
+    count = torch.bincount(pairs[:, 0], minlength=B).double()
+    stats = {}
+    for v in VALUES:
+        num = _per_sequence(getattr(terms, v), matrix, pairs[:, 0], B)
+        den = count[:, None, None, None].expand_as(num)
+        stats[v] = bootstrap_ratio(num, den, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+    rows = []
+    for n_h, h in enumerate(heads):
+        label = f"{layer}.{h}"
+        totals[label] = {
+            "contrast": float(terms.model_contrast[:, n_h].mean()),
+            "score": float(terms.model_score[:, n_h].mean()),
+            "n_targets": len(pairs),
+        }
+        for x, qname in enumerate(names):
+            for y, kname in enumerate(names):
+                row = {"head": label, "layer": layer, "query": qname, "key": kname}
+                row.update(query_kind=kinds[x], key_kind=kinds[y])
+                for v in VALUES:
+                    point, lo, hi = stats[v]
+                    row.update(
+                        {v: float(point[n_h, x, y]), f"{v}_lo": float(lo[n_h, x, y]), f"{v}_hi": float(hi[n_h, x, y])}
+                    )
+                rows.append(row)
+    return rows
+
+
 def _error(terms: QKTerms) -> tuple[float, float]:
     """The largest difference between the summed terms and the model's own score and contrast, and
     the largest score (the scale the difference is judged on)."""
@@ -471,82 +469,6 @@ def _per_sequence(terms: Tensor, matrix: Tensor, batch: Tensor, B: int) -> Tenso
     grouped = torch.einsum("nhce,cf,eg->nhfg", terms, matrix, matrix)
     out = torch.zeros(B, *grouped.shape[1:], dtype=torch.float64)
     return out.index_add_(0, batch, grouped)
-
-
-# ---- the result -------------------------------------------------------------------------------
-
-
-@dataclass(repr=False)
-class QKAttribution(Shown):
-    """A row per head x query component x key component: its mean term of the ``contrast`` and the
-    ``score`` at the targets, each with a CI (``_lo``, ``_hi``). ``meta["totals"]`` holds each head's
-    own mean contrast and score (what the terms add up to)."""
-
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
-    shown_by = "contrast"
-
-    @property
-    def heads(self) -> list[str]:
-        return list(dict.fromkeys(self.table["head"]))
-
-    def _head(self, head: str | None) -> str:
-        head = self.heads[0] if head is None else str(head)
-        if head not in self.heads:
-            raise UsageError(f"head {head!r} is not in this attribution: choose from {self.heads}", params="head")
-        return head
-
-    def grid(self, head: str | None = None, value: str = "contrast") -> pd.DataFrame:
-        """Query components (rows) x key components (columns) of one head's ``value`` terms."""
-        if value not in VALUES:
-            raise UsageError(f"value={value!r}: choose from {list(VALUES)}", params="value")
-        rows = self.table[self.table["head"] == self._head(head)]
-        order = list(dict.fromkeys(rows["query"]))
-        return rows.pivot(index="query", columns="key", values=value).loc[order, order]
-
-    def top(self, k: int = 10, head: str | None = None, value: str = "contrast") -> pd.DataFrame:
-        """The ``k`` pairs of largest ``|value|`` per head (of ``head`` alone, if given)."""
-        rows = self.table if head is None else self.table[self.table["head"] == self._head(head)]
-        ranked = rows.assign(_size=rows[value].abs()).sort_values(
-            ["head", "_size"], ascending=[True, False], kind="mergesort"
-        )
-        return ranked.groupby("head", sort=False).head(k).drop(columns="_size").reset_index(drop=True)
-
-    def figure(self, head: str | None = None, value: str = "contrast", title: str | None = None) -> go.Figure:
-        """The heatmap of query-side x key-side components, each margin the pair totals of its side."""
-        from interp.roles.qk_figure import pair_heatmap
-
-        head = self._head(head)
-        total = self.meta.get("totals", {}).get(head, {}).get(value)
-        title = title or f"why {head} attends ({value} at {self.meta.get('at', '')}): {self.meta.get('model', '')}"
-        return pair_heatmap(self.grid(head, value), title=title, total=total)
-
-    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        """``<stem>.csv`` (the table) and ``<stem>.json`` (the meta), each written atomically."""
-        from interp.saving import claim, provenance
-
-        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        files = [atomic_write(csv_path, self.table.to_csv(index=False))]
-        files.append(atomic_write_json(js_path, {"kind": STEM, **provenance(), "meta": self.meta}))
-        return files
-
-    @classmethod
-    def load(cls, path: str | Path, stem: str = STEM) -> QKAttribution:
-        """Read back what :meth:`save` wrote, from its ``<stem>.json`` or the folder holding it."""
-        path = Path(path)
-        path = path / f"{stem}.json" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"no saved QK attribution at {path}: pass the {stem}.json that save() wrote")
-        blob = json.loads(path.read_text(encoding="utf-8"))
-        table = read_csv(path.with_suffix(".csv"), dtype={"head": str, "query": str, "key": str})
-        return cls(table, blob["meta"])
-
-
-def head_totals(result: QKAttribution, head: str) -> dict[str, float]:
-    """The model's own mean contrast and score of ``head`` at the targets, and what its terms sum to."""
-    rows = result.table[result.table["head"] == head]
-    own = result.meta["totals"][head]
-    return {**own, "contrast_terms": float(np.sum(rows["contrast"])), "score_terms": float(np.sum(rows["score"]))}
 
 
 __all__ = [
