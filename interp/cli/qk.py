@@ -29,7 +29,7 @@ from interp.cli.common import (
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.roles.qk import GROUPS, STEM, TARGETS, QKAttribution, head_totals, qk_attribution, validate_qk_attribution
-from interp.scores import with_interval
+from interp.scores import plural, with_interval
 
 DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4, "task": 20}
 
@@ -117,7 +117,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     for head in result.heads:
         totals = head_totals(result, head)
         print(
-            f"\nhead {head}: contrast {totals['contrast']:.4g} over {totals['n_targets']} targets "
+            f"\nhead {head}: contrast {totals['contrast']:.4g} over {plural(totals['n_targets'], 'target')} "
             f"(the terms sum to {totals['contrast_terms']:.4g}); top pairs, {level}% CI over sequences:"
         )
         top = result.top(args.top, head=head)
