@@ -31,6 +31,8 @@ from pathlib import Path
 
 from _common import child_env, llama_model, run_worker, save_tiny_llama, status_bytes
 
+from interp.config import RunConfig
+
 METHODS = ("pattern", "stream", "tl-cache")
 SHAPE = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, n_positions=65536, vocab=32000)
 
@@ -70,7 +72,7 @@ def worker(method: str, T: int, threads: int, mem_limit: int) -> dict:
                 received = [cache[f"blocks.{l}.attn.hook_pattern"].sum(-2) for l in range(SHAPE["n_layers"])]
             first = float(received[0][0, :, 0].mean()) / T
         else:
-            stats = sink_statistics(model, probe, engine=method)
+            stats = sink_statistics(model, probe, config=RunConfig(engine=method))
             first = float(stats.received[0, 0, :, 0].mean()) / T
     except (MemoryError, RuntimeError) as e:
         if "memory" not in str(e).lower() and not isinstance(e, MemoryError):

@@ -38,6 +38,8 @@ from pathlib import Path
 
 from _common import child_env, llama_model, run_worker, status_bytes
 
+from interp.config import RunConfig
+
 METHODS = ("stream", "tl-cache")
 MODELS = ("planted", "llama")
 LLAMA = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, n_positions=65536, vocab=32000)
@@ -78,7 +80,7 @@ def worker(model_name: str, method: str, T: int, threads: int, mem_limit: int) -
                     ]
                 )
         else:
-            scores = retrieval_scores(model, probe, engine="stream", n_boot=100)
+            scores = retrieval_scores(model, probe, config=RunConfig(engine="stream", n_boot=100))
             grid = torch.as_tensor(scores.grid("retrieval"))
     except (MemoryError, RuntimeError) as e:
         if "memory" not in str(e).lower() and "alloc" not in str(e).lower() and not isinstance(e, MemoryError):

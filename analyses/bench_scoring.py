@@ -35,6 +35,8 @@ import time
 import torch
 from _common import GPT2_SMALL, peak_growth, random_gpt2, word_tokenizer
 
+from interp.config import RunConfig
+
 METHODS = ["forward", "ours", "detect_head", "run_with_cache", "run_with_cache[patterns]", "run_with_cache[fair]"]
 HEADS = ["previous_token_head", "duplicate_token_head", "induction_head"]
 
@@ -65,7 +67,7 @@ def runners(model):
             model(probe.tokens)
 
     def ours():
-        head_scores(model, probe, copying=False, n_boot=1000)
+        head_scores(model, probe, copying=False, config=RunConfig(n_boot=1000))
 
     def detect():
         for name in HEADS:

@@ -37,6 +37,8 @@ import sys
 import torch
 from _common import can_reset_peak, peak_growth, random_gpt2
 
+from interp.config import RunConfig
+
 METHODS = ("sinks", "sinks[1 layer]", "cache", "bare")
 
 
@@ -65,7 +67,7 @@ def run_method(method: str, model, probe) -> object:
     if method == "bare":  # no hook of ours (run_with_reducers would add the pattern-release hooks)
         return _bare(model, probe.tokens, resid_post_hook(L - 1))
     if method.startswith("sinks"):
-        return sink_scores(model, probe, n_boot=100)
+        return sink_scores(model, probe, config=RunConfig(n_boot=100))
     with torch.no_grad():
         return model.run_with_cache(probe.tokens)
 

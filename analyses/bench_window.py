@@ -29,6 +29,8 @@ from pathlib import Path
 
 from _common import child_env, status_bytes, word_tokenizer
 
+from interp.config import RunConfig
+
 SHAPE = dict(n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, n_positions=65536, vocab=32000)
 
 
@@ -76,7 +78,7 @@ def worker(window: int | None, T: int, threads: int) -> dict:
     before = status_bytes("VmRSS")
     t0 = time.perf_counter()
     with torch.no_grad():
-        stats = sink_statistics(model, probe, engine="stream")
+        stats = sink_statistics(model, probe, config=RunConfig(engine="stream"))
     elapsed = time.perf_counter() - t0
     return dict(
         window=window,

@@ -111,7 +111,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):  # a full disk, a quota, a folder gone: one line, not a traceback
-            raise OutputError(_cannot_write(path, e)) from None
+            raise OutputError(_cannot_write(path, e), params="out") from None
         raise
     return path
 
@@ -119,9 +119,9 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
 def _cannot_write(path: Path, error: OSError) -> str:
     why = (error.strerror or type(error).__name__).lower()
     return f"cannot write {path}: {why}; it was not replaced (its previous content, if any, is intact): " + (
-        "free some space or pass another output folder (command line: --out)"
+        "free some space or pass another output folder (out=)"
         if error.errno in _FULL
-        else "pass a writable output folder (command line: --out)"
+        else "pass a writable output folder (out=)"
     )
 
 
@@ -149,14 +149,15 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise OutputError(f"{out} exists and is not a directory: pass a folder path (command line: --out)")
+        raise OutputError(f"{out} exists and is not a directory: pass a folder path (out=)", params="out")
     made: list[Path] = []
     try:
         for parent in reversed([out, *out.parents]):
             if parent.exists():
                 if not parent.is_dir():
                     raise OutputError(
-                        f"cannot create output folder {out}: {parent} is a file; pass another output folder (command line: --out)"
+                        f"cannot create output folder {out}: {parent} is a file; pass another output folder (out=)",
+                        params="out",
                     )
                 continue
             with deferred():  # made and remembered, or not made
@@ -169,7 +170,7 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise OutputError(
-            f"cannot write to output folder {out}: {why}; pass a writable output folder (command line: --out)"
+            f"cannot write to output folder {out}: {why}; pass a writable output folder (out=)", params="out"
         ) from None
     finally:
         for folder in reversed(made):

@@ -40,6 +40,7 @@ measure; the tests use this to check our numbers against the peer.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,10 @@ class HeadScore:
 
 
 SCORES: Registry[HeadScore] = Registry("head score")
+
+QUERIES: Registry[str] = Registry("query set")
+QUERIES.add("targets", "the queries that have a target for the score (a perfect head scores 1)")
+QUERIES.add("all", "every query position, a row without a target counting 0 (TransformerLens detect_head's 'mul')")
 
 
 def _prev_mask(probe: TokenProbe, queries: Queries) -> Bool[Tensor, "batch q k"]:
@@ -206,31 +211,29 @@ def attention_scores(
     *,
     scores: Sequence[str] = ATTENTION_SCORES,
     queries: Queries = "targets",
-    minibatch: int | None = None,
-    progress: bool = False,
-    engine: Literal["pattern", "stream"] = "pattern",
+    config: RunConfig | None = None,
     registry: Registry[HeadScore] = SCORES,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Per-sequence numerators and denominators of the attention scores, for every head.
 
     Only ``blocks.{l}.attn.hook_pattern`` is captured; each pattern is reduced to ``[batch, head]``
     numbers inside its hook, and the pass stops after the last layer's pattern. ``engine="stream"``
-    gathers the same weights from q, k and the log-sum-exp instead (:func:`stream_attention_scores`).
-    ``registry``: where the score names are looked up (another analysis's own :class:`HeadScore`
-    registrations, e.g. :mod:`interp.roles.encoder`'s).
+    gathers the same weights from q, k and the log-sum-exp instead (:func:`stream_attention_scores`);
+    ``"auto"`` (``config``'s default) chooses by the pattern's size
+    (:func:`~interp.stream.budget.choose_engine`). ``config`` gives the engine, the minibatch and
+    progress. ``registry``: where the score names are looked up (another analysis's own
+    :class:`HeadScore` registrations, e.g. :mod:`interp.roles.encoder`'s).
     """
     scores = registry.check_all(scores)
-    if queries not in ("targets", "all"):
-        raise UsageError(f"queries must be 'targets' or 'all', got {queries!r}")
+    _check_queries(queries)
+    cfg = RunConfig.of(config)
+    minibatch, progress = cfg.minibatch, cfg.progress
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
+    engine, _ = choose_engine(cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget)
     if engine == "stream":
-        return stream_attention_scores(
-            model, probe, scores, queries, minibatch=minibatch, progress=progress, registry=registry
-        )
-    if engine != "pattern":
-        raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
+        return stream_attention_scores(model, probe, scores, queries, config=cfg, registry=registry)
     targets = {name: registry.get(name).mask(probe, queries).float() for name in registry if name in scores}
     counts = _query_counts(targets, queries, probe.seq_len)  # a score no query has a target for: 0 / 0
     L, H, B = info.n_layers, info.n_heads, probe.batch
@@ -275,15 +278,17 @@ def stream_attention_scores(
     probe: TokenProbe,
     scores: Sequence[str],
     queries: Queries,
-    minibatch: int | None = None,
-    progress: bool = False,
+    *,
+    config: RunConfig | None = None,
     registry: Registry[HeadScore] = SCORES,
 ) -> tuple[dict[str, Float[Tensor, "batch layer head"]], dict[str, Float[Tensor, "batch layer head"]]]:
     """Numerators and denominators of :func:`attention_scores`, pattern-free: each layer's row pass
     gives the log-sum-exp, and the weights at each score's target pairs are gathered from it.
 
     A padded probe runs with its mask (padded keys masked, positions as in each text alone); the
-    target pairs never touch padding, and ``queries="all"`` counts each row's real queries."""
+    target pairs never touch padding, and ``queries="all"`` counts each row's real queries.
+    ``config`` gives the minibatch and progress."""
+    cfg = RunConfig.of(config)
     info = describe(model)
     B, L, H = probe.batch, info.n_layers, info.n_heads
     pairs = {name: registry.get(name).pairs(probe, queries) for name in scores}
@@ -315,8 +320,8 @@ def stream_attention_scores(
     run_streamed(
         model,
         probe.tokens,
-        minibatch,
-        progress,
+        cfg.minibatch,
+        cfg.progress,
         "scoring heads (stream)",
         on_chunk,
         attention_mask=probe.attention_mask,
@@ -389,76 +394,60 @@ def _no_copying(info: ModelInfo) -> str:
     )
 
 
+def validate_head_scores(*, scores: Sequence[str] = ATTENTION_SCORES, queries: str = "targets") -> None:
+    """:func:`head_scores`'s options checked without a model: every name of ``scores`` registered in
+    :data:`SCORES`, ``queries`` one of :data:`QUERIES`."""
+    SCORES.check_all(scores)
+    _check_queries(queries)
+
+
+def _check_queries(queries: Any) -> None:
+    if not isinstance(queries, str) or queries not in QUERIES:
+        raise UsageError(f"queries= must be one of {list(QUERIES)}, got {queries!r}", params="queries")
+
+
 def head_scores(
     model: HookedModel,
     probe: TokenProbe | None = None,
     *,
-    config: RunConfig | None = None,
     scores: Sequence[str] = ATTENTION_SCORES,
     copying: bool = True,
     queries: Queries = "targets",
-    n_boot: int | None = None,
-    level: float | None = None,
-    seed: int | None = None,
-    minibatch: int | None = None,
-    progress: bool | None = None,
-    engine: str | None = None,
-    budget: int | None = None,
+    config: RunConfig | None = None,
 ) -> HeadScores:
     """Score every head of ``model`` as previous-token, duplicate-token, induction and copying head.
 
-    ``probe`` defaults to ``repeated_tokens(model, seed=seed)`` (10 sequences, 50 tokens x 2).
+    ``probe`` defaults to ``repeated_tokens(model, seed=config.seed)`` (10 sequences, 50 tokens x 2).
     Returns a :class:`HeadScores` with columns ``prev_token``, ``duplicate``, ``induction`` (each
-    with ``_lo``/``_hi`` bootstrap bounds at ``level``) and ``copying``.
+    with ``_lo``/``_hi`` bootstrap bounds at ``config.level``) and ``copying``.
 
-    ``config`` (a :class:`~interp.config.RunConfig`) holds the run settings; the keywords of the same
-    names override it (``None``: keep the config's, whose defaults are ``n_boot=1000``,
-    ``level=0.95``, ``seed=0``, the whole probe per pass, no progress, ``engine="auto"``, 1 GiB).
+    ``config`` (a :class:`~interp.config.RunConfig`, by default ``RunConfig()``: ``n_boot=1000``,
+    ``level=0.95``, ``seed=0``, the whole probe per pass, no progress, ``engine="auto"``, 1 GiB)
+    holds the run settings.
 
-    ``engine``: ``"pattern"`` reduces each layer's pattern in its hook; ``"stream"`` never forms it
-    (memory linear in the probe's length, same numbers to float rounding); ``"auto"`` streams when
-    one layer's pattern for a forward pass would exceed ``budget`` bytes. ``meta["engine"]`` says
-    which ran and why.
+    ``config.engine``: ``"pattern"`` reduces each layer's pattern in its hook; ``"stream"`` never
+    forms it (memory linear in the probe's length, same numbers to float rounding); ``"auto"``
+    streams when one layer's pattern for a forward pass would exceed ``config.budget`` bytes.
+    ``meta["engine"]`` says which ran and why.
     """
-    given = dict(n_boot=n_boot, level=level, seed=seed, minibatch=minibatch, progress=progress)
-    given.update(engine=engine, budget=budget)
-    cfg = RunConfig.of(config, **{k: v for k, v in given.items() if v is not None})
-    scores = SCORES.check_all(scores)
+    validate_head_scores(scores=scores, queries=queries)
+    cfg = RunConfig.of(config)
+    scores = list(scores)
     _check_order(model, probe)
     if probe is None:
         probe = repeated_tokens(model, seed=cfg.seed)
     info = describe(model)
     n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
     engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
+    run = dataclasses.replace(cfg, engine=engine, progress=cfg.progress and distributed.is_main())
     num, den = distributed.map_sequences(  # under torchrun: each rank scores its block of sequences
-        lambda p: attention_scores(
-            model,
-            p,
-            scores=scores,
-            queries=queries,
-            minibatch=cfg.minibatch,
-            progress=cfg.progress and distributed.is_main(),
-            engine=engine,
-        ),
+        lambda p: attention_scores(model, p, scores=scores, queries=queries, config=run),
         probe,
         what="scoring heads",
     )
-    grids: dict[str, Tensor] = {}
-    notes: list[str] = []
-    ci_sequences: dict[str, int] = {}
-    for name in scores:
-        ci = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
-        if float(den[name].sum()) == 0:  # e.g. duplicate/induction on a prompt with no repeated token
-            notes.append(no_target_note(name))
-        else:
-            notes.extend(interval_notes(name, ci, unit=_unit(probe)))
-        ci_sequences[name] = ci.units
-        grids.update({name: ci.point, f"{name}_lo": ci.lo, f"{name}_hi": ci.hi})
-    if copying and info.latent_attention:  # no per-head W_V: the column says so, the rest stands
-        warnings.warn(f"{_no_copying(info)}; its copying column is NaN", stacklevel=2)
-        grids["copying"] = torch.full((info.n_layers, info.n_heads), float("nan"))
-    elif copying:
-        grids["copying"] = copying_scores(model)
+    grids, notes, ci_sequences = _attention_grids(num, den, scores, probe, cfg)
+    if copying:
+        grids["copying"] = _copying_column(model, info)
     meta = run_header(
         info,
         probe,
@@ -477,6 +466,33 @@ def head_scores(
     if notes:
         meta["notes"] = notes
     return HeadScores.from_grids(grids, meta)
+
+
+def _attention_grids(
+    num: dict[str, Tensor], den: dict[str, Tensor], scores: Sequence[str], probe: TokenProbe, cfg: RunConfig
+) -> tuple[dict[str, Tensor], list[str], dict[str, int]]:
+    """Each score's point and bootstrap bounds as ``[layer, head]`` grids, the notes on them, and
+    how many sequences each interval resampled."""
+    grids: dict[str, Tensor] = {}
+    notes: list[str] = []
+    ci_sequences: dict[str, int] = {}
+    for name in scores:
+        ci = bootstrap_ratio(num[name], den[name], n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+        if float(den[name].sum()) == 0:  # e.g. duplicate/induction on a prompt with no repeated token
+            notes.append(no_target_note(name))
+        else:
+            notes.extend(interval_notes(name, ci, unit=_unit(probe)))
+        ci_sequences[name] = ci.units
+        grids.update({name: ci.point, f"{name}_lo": ci.lo, f"{name}_hi": ci.hi})
+    return grids, notes, ci_sequences
+
+
+def _copying_column(model: HookedModel, info: ModelInfo) -> Float[Tensor, "layer head"]:
+    """The copying scores, or NaN with a warning for a model without per-head ``W_V`` (the rest stands)."""
+    if info.latent_attention:
+        warnings.warn(f"{_no_copying(info)}; its copying column is NaN", stacklevel=3)
+        return torch.full((info.n_layers, info.n_heads), float("nan"))
+    return copying_scores(model)
 
 
 def _check_order(model: HookedModel, probe: Any) -> None:
@@ -500,6 +516,7 @@ def no_target_note(name: str) -> str:
 
 __all__ = [
     "ATTENTION_SCORES",
+    "QUERIES",
     "SCORES",
     "HeadScore",
     "NonFiniteAttentionError",
@@ -510,4 +527,5 @@ __all__ = [
     "stream_attention_scores",
     "uniform_baseline",
     "uniform_baselines",
+    "validate_head_scores",
 ]

@@ -77,8 +77,9 @@ def _in_use(out: Path, path: Path, holder: dict[str, Any] | None) -> OutputError
         if holder.get("host") != socket.gethostname():
             who += f" on host {holder.get('host')}"
     return OutputError(
-        f"{out} is in use by another interp run ({who}): wait for it to finish or pass another output folder (command line: --out); "
-        f"if no such run is left, delete {path}"
+        f"{out} is in use by another interp run ({who}): wait for it to finish or pass another output folder (out=); "
+        f"if no such run is left, delete {path}",
+        params="out",
     )
 
 
@@ -119,7 +120,8 @@ def out_lock(out: str | os.PathLike, name: str = NAME, *, take: bool = True) -> 
                 path.unlink(missing_ok=True)
                 why = (e.strerror or type(e).__name__).lower()
                 raise OutputError(
-                    f"cannot create the lock file {path}: {why}; pass a writable output folder (command line: --out)"
+                    f"cannot create the lock file {path}: {why}; pass a writable output folder (out=)",
+                    params="out",
                 ) from None
             break
         else:

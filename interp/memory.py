@@ -19,7 +19,7 @@ free when the work starts: ``MemAvailable`` of ``/proc/meminfo`` on a CPU,
 ``torch.cuda.mem_get_info`` on CUDA (elsewhere, or where that cannot be read, nothing is checked).
 Over it, :func:`check` refuses with one line (a :class:`~interp.errors.UsageError`, exit 2, nothing
 written) giving the estimate, what is free, and what to do: the minibatch that would fit when a
-smaller one would (``--minibatch``), else a smaller probe. (The replay batches as many ablations
+smaller one would (``minibatch=``), else a smaller probe. (The replay batches as many ablations
 into one forward as make about 2k tokens on a CPU, 16k elsewhere, so its forwards shrink with the
 minibatch only once one minibatch is past that; what it keeps grows with the whole probe.) It never picks a smaller minibatch by
 itself: a minibatch changes how sums are rounded, and a resumed run (:mod:`interp.journal`) must
@@ -28,6 +28,7 @@ compute exactly what the run it continues computed, whatever memory happens to b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -220,15 +221,19 @@ def forward_memory(
     return lambda minibatch: forward_estimate(shape, seq_len, min(minibatch, batch), n_read, what, kept, kept_is)
 
 
+FEWER = "use fewer or shorter probe sequences (batch=, seq_len=)"  # what check says when no minibatch fits
+
+
 def check(
     estimate_for: Callable[[int], Estimate],
     minibatch: int,
     device: torch.device | str,
-    fewer: str = "use fewer or shorter probe sequences (command line: --batch, --seq-len)",
+    fewer: str = FEWER,
 ) -> None:
     """Refuse (:class:`~interp.errors.UsageError`) when ``estimate_for(minibatch)`` is above what
     ``device`` has free (:func:`free_bytes`, read when called); the message names the largest
-    smaller minibatch that would fit, if one does, else says ``fewer``."""
+    smaller minibatch that would fit, if one does, else says ``fewer``: what else to pass, each
+    parameter written ``name=`` in it (:data:`FEWER`), which the error carries as its ``params``."""
     device = torch.device(device)
     available = free_bytes(device)
     estimate = estimate_for(minibatch)
@@ -242,10 +247,15 @@ def check(
     else:
         need += f" for {estimate.pass_is} of {estimate.minibatch} sequence(s)"
     if fits:
-        todo = f"pass minibatch={fits} (or less) to run fewer sequences per forward (command line: the same to --minibatch)"
+        todo = f"pass minibatch={fits} (or less) to run fewer sequences per forward"
     else:
         todo = fewer
-    raise UsageError(f"{need}, but the {device.type} has {gib(available)} free: {todo}")
+    raise UsageError(f"{need}, but the {device.type} has {gib(available)} free: {todo}", params=named(todo))
+
+
+def named(text: str) -> tuple[str, ...]:
+    """The parameters a message names, each written ``name=`` in it (``"pass minibatch=2"``: minibatch)."""
+    return tuple(dict.fromkeys(re.findall(r"(?<![\w.=-])([a-z_][a-z0-9_]*)=", text)))
 
 
 def positions_read(metric: Any, info: Any, seq_len: int) -> int:

@@ -61,14 +61,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(
-                f"device {device!r} asked for, but this machine has no CUDA device: use device='cpu' (command line: --device cpu)"
+                f"device {device!r} asked for, but this machine has no CUDA device: use device=cpu", params="device"
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise UsageError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(
-            f"device {device!r} asked for, but MPS is not available here: use device='cpu' (command line: --device cpu)"
-        )
+        raise UsageError(f"device {device!r} asked for, but MPS is not available here: use device=cpu", params="device")
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise UsageError(f"unknown device {device!r}: use cpu, cuda, cuda:N, mps or auto")
     return dev

@@ -3,8 +3,8 @@ turn them into token ids (the model's tokenizer, or UTF-8 bytes mapped onto a to
 ordinary vocabulary).
 
 Every local text file is read through :func:`decode_file`: in ``encoding`` (UTF-8 unless asked
-otherwise; command line: ``--encoding``), and a file that is not valid in it is one clear error
-naming the file, the byte and the flag to pass, not a decoder's traceback.
+otherwise: ``encoding=``), and a file that is not valid in it is one clear error
+naming the file, the byte and the parameter to pass, not a decoder's traceback.
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ def decode_file(
     """The text of the file at ``path`` (its bytes ``data``, when already read), decoded with ``encoding``.
 
     A file that is not valid ``encoding`` text raises :class:`DatasetLoadError` in one line naming
-    the file, where decoding failed and what to pass instead (``encoding=``; command line:
-    ``--encoding``); an unknown encoding is a :class:`UsageError`. ``kind`` names a file whose format
+    the file, where decoding failed and what to pass instead (``encoding=``); an unknown encoding is a :class:`UsageError`. ``kind`` names a file whose format
     is UTF-8 by definition (``"task file"``: JSON is UTF-8): its error says to save it as UTF-8.
     Every text file a command reads goes through here.
     """
@@ -62,12 +61,12 @@ def decode_file(
         fix = (
             f"save the {kind} as UTF-8"
             if kind is not None
-            else "pass the file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, "
-            "or save the file as UTF-8"
+            else "pass the file's encoding with encoding=, e.g. latin-1 or cp1252, or save the file as UTF-8"
         )
         shown = "UTF-8" if kind is not None else encoding
         raise DatasetLoadError(
-            f"{path} is not {shown} text: byte(s) {bad} at offset {e.start} (line {line}) cannot be decoded; {fix}"
+            f"{path} is not {shown} text: byte(s) {bad} at offset {e.start} (line {line}) cannot be decoded; {fix}",
+            params=() if kind is not None else "encoding",
         ) from None
 
 
@@ -119,7 +118,8 @@ def text_rows(
         path = text_dir() / TEXT_FILE
         if not path.is_file():
             raise DatasetLoadError(
-                f"the bundled text probe {path} is missing: restore data/text/ from the repository, or pass a data set (command line: --dataset)"
+                f"the bundled text probe {path} is missing: restore data/text/ from the repository, or pass a data set (dataset=)",
+                params="dataset",
             )
         ds = datasets.load_dataset("text", data_files=str(path), split="train")
         return _column(ds, "text", "data/text/" + TEXT_FILE), "data/text/" + TEXT_FILE
@@ -170,8 +170,9 @@ def _load_hub_dataset(name: str, config: str | None, split: str) -> Any:
         raise DatasetLoadError(
             f"could not load the data set {name!r}{f' (config {config!r})' if config else ''}, split "
             f"{split!r}: {why}: {type(e).__name__}: {_first_line(e)}. Download it once with network "
-            "access, pass a local .txt/.json/.csv file instead, or leave the data set out to use "
-            "the bundled English text (command line: --dataset); name a config as NAME:CONFIG."
+            "access, pass a local .txt/.json/.csv file instead, or leave out dataset= to use "
+            "the bundled English text; name a config as NAME:CONFIG.",
+            params="dataset",
         ) from None
 
 
@@ -193,7 +194,8 @@ def _offline_mode() -> Iterator[None]:
 def _column(ds: Any, column: str, source: str) -> Iterator[str]:
     if column not in ds.column_names:
         raise DatasetLoadError(
-            f"{source} has no column {column!r}; its columns are {ds.column_names}: name one as text_column (command line: --text-column)"
+            f"{source} has no column {column!r}; its columns are {ds.column_names}: pass one of them as text_column= instead",
+            params="text_column",
         )
     return (row for row in ds[column] if isinstance(row, str) and row.strip())
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from interp.config import RunConfig
 from tests.helpers import VOCAB, word_tokenizer
 
 TOL = 1e-5
@@ -783,10 +784,10 @@ def _largest_error(setup: Setup, check: str) -> float:
             model.run_with_hooks(tokens, fwd_hooks=[(pattern_hook(l), grab) for l in layers])
         return max(_max_err(got[l], setup.ref_patterns[l]) for l in layers)
     if check.startswith("scores_"):
-        hs = head_scores(model, probe, engine=check[7:], copying=False, n_boot=10)
+        hs = head_scores(model, probe, config=RunConfig(engine=check[7:], n_boot=10), copying=False)
         return max(_max_err(hs.grid(k)[layers], setup.ref_scores[k][layers]) for k in ("prev_token", "induction"))
     if check.startswith("sinks_"):
-        sr = sink_scores(model, probe, engine=check[6:], n_boot=10)
+        sr = sink_scores(model, probe, config=RunConfig(engine=check[6:], n_boot=10))
         return max(_max_err(sr.grid(k)[layers], setup.ref_sinks[k][layers]) for k in ("first_mass", "confidence"))
     metric = as_metric(setup.metric, name="token_loss", higher_is_better=False)
     if check == "exact_sweep":

@@ -18,6 +18,7 @@ import torch
 from interp import _io, distributed, heads
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss
 from interp.cli import ablate, common, induction, report, sinks
+from interp.config import RunConfig
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.probes import random_tokens, repeated_tokens
@@ -54,7 +55,7 @@ def library_results(model: Any) -> dict[str, Any]:
         out["rows"][name] = seen[0]
         return result
 
-    out["tables"]["heads"] = run("heads", lambda: head_scores(model, probe, n_boot=200)).table
+    out["tables"]["heads"] = run("heads", lambda: head_scores(model, probe, config=RunConfig(n_boot=200))).table
     report = run(
         "sinks",
         lambda: sink_scores(
@@ -70,10 +71,13 @@ def library_results(model: Any) -> dict[str, Any]:
     out["tables"]["sinks_heads"] = report.heads.table
     for kind in ("zero", "mean", "resample"):
         out["tables"][f"exact_{kind}"] = run(
-            f"exact_{kind}", lambda: exact_sweep(model, probe, metric, ablation=kind, minibatch=2)
+            f"exact_{kind}", lambda: exact_sweep(model, probe, metric, ablation=kind, config=RunConfig(minibatch=2))
         ).table
     for kind in ("zero", "mean"):
-        scores = run(f"gradient_{kind}", lambda: gradient_importance(model, probe, metric, ablation=kind, minibatch=2))
+        scores = run(
+            f"gradient_{kind}",
+            lambda: gradient_importance(model, probe, metric, ablation=kind, config=RunConfig(minibatch=2)),
+        )
         out["tables"][f"gradient_{kind}"] = scores.table
         out[f"gradient_{kind}_metric"] = scores.meta["metric_value"]
     return out

@@ -31,6 +31,7 @@ from interp.ablation import (
 from interp.ablation.gates import gate_open_probability, gate_sample, gate_value
 from interp.ablation.modes import derangement
 from interp.ablation.pruning import spearman
+from interp.config import RunConfig
 from interp.hooks import z_hook
 from interp.models import describe, from_hf_model
 from interp.probes import repeated_tokens
@@ -233,14 +234,14 @@ def test_a_model_the_replay_cannot_reproduce_falls_back_to_the_loop(bert_tiny, m
     ):
         auto = exact_sweep(bert_tiny, p, metric)
     assert auto.meta["engine"] == "loop"
-    with pytest.raises(AblationError, match="the fast engine cannot run this model"):
+    with pytest.raises(AblationError, match="the fast replay cannot run this model"):
         exact_sweep(bert_tiny, p, metric, replay="fast")
 
 
 def test_minibatches_give_the_same_numbers(gpt2_tiny, probe):
     metric = incontext_loss(probe)
     whole = exact_sweep(gpt2_tiny, probe, metric, ablation="resample")
-    parts = exact_sweep(gpt2_tiny, probe, metric, ablation="resample", minibatch=3)
+    parts = exact_sweep(gpt2_tiny, probe, metric, ablation="resample", config=RunConfig(minibatch=3))
     assert np.allclose(whole.grid("metric_ablated"), parts.grid("metric_ablated"), rtol=1e-5)
 
 
@@ -312,7 +313,7 @@ def test_planted_constant_head_zero_hurts_mean_does_not(planted_constant):
 def test_gradient_importance_is_the_per_token_product(gpt2_tiny, probe):
     """Against a hand computation: keep every hook_z, backprop the summed loss, reduce per token."""
     metric = incontext_loss(probe)
-    got = gradient_importance(gpt2_tiny, probe, metric, minibatch=3, per="token")
+    got = gradient_importance(gpt2_tiny, probe, metric, config=RunConfig(minibatch=3), per="token")
     info = describe(gpt2_tiny)
     zs = {}
 
@@ -336,7 +337,7 @@ def test_gradient_importance_is_the_per_token_product(gpt2_tiny, probe):
     per_example = torch.zeros(info.n_layers, info.n_heads)
     for l, z in zs.items():
         per_example[l] = (z * z.grad).sum((1, 3)).abs().mean(0).detach()
-    default = gradient_importance(gpt2_tiny, probe, metric, minibatch=3)
+    default = gradient_importance(gpt2_tiny, probe, metric, config=RunConfig(minibatch=3))
     assert np.allclose(default.grid("importance"), per_example.numpy(), rtol=1e-4, atol=1e-9)
     # |sum over tokens| <= T x mean |per token|; signs cancel within a sequence, far beyond the tolerance
     T = probe.seq_len
@@ -379,8 +380,8 @@ def test_pruning_curve_steps_and_orders(gpt2_tiny, probe):
     want = metric(metric.read(_zeroed(gpt2_tiny, probe.tokens, everything)), probe.tokens).mean()
     assert curve["metric"].iloc[-1] == pytest.approx(float(want), rel=1e-5)
     assert abs(float(want) - curve["metric"].iloc[0]) > 1e-3 * abs(float(want))
-    r1 = pruning_curve(gpt2_tiny, probe, metric, "random", step=0.25, seed=1)
-    assert r1.equals(pruning_curve(gpt2_tiny, probe, metric, "random", step=0.25, seed=1))
+    r1 = pruning_curve(gpt2_tiny, probe, metric, "random", step=0.25, config=RunConfig(seed=1))
+    assert r1.equals(pruning_curve(gpt2_tiny, probe, metric, "random", step=0.25, config=RunConfig(seed=1)))
     again = pruning_curve(gpt2_tiny, probe, metric, "gradient", step=0.5, reestimate=True)
     assert again.attrs["reestimate"] and again["n_pruned"].tolist() == [0, 4, 8]
 

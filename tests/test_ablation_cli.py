@@ -182,7 +182,7 @@ def test_gradient_on_an_encoder_is_refused_with_the_reason(monkeypatch, bert_tin
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert "gradient importance cannot rank heads by metric 'pooled_cosine' at the unablated run" in err
-    assert "Use the exact sweep, exact_sweep (command line: --method exact)" in err
+    assert "Use the exact sweep (exact_sweep), or a metric with a gradient there" in err
     assert not (tmp_path / "o").exists()
 
 

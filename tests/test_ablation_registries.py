@@ -1,9 +1,10 @@
 """The ablation package's registries, run configuration and result objects: names registered once
-(metrics, ablation kinds, pruning orders, replays), the deprecated ``engine=`` / ``--engine``
-spellings, ``config=RunConfig(...)`` against the keywords, and the PruningCurves / GateSweep results."""
+(metrics, ablation kinds, pruning orders, replays), ``replay=`` and the deprecated ``--engine`` flag,
+run settings as ``config=RunConfig(...)`` only, the model-free checks of each analysis' options, and
+the PruningCurves / GateSweep results."""
 
 import json
-import warnings
+import re
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import interp
 import interp.ablation
+import interp.ablation.gradient
 import interp.cli.common
 from interp.ablate import cli
 from interp.ablation import (
@@ -30,11 +32,18 @@ from interp.ablation import (
     as_ablation,
     builtin_metric,
     exact_sweep,
+    gradient_importance,
     heads_prunable,
     incontext_loss,
     logit_diff,
+    pruning_curve,
     pruning_curves,
     train_gates,
+    validate_exact_sweep,
+    validate_gradient_importance,
+    validate_pruning_curve,
+    validate_pruning_curves,
+    validate_train_gates,
 )
 from interp.ablation.modes import derangement
 from interp.cli.ablate import build_parser
@@ -121,43 +130,69 @@ def test_public_names_only_in_all():
     assert exposed <= public
 
 
-# ---- replay= and the deprecated engine= ---------------------------------------------------------
+# ---- replay=, config= and the model-free checks ------------------------------------------------
 
 
-def test_engine_keyword_still_works_with_a_deprecation_warning(gpt2_tiny, probe):
+def test_replay_is_the_sweeps_only_fast_loop_choice(gpt2_tiny, probe):
+    """The sweep's fast/loop choice is replay=; engine= (pattern/stream) is no keyword of the sweeps."""
     metric = incontext_loss(probe)
-    want = exact_sweep(gpt2_tiny, probe, metric, replay="loop")
-    with pytest.warns(DeprecationWarning, match=r"engine= is deprecated for ablation sweeps: use replay="):
-        got = exact_sweep(gpt2_tiny, probe, metric, engine="loop")
-    assert got.meta["replay"] == got.meta["engine"] == want.meta["replay"] == "loop"
-    pd.testing.assert_frame_equal(got.table, want.table)
-    with pytest.warns(DeprecationWarning, match="use replay="):
-        sweeper = Sweeper(gpt2_tiny, probe, metric, engine="loop")
-    assert sweeper.replay == "loop"
-    with pytest.warns(DeprecationWarning, match="use Sweeper.replay"):
-        assert sweeper.engine == "loop"
-    with pytest.raises(AblationError, match="disagree"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        exact_sweep(gpt2_tiny, probe, metric, replay="fast", engine="loop")
+    for call in (
+        lambda: exact_sweep(gpt2_tiny, probe, metric, engine="loop"),
+        lambda: Sweeper(gpt2_tiny, probe, metric, engine="loop"),
+        lambda: train_gates(gpt2_tiny, probe, metric, [0.0], engine="loop"),
+        lambda: pruning_curves(gpt2_tiny, probe, metric, engine="loop"),
+    ):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'engine'"):
+            call()
+    assert not hasattr(interp.ablation, "ENGINES") and not hasattr(Sweeper, "engine")
     with pytest.raises(AblationError, match=r"unknown replay 'quick': choose from \['auto', 'fast', 'loop'\]"):
         exact_sweep(gpt2_tiny, probe, metric, replay="quick")
-    with pytest.warns(DeprecationWarning, match="REPLAYS"):
-        assert interp.ablation.ENGINES is REPLAYS
 
 
-def test_run_config_and_keywords_give_the_same_run(gpt2_tiny, probe):
+def test_run_settings_come_as_config_only(gpt2_tiny, probe):
     metric = incontext_loss(probe)
-    by_keyword = exact_sweep(gpt2_tiny, probe, metric, ablation="resample", minibatch=3, seed=3, replay="loop")
-    by_config = exact_sweep(
-        gpt2_tiny, probe, metric, ablation="resample", config=RunConfig(minibatch=3, seed=3), replay="loop"
-    )
-    pd.testing.assert_frame_equal(by_keyword.table, by_config.table)
-    assert by_config.meta["ablation"] == "resample"
     donors = Sweeper(gpt2_tiny, probe, metric, ablation="resample", config=RunConfig(seed=3), replay="loop")
     assert donors.ablation.donors == derangement(4, 3).tolist() != derangement(4, 0).tolist()  # the config's seed
-    sweeper = Sweeper(gpt2_tiny, probe, metric, ablation="resample", config=RunConfig(seed=3), seed=4, replay="loop")
-    assert sweeper.ablation.donors == derangement(4, 4).tolist() != derangement(4, 3).tolist()  # the keyword wins
-    assert sweeper.config.seed == 4 and sweeper.minibatch == probe.batch
+    assert donors.config.seed == 3 and donors.minibatch == probe.batch
+    for keyword in ("minibatch", "seed", "progress"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+            exact_sweep(gpt2_tiny, probe, metric, **{keyword: 1})
+
+
+@pytest.mark.parametrize(
+    ("check", "message", "param"),
+    [
+        (lambda: validate_exact_sweep(replay="quick"), "unknown replay 'quick': choose from ['auto', 'fast', 'loop']", ()),
+        (lambda: validate_gradient_importance(per="word"), "per must be 'example' or 'token', got per='word'", ("per",)),
+        (lambda: validate_pruning_curve(step=0), "step must be a fraction in (0, 1], got step=0", ("step",)),
+        (lambda: validate_pruning_curve(order="alphabetical"), "unknown order 'alphabetical': choose from ['gradient', 'exact', 'random']", ()),
+        (lambda: validate_pruning_curves(orders=[]), "give at least one pruning order (orders=)", ("orders",)),
+        (lambda: validate_train_gates(lambdas=[]), "give at least one lambda (lambdas=)", ("lambdas",)),
+        (lambda: validate_train_gates(lambdas=[0.1, float("nan")]), "lambda must be a finite number >= 0, got nan (in lambdas=)", ("lambdas",)),
+        (lambda: validate_train_gates(lambdas=[0.1], steps=0), "steps must be >= 1, got steps=0", ("steps",)),
+        (lambda: validate_train_gates(lambdas=[0.1], replay="quick"), "unknown replay 'quick': choose from ['auto', 'fast', 'loop']", ()),
+        (lambda: heads_prunable(pd.DataFrame(), -0.5), "tolerance must be >= 0, got tolerance=-0.5", ("tolerance",)),
+    ],
+)  # fmt: skip
+def test_each_analysis_checks_its_options_without_a_model(check, message, param):
+    with pytest.raises(AblationError) as e:
+        check()
+    assert str(e.value) == message and e.value.params == param
+
+
+def test_the_analyses_check_their_options_before_any_forward(monkeypatch, gpt2_tiny, probe):
+    """Each analysis runs its check first: a bad option is refused before the model runs at all."""
+    metric = incontext_loss(probe)
+    monkeypatch.setattr(Sweeper, "__init__", lambda *a, **k: pytest.fail("the sweep was built"))
+    monkeypatch.setattr(interp.ablation.gradient, "describe", lambda *a, **k: pytest.fail("the model was read"))
+    for call, message in (
+        (lambda: gradient_importance(gpt2_tiny, probe, metric, per="word"), "got per='word'"),
+        (lambda: pruning_curve(gpt2_tiny, probe, metric, step=2.0), "got step=2.0"),
+        (lambda: pruning_curves(gpt2_tiny, probe, metric, orders=["exact"], step=0), "got step=0"),
+        (lambda: train_gates(gpt2_tiny, probe, metric, [0.1], steps=0), "got steps=0"),
+    ):
+        with pytest.raises(AblationError, match=re.escape(message)):
+            call()
 
 
 # ---- results ------------------------------------------------------------------------------------

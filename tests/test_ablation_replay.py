@@ -59,7 +59,7 @@ def test_cross_block_model_falls_back_and_equals_the_loop(cross_block, ablation)
     loop = loop_sweep(cross_block, p, metric, ablation=ablation)
     assert auto.meta["engine"] == "loop"
     assert torch.equal(torch.tensor(auto.grid("metric_ablated")), torch.tensor(loop.grid("metric_ablated")))
-    with pytest.raises(AblationError, match="the fast engine cannot run this model: replaying its blocks under"):
+    with pytest.raises(AblationError, match="the fast replay cannot run this model: replaying its blocks under"):
         exact_sweep(cross_block, p, metric, ablation=ablation, replay="fast")
 
 

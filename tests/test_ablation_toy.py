@@ -21,6 +21,7 @@ from interp.ablation import (
 )
 from interp.ablation.pruning import spearman
 from interp.adapters import run_with_reducers
+from interp.config import RunConfig
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.hooks import pattern_hook
@@ -58,7 +59,7 @@ def _self_attention(model, probe):
 
 @pytest.fixture(scope="module")
 def circuit(toy, probe):
-    s = head_scores(toy, probe, copying=False, n_boot=10)
+    s = head_scores(toy, probe, copying=False, config=RunConfig(n_boot=10))
     induction = {(int(r.layer), int(r.head)) for r in s.table.itertuples() if r.induction > 0.5}
     layer0 = s.table[s.table["layer"] == 0]
     prev = layer0.sort_values("prev_token", ascending=False).iloc[0]
@@ -138,7 +139,9 @@ def test_pruning_curve_jumps_when_the_circuit_breaks(toy, probe, circuit):
 
 
 def test_gates_keep_the_circuit(toy, probe, circuit):
-    sweep = train_gates(toy, probe, incontext_loss(probe), [0.03, 0.1, 1.0], steps=80, lr=0.15, minibatch=4)
+    sweep = train_gates(
+        toy, probe, incontext_loss(probe), [0.03, 0.1, 1.0], steps=80, lr=0.15, config=RunConfig(minibatch=4)
+    )
     best = largest_lambda_within(sweep, 0.10)
     assert best is not None, sweep.summary
     kept = {tuple(map(int, h.split("."))) for h in sweep.kept(best)}

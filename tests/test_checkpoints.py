@@ -30,6 +30,7 @@ from interp.checkpoints import (
     train_checkpoints,
     weights_fingerprint,
 )
+from interp.checkpoints.sweep import sweep_sizes
 from interp.cli import checkpoints as cli_checkpoints
 from interp.errors import UsageError
 from interp.models import load_model
@@ -38,7 +39,7 @@ from tests.helpers import ROOT, child_env, save_tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROG = "python -m interp.checkpoints"
-SMALL = dict(batch=4, seq_len=8, icl_len=40, icl_batch=4)  # the sweeps' sizes here
+SMALL = dict(sizes=sweep_sizes(batch=4, seq_len=8, icl_len=40, icl_batch=4))  # the sweeps' sizes here
 SMALL_FLAGS = ["--batch", "4", "--seq-len", "8", "--icl-len", "40", "--icl-batch", "4", "--no-progress"]
 
 
@@ -201,7 +202,7 @@ def test_the_sink_role_is_read_as_the_atlas_reads_it_and_can_be_left_out(handoff
     assert handoff.baselines["first_mass"] == report.meta["uniform_first_mass"]
     assert "sink" in set(handoff.holders()["role"])
     folders = save_steps(tmp_path, {0: only_head(1, 0)})
-    plain = checkpoint_scores([str(f) for f in folders], sinks=False, **SMALL)
+    plain = checkpoint_scores([str(f) for f in folders], parts=(), **SMALL)
     assert "first_mass" not in plain.table and "first_mass" not in plain.baselines
 
 
@@ -489,7 +490,7 @@ def test_the_trainer_saves_a_checkpoint_every_few_steps_that_load_model_reads(tm
 
 @pytest.mark.slow
 def test_the_toy_trained_from_scratch_shows_the_phase_change_and_the_detector_names_it(tmp_path):
-    result = checkpoint_scores(train_checkpoints(tmp_path / "training"), batch=10, seq_len=20)
+    result = checkpoint_scores(train_checkpoints(tmp_path / "training"), sizes=sweep_sizes(batch=10, seq_len=20))
     window = result.phase_change()
     assert window is not None
     best = result.table.groupby("step")["induction"].max()
@@ -629,7 +630,7 @@ def test_the_library_and_the_command_share_one_default_probe_that_fits_the_train
     plan = ToyTraining(train=replace(ToyTraining().train, steps=2), every=2)  # the 96-token toy
     train_checkpoints(tmp_path / "training", plan)
     folders = str(tmp_path / "training" / "step*")
-    small = dict(batch=2, icl_len=40, icl_batch=2, sinks=False)
+    small = dict(sizes=sweep_sizes(batch=2, icl_len=40, icl_batch=2), parts=())
     result = checkpoint_scores(folders, **small)  # no seq_len: the default rule
     assert result.meta["probe"] == {"batch": 2, "seq_len": 41, "block_len": 20, "n_repeats": 2}
     assert result.meta["settings"]["seq_len"] == 20

@@ -14,7 +14,9 @@ import torch
 
 from interp.checkpoints import CheckpointScores, checkpoint_scores
 from interp.checkpoints.page import heatmap_columns
+from interp.checkpoints.sweep import sweep_sizes
 from interp.cli import checkpoints as cli_checkpoints
+from interp.config import RunConfig
 from interp.errors import OutputError, UsageError
 from interp.probes.needle import needle_probe
 from interp.retrieval import retrieval_scores
@@ -42,7 +44,7 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep(folders):
-    return checkpoint_scores(str(folders / "ck" / "step*"), retrieval=True, **SMALL)
+    return checkpoint_scores(str(folders / "ck" / "step*"), parts=("sinks", "retrieval"), **SMALL)
 
 
 def page_data(text: str) -> dict:
@@ -59,7 +61,7 @@ def test_the_retrieval_score_is_read_on_one_needle_probe_for_every_revision(swee
     assert sweep.meta["needles"] == {"batch": 2, "seq_len": 255, "n_needles": 3, "needle_len": 8}
     for step, model in models().items():  # an independent reference: the retrieval analysis on the same probe
         probe = needle_probe(model, seq_len=255, depths=(0.1, 0.5, 0.9), needle_len=8, batch=2, seed=0)
-        want = retrieval_scores(model, probe, seed=0).table
+        want = retrieval_scores(model, probe, config=RunConfig(seed=0)).table
         got = sweep.table[sweep.table["step"] == step].reset_index(drop=True)
         for column in RETRIEVAL:
             assert got[column].tolist() == want[column].tolist(), (step, column)
@@ -80,7 +82,7 @@ def test_the_summary_names_the_best_retrieval_head_at_the_first_and_last_step(sw
 
 
 def test_without_retrieval_the_sweep_has_no_retrieval_columns(folders):
-    plain = checkpoint_scores(str(folders / "ck" / "step0"), sinks=False, **SMALL)
+    plain = checkpoint_scores(str(folders / "ck" / "step0"), parts=(), **SMALL)
     assert not set(RETRIEVAL) & set(plain.table.columns) and "needles" not in plain.meta
 
 
@@ -89,7 +91,11 @@ def test_a_context_that_cannot_hold_the_needle_probe_is_refused_in_one_line(tmp_
     torch.manual_seed(0)
     ToyTransformer(short).save_pretrained(tmp_path / "ck" / "step0")
     with pytest.raises(UsageError) as e:
-        checkpoint_scores(str(tmp_path / "ck" / "step0"), retrieval=True, batch=2, seq_len=8, icl_len=20)
+        checkpoint_scores(
+            str(tmp_path / "ck" / "step0"),
+            parts=("sinks", "retrieval"),
+            sizes=sweep_sizes(batch=2, seq_len=8, icl_len=20),
+        )
     assert str(e.value) == (
         "the retrieval score's needle probe (3 needles of 8 tokens, their copies and a haystack) needs at least "
         "56 tokens and step0's context holds 39: leave out retrieval=True (command line: --retrieval)"

@@ -133,3 +133,30 @@ def test_given_flags_reads_what_was_written():
     assert given_flags(p, ["--text", "a", "--batch=3", "--se", "1", "--", "--top"]) == {"text", "batch", "seed"}
     assert given_flags(p, ["--text", "--batch"]) == {"text", "batch"}  # argparse refuses this line anyway
     assert given_flags(p, []) == set()
+
+
+def test_in_flags_shows_each_named_parameter_as_the_commands_flag() -> None:
+    """A library message names parameters as ``name=``; the command line shows its own flags: a value
+    after its flag, a bare name as the flag, an on/off flag alone, an alias's flag, and a parameter
+    the parser has no flag for as written."""
+    import argparse
+
+    from interp.cli.common import in_flags
+    from interp.errors import UsageError
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--minibatch", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--framed", action="store_true")
+    p.add_argument("--engine")
+    error = UsageError(
+        "pass minibatch=4 or less; lower seq_len= (or n_pairs=3, k=2); pass framed=True; fewer pairs (n_pairs=); "
+        "use engine='pattern'",
+        params=("minibatch", "seq_len", "n_pairs", "k", "framed", "engine"),
+    )
+    assert in_flags(p, error, {"n_pairs": "batch"}) == (
+        "pass --minibatch 4 or less; lower --seq-len (or --batch 3, k=2); pass --framed; fewer pairs (--batch); "
+        "use --engine pattern"
+    )
+    assert in_flags(p, UsageError("pass minibatch=4")) == "pass minibatch=4"  # names no parameter: as written

@@ -77,7 +77,7 @@ def test_unwritable_out_is_checked_before_loading(tmp_path, capsys):
         ["--model", "no-such-model-xyz", "--out", str(blocker / "sub")],
         capsys,
         2,
-        "is a file; pass another output folder (command line: --out)",
+        "is a file; pass another output folder (--out)",
     )
 
 

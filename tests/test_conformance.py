@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from interp.config import RunConfig
 from tests.conformance import CHECKS, FAMILIES, TOL, prepare, run_check
 
 KNOWN_STREAM_GAPS: dict[tuple[str, str], str] = {}  # none left: every stream cell is exact or refused first
@@ -120,7 +121,7 @@ def test_latent_attention_has_no_copying_score():
     with pytest.raises(UsageError, match="multi-head latent attention .*: pass copying=False"):
         copying_scores(model)
     with pytest.warns(UserWarning, match="copying column is NaN"):
-        hs = head_scores(model, repeated_tokens(model, batch=2, block_len=6), n_boot=10)
+        hs = head_scores(model, repeated_tokens(model, batch=2, block_len=6), config=RunConfig(n_boot=10))
     assert np.isnan(hs.grid("copying")).all() and not np.isnan(hs.grid("induction")).any()
 
 

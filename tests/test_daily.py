@@ -26,6 +26,7 @@ from interp.cli.ablate import cli as ablate_cli
 from interp.cli.common import mark_partial
 from interp.cli.induction import cli as induction_cli
 from interp.cli.sinks import cli as sinks_cli
+from interp.config import RunConfig
 from interp.errors import InterpError, UsageError
 from interp.heads import head_scores
 from interp.probes import TokenProbe, repeated_tokens
@@ -49,17 +50,17 @@ def toy():
 def test_current_token_score_is_the_diagonal_of_the_pattern(toy):
     """Against an independent reading of the patterns: the mean of A[q, q] over body queries."""
     probe = repeated_tokens(toy, batch=3, block_len=12, seed=1)
-    scores = head_scores(toy, probe, copying=False, n_boot=50)
+    scores = head_scores(toy, probe, copying=False, config=RunConfig(n_boot=50))
     diag = torch.stack([attention_patterns(toy, probe.tokens[b]).diagonal(dim1=-2, dim2=-1) for b in range(3)])
     body = diag[..., probe.body_start : probe.body_end].mean((0, -1))  # [layer, head]
     assert torch.allclose(torch.tensor(scores.grid("current")).float(), body, atol=1e-5)
-    stream = head_scores(toy, probe, copying=False, n_boot=50, engine="stream")
+    stream = head_scores(toy, probe, copying=False, config=RunConfig(n_boot=50, engine="stream"))
     assert torch.allclose(torch.tensor(stream.grid("current")), torch.tensor(scores.grid("current")), atol=1e-5)
 
 
 def test_toy_head_0_3_is_the_current_token_head(toy):
     probe = repeated_tokens(toy, seed=0)
-    scores = head_scores(toy, probe, n_boot=200)
+    scores = head_scores(toy, probe, config=RunConfig(n_boot=200))
     roles = role_table(scores, interp.heads.uniform_baselines(probe)).set_index("label")
     assert "current-token" in roles.loc["0.3", "role"]
     assert roles.loc["0.3", "current"] > 0.6  # about 0.68 on repeated random tokens
@@ -73,7 +74,7 @@ def test_a_score_with_no_targets_is_nan_with_a_note(toy):
     """A natural prompt with no repeated token: duplicate and induction are NaN, not an error."""
     probe = TokenProbe.from_tokens(toy, torch.arange(5, 25).reshape(2, 10))
     for engine in ("pattern", "stream"):
-        scores = head_scores(toy, probe, copying=False, n_boot=20, engine=engine)
+        scores = head_scores(toy, probe, copying=False, config=RunConfig(n_boot=20, engine=engine))
         assert scores.table["induction"].isna().all() and scores.table["duplicate"].isna().all()
         assert scores.table["prev_token"].notna().all() and scores.table["current"].notna().all()
         assert scores.meta["notes"] == [
@@ -96,7 +97,7 @@ def test_swapped_arguments_say_so(toy):
 
 
 def test_unknown_score_is_an_interp_error(toy):
-    scores = head_scores(toy, repeated_tokens(toy, batch=2), copying=False, n_boot=10)
+    scores = head_scores(toy, repeated_tokens(toy, batch=2), copying=False, config=RunConfig(n_boot=10))
     with pytest.raises(InterpError) as e:
         scores.grid("nope")
     assert isinstance(e.value, KeyError)  # old `except KeyError` code still works

@@ -10,8 +10,8 @@ import pytest
 
 from interp.ablation import incontext_loss, pruning_curves, train_gates
 from interp.checkpoints import checkpoint_scores
-from interp.roles import composition_scores, head_map, logit_attribution
-from interp.roles.logit import LogitAttribution
+from interp.checkpoints.sweep import sweep_sizes
+from interp.config import RunConfig
 from interp.heads import head_scores
 from interp.models import load_model
 from interp.patching import patch_heads
@@ -20,6 +20,9 @@ from interp.patching.paths import path_patch
 from interp.probes import repeated_tokens
 from interp.probes.task import task_probe
 from interp.report import head_atlas
+from interp.report.build import atlas_sizes
+from interp.roles import composition_scores, head_map, logit_attribution
+from interp.roles.logit import LogitAttribution
 from interp.scores import HeadScores, plural
 from interp.sinks import sink_scores
 
@@ -46,15 +49,20 @@ def results(toy, tmp_path_factory):
         "PathScores": path_patch(toy, task),
         "FaithfulnessCurves": faithfulness_curves(toy, task, {"patching": patched}),
         "Compositions": composition_scores(toy, n_random=20),
-        "LogitAttribution": logit_attribution(toy, task, n_boot=20),
+        "LogitAttribution": logit_attribution(toy, task, config=RunConfig(n_boot=20)),
         "HeadMap": head_map(toy, probe),
-        "SinkReport": sink_scores(toy, probe, n_boot=20),
+        "SinkReport": sink_scores(toy, probe, config=RunConfig(n_boot=20)),
         "PruningCurves": pruning_curves(toy, probe, incontext_loss(probe), orders=["random"], step=0.5),
         "GateSweep": train_gates(toy, probe, incontext_loss(probe), [0.0], steps=2),
         "Atlas": head_atlas(
-            toy, batch=3, seq_len=12, sink_batch=3, sink_seq_len=12, seed=0, skip=["pruning", "gradient", "exact"]
+            toy,
+            skip=["pruning", "gradient", "exact"],
+            sizes=atlas_sizes(batch=3, seq_len=12, sink_batch=3, sink_seq_len=12),
+            config=RunConfig(seed=0),
         ),
-        "CheckpointScores": checkpoint_scores(str(folder / "step*"), batch=3, seq_len=8, icl_len=40, icl_batch=3),
+        "CheckpointScores": checkpoint_scores(
+            str(folder / "step*"), sizes=sweep_sizes(batch=3, seq_len=8, icl_len=40, icl_batch=3)
+        ),
     }
     for result in made.values():
         print(repr(result), end="\n\n")  # what a reader sees (pytest -s)
@@ -125,7 +133,7 @@ def test_repr_of_a_gpt2_sized_result_stays_short():
 
 def test_logit_attribution_has_the_common_shape_and_round_trips(toy, tmp_path):
     task = task_probe(toy, "repeat", n_pairs=3, seed=0, block_len=4)
-    r = logit_attribution(toy, task, n_boot=20)
+    r = logit_attribution(toy, task, config=RunConfig(n_boot=20))
     assert r.table is r.heads.table and r.meta["model"] == "toy"
     np.testing.assert_array_equal(r.grid(), r.heads.grid("dla"))
     assert r.grid("dla_hi").shape == (2, 4)  # the toy's 2 layers x 4 heads

@@ -108,7 +108,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_earlier_files(gpt2_dir, tmp_path
     assert code == 2
     assert err == (
         f"python -m interp.induction: error: cannot write {out / 'induction.csv'}: no space left on device; "
-        "it was not replaced (its previous content, if any, is intact): free some space or pass another output folder (command line: --out)\n"
+        "it was not replaced (its previous content, if any, is intact): free some space or pass another output folder (--out)\n"
     )
     assert _files(out) == before  # same names (no temp file, no lock), same bytes
 
@@ -135,7 +135,7 @@ def test_a_second_run_into_a_held_out_refuses_naming_the_holder(gpt2_dir, tmp_pa
         assert code == 2
         assert err == (
             f"python -m interp.induction: error: {out} is in use by another interp run (pid {holder.pid}): "
-            f"wait for it to finish or pass another output folder (command line: --out); if no such run is left, delete {lock}\n"
+            f"wait for it to finish or pass another output folder (--out); if no such run is left, delete {lock}\n"
         )
         assert sorted(p.name for p in out.iterdir()) == [lock.name]  # the holder's lock stays, nothing else
         # another analysis may use the same folder meanwhile
@@ -229,7 +229,7 @@ def test_nan_weights_end_every_command_with_the_non_finite_error(cli, gpt2_dir, 
     assert code == 2
     assert err.splitlines()[-1] == (
         f"{prog}: error: layer 0: the attention pattern holds NaN or inf on 4 ordinary tokens; the model's "
-        "weights or its dtype make it unstable: check the weights, or load it in float32 (command line: --dtype float32)"
+        "weights or its dtype make it unstable: check the weights, or load it with --dtype float32"
     )
     assert _files(tmp_path / "out") == {}
 

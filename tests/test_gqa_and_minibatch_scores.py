@@ -4,6 +4,7 @@ computations by hand from the model's own hooks and weights."""
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.heads import copying_scores, head_scores
 from interp.hooks import pattern_hook, v_hook
 from interp.probes import random_tokens, repeated_tokens
@@ -38,7 +39,7 @@ def _hooked(model, tokens, layer):
 def test_sink_scores_on_gqa_map_query_heads_to_their_kv_head(gqa_toy):
     probe = random_tokens(gqa_toy, batch=3, seq_len=15)
     T = probe.seq_len
-    table = sink_scores(gqa_toy, probe, n_boot=10).heads.table.set_index(["layer", "head"])
+    table = sink_scores(gqa_toy, probe, config=RunConfig(n_boot=10)).heads.table.set_index(["layer", "head"])
     for layer in range(2):
         pattern, v = _hooked(gqa_toy, probe.tokens, layer)  # [b, 4, T, T], [b, T, 2, d_head]
         assert pattern.shape[1] == 4 and v.shape[2] == 2
@@ -82,15 +83,17 @@ def test_copying_scores_on_the_gqa_toy_equal_the_full_ov_circuit(gqa_toy):
 
 def test_minibatches_give_the_whole_batch_scores(gqa_toy):
     probe = repeated_tokens(gqa_toy, batch=5, block_len=8, seed=2)
-    whole = head_scores(gqa_toy, probe, copying=False, n_boot=10)
-    parts = head_scores(gqa_toy, probe, copying=False, n_boot=10, minibatch=2)
-    first = head_scores(gqa_toy, repeated_tokens(gqa_toy, batch=2, block_len=8, seed=2), copying=False, n_boot=10)
+    whole = head_scores(gqa_toy, probe, copying=False, config=RunConfig(n_boot=10))
+    parts = head_scores(gqa_toy, probe, copying=False, config=RunConfig(n_boot=10, minibatch=2))
+    first = head_scores(
+        gqa_toy, repeated_tokens(gqa_toy, batch=2, block_len=8, seed=2), copying=False, config=RunConfig(n_boot=10)
+    )
     for col in ("prev_token", "duplicate", "induction"):
         assert torch.allclose(torch.tensor(parts.grid(col)), torch.tensor(whole.grid(col)), atol=1e-6)
         # one minibatch alone differs by far more: a pass that kept only some would be caught
         assert abs(first.grid(col) - whole.grid(col)).max() > 1e-3
     sp = random_tokens(gqa_toy, batch=5, seq_len=15)
-    s_whole = sink_scores(gqa_toy, sp, n_boot=10).heads
-    s_parts = sink_scores(gqa_toy, sp, n_boot=10, minibatch=2).heads
+    s_whole = sink_scores(gqa_toy, sp, config=RunConfig(n_boot=10)).heads
+    s_parts = sink_scores(gqa_toy, sp, config=RunConfig(n_boot=10, minibatch=2)).heads
     for col in ("first_mass", "value_norm_first", "confidence"):
         assert torch.allclose(torch.tensor(s_parts.grid(col)), torch.tensor(s_whole.grid(col)), rtol=1e-5)

@@ -4,6 +4,8 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
+from interp.config import RunConfig
+from interp.errors import UsageError
 from interp.heads import NonFiniteAttentionError, copying_scores, head_scores, uniform_baseline
 from interp.probes import repeated_tokens
 from interp.scores import bootstrap_ratio
@@ -20,15 +22,15 @@ def test_all_queries_variant_equals_transformerlens_detect_head(gpt2_tiny, ours,
     text = " ".join(f"w{t}" for t in probe.tokens[0, 1:].tolist())
     assert torch.equal(gpt2_tiny.to_tokens(text)[0], probe.tokens[0])
     expected = detect_head(gpt2_tiny, text, theirs, error_measure="mul")
-    got = head_scores(gpt2_tiny, probe, scores=[ours], copying=False, queries="all", n_boot=10)
+    got = head_scores(gpt2_tiny, probe, scores=[ours], copying=False, queries="all", config=RunConfig(n_boot=10))
     assert torch.allclose(torch.tensor(got.grid(ours)).float(), expected.float(), atol=1e-6)
 
 
 def test_targets_variant_rescales_by_scored_queries(gpt2_tiny):
     """Our default averages over the queries that have a target: 'all' x n / n_targets."""
     probe = repeated_tokens(gpt2_tiny, batch=1, block_len=20, n_repeats=2, seed=0)
-    a = head_scores(gpt2_tiny, probe, copying=False, queries="all", n_boot=10)
-    t = head_scores(gpt2_tiny, probe, copying=False, n_boot=10)
+    a = head_scores(gpt2_tiny, probe, copying=False, queries="all", config=RunConfig(n_boot=10))
+    t = head_scores(gpt2_tiny, probe, copying=False, config=RunConfig(n_boot=10))
     n = probe.seq_len
     assert torch.allclose(torch.tensor(t.grid("induction")), torch.tensor(a.grid("induction")) * n / 20)
     assert torch.allclose(torch.tensor(t.grid("prev_token")), torch.tensor(a.grid("prev_token")) * n / (n - 1))
@@ -36,7 +38,7 @@ def test_targets_variant_rescales_by_scored_queries(gpt2_tiny):
 
 def test_random_weights_sit_at_uniform_baseline(gpt2_tiny):
     probe = repeated_tokens(gpt2_tiny, batch=8, block_len=30, seed=0)
-    scores = head_scores(gpt2_tiny, probe, n_boot=200)
+    scores = head_scores(gpt2_tiny, probe, config=RunConfig(n_boot=200))
     base = uniform_baseline(probe)
     assert 0.01 < base < 0.05
     induction = scores.table["induction"]
@@ -48,7 +50,7 @@ def test_random_weights_sit_at_uniform_baseline(gpt2_tiny):
 
 def test_encoder_scores_run_and_stay_in_range(bert_tiny):
     probe = repeated_tokens(bert_tiny, batch=4, block_len=10, seed=0)
-    s = head_scores(bert_tiny, probe, n_boot=50)
+    s = head_scores(bert_tiny, probe, config=RunConfig(n_boot=50))
     for col in ("prev_token", "duplicate", "induction"):
         assert s.table[col].between(0, 1).all()
     # bidirectional uniform attention over 22 keys gives 1/22 per target
@@ -59,7 +61,7 @@ def test_forward_stops_after_last_pattern(gpt2_tiny):
     fired = []
     probe = repeated_tokens(gpt2_tiny, batch=1, block_len=5)
     with gpt2_tiny.hooks(fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: fired.append(1))]):
-        head_scores(gpt2_tiny, probe, copying=False, n_boot=10)
+        head_scores(gpt2_tiny, probe, copying=False, config=RunConfig(n_boot=10))
     assert fired == []
 
 
@@ -71,7 +73,7 @@ def test_non_finite_attention_is_reported(gpt2_tiny):
 
     with gpt2_tiny.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", poison)]):
         with pytest.raises(NonFiniteAttentionError, match="layer 1: the attention pattern holds NaN or inf"):
-            head_scores(gpt2_tiny, probe, copying=False, n_boot=10)
+            head_scores(gpt2_tiny, probe, copying=False, config=RunConfig(n_boot=10))
 
 
 def test_copying_score_is_plus_one_for_a_pure_copying_circuit():
@@ -118,3 +120,14 @@ def test_every_registered_score_has_pairs_equal_to_its_mask_and_a_baseline(causa
         has = mask.any(-1)
         assert baselines[name] == pytest.approx(float((mask.sum(-1) / keys)[has].mean()), rel=1e-6), name
         assert SCORES.doc(name)
+
+
+def test_head_scores_options_are_checked_without_a_model():
+    from interp.heads import validate_head_scores
+
+    with pytest.raises(UsageError) as e:
+        validate_head_scores(queries="some")
+    assert str(e.value) == "queries= must be one of ['targets', 'all'], got 'some'" and e.value.params == ("queries",)
+    with pytest.raises(UsageError, match=r"unknown head score\(s\) \['nope'\]"):
+        validate_head_scores(scores=["nope"])
+    validate_head_scores(scores=["induction"], queries="all")

@@ -18,6 +18,7 @@ import torch
 import interp
 from interp.errors import OutputError
 from interp.plots import heatmap, inside_noise
+from interp.report.build import atlas_sizes
 from interp.scores import HeadScores, format_table
 from tests.helpers import gpt2_model, one_thread
 
@@ -41,7 +42,9 @@ def test_random_gpt2_induction_figure_and_atlas_mark_no_head(random12):
     model, probe = random12
     with one_thread():
         scores = interp.head_scores(model, probe)
-        atlas = head_atlas(model, batch=5, seq_len=8, skip=["sinks", "exact", "gradient", "pruning", "patterns"])
+        atlas = head_atlas(
+            model, skip=["sinks", "exact", "gradient", "pruning", "patterns"], sizes=atlas_sizes(batch=5, seq_len=8)
+        )
     base = scores.meta["baselines"]
     # the CI alone clears the baseline for many heads: the old dots; the role rule marks none
     assert sum(int((scores.table[f"{c}_lo"] > base[c]).sum()) for c in base) > 10

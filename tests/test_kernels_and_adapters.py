@@ -5,8 +5,7 @@ import torch
 
 import interp.hooks
 from interp import kernels
-from interp.ablation import shortcuts
-from interp.adapters import BridgeAdapter, ToyAdapter, adapter_for, describe, patch
+from interp.adapters import BridgeAdapter, ToyAdapter, adapter_for, describe
 from interp.config import RunConfig
 from interp.heads import head_scores
 from interp.toy import ToyConfig, ToyTransformer
@@ -45,7 +44,6 @@ def test_one_adapter_per_kind_and_the_old_names_still_import(gpt2_tiny):
     assert isinstance(adapter_for(toy), ToyAdapter)
     assert isinstance(adapter_for(gpt2_tiny), BridgeAdapter)
     assert not hasattr(interp.hooks, "run_with_reducers")  # hooks holds names; running is the adapters' job
-    assert shortcuts.reused_attention is patch.reused_attention
     from interp.models import describe as old_describe
 
     assert old_describe is describe
@@ -53,9 +51,10 @@ def test_one_adapter_per_kind_and_the_old_names_still_import(gpt2_tiny):
 
 def test_head_scores_take_a_run_config(gpt2_tiny):
     a = head_scores(gpt2_tiny, config=RunConfig(n_boot=50, seed=3), copying=False)
-    b = head_scores(gpt2_tiny, n_boot=50, seed=3, copying=False)
-    c = head_scores(gpt2_tiny, config=RunConfig(n_boot=10, seed=3), n_boot=50, copying=False)  # keywords win
-    for other in (b, c):
+    b = head_scores(gpt2_tiny, config=RunConfig(n_boot=50, seed=3), copying=False)
+    with pytest.raises(TypeError):  # run settings travel in the config only
+        head_scores(gpt2_tiny, config=RunConfig(n_boot=10, seed=3), n_boot=50, copying=False)
+    for other in (b,):
         assert a.meta == other.meta
         assert a.table.equals(other.table)
     assert list(a.meta) == [

@@ -10,6 +10,7 @@ weights: uniform attention, nothing written.
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.heads import head_scores, uniform_baseline
 from interp.probes import repeated_tokens
 from interp.toy import ToyConfig, ToyTransformer
@@ -75,7 +76,7 @@ def planted():
 
 def test_planted_heads_rank_first_with_scores_above_09(planted):
     probe = repeated_tokens(planted, batch=6, block_len=12, n_repeats=2, seed=0)
-    s = head_scores(planted, probe, n_boot=200)
+    s = head_scores(planted, probe, config=RunConfig(n_boot=200))
     assert s.top("prev_token") == (0, 0)
     assert s.top("induction") == (1, 0)
     assert s.grid("prev_token")[0, 0] > 0.99
@@ -98,6 +99,6 @@ def test_planted_heads_rank_first_with_scores_above_09(planted):
 def test_more_repeats_every_earlier_occurrence_counts(planted):
     """With 3 repeats the induction head splits its attention over the two earlier copies: still ~1."""
     probe = repeated_tokens(planted, batch=4, block_len=8, n_repeats=3, seed=1)
-    s = head_scores(planted, probe, n_boot=50, copying=False)
+    s = head_scores(planted, probe, config=RunConfig(n_boot=50), copying=False)
     assert s.grid("induction")[1, 0] > 0.99
     assert s.grid("duplicate")[1, 0] < 0.05

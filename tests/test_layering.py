@@ -44,6 +44,11 @@ LAYERS: dict[str, float] = {
     "checkpoints": 11.5,
     # the atlas: it reads every analysis
     "report": 11,
+    # the analyses as parts, one registry the atlas, the checkpoint sweep and `interp roles` loop over
+    "parts": 10.75,
+    # the role registry and table, and the pattern capture: read by the parts below the atlas
+    "report.roles": 10.6,
+    "report.patterns": 10.6,
     # what heads write and read: reuses the head scores' registry and reductions
     "roles": 10.5,
     # the analyses

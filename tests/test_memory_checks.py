@@ -14,7 +14,7 @@ from interp import memory
 from interp.cli.patch import cli
 from interp.errors import UsageError
 from interp.models import describe, load_model
-from interp.patching import patch_heads, path_patch
+from interp.patching import faithfulness_curves, patch_heads, path_patch
 from interp.patching.metrics import task_metric
 from interp.probes.task import task_probe
 from tests.helpers import child_env
@@ -38,8 +38,7 @@ def test_patching_refuses_before_its_baseline_forwards_naming_a_minibatch_that_f
         patch_heads(toy, task)
     assert str(e.value) == (
         f"the baseline pass needs about {memory.gib(estimate(8).total)} for a forward of 8 sequence(s), but the "
-        f"cpu has {memory.gib(room)} free: pass minibatch=3 (or less) to run fewer sequences per forward (command "
-        "line: the same to --minibatch)"
+        f"cpu has {memory.gib(room)} free: pass minibatch=3 (or less) to run fewer sequences per forward"
     )
     assert forwards[0] == 0
 
@@ -53,8 +52,22 @@ def test_path_patching_refuses_before_any_forward_of_its_own(toy, forwards, monk
     with pytest.raises(UsageError, match=r"^path patching needs about .* for the head outputs of both prompts and a "):
         path_patch(toy, task)
     assert forwards[0] == 2  # the two baseline forwards, nothing of path patching's own
-    with pytest.raises(UsageError, match=r"free: use fewer pairs \(command line: --batch\)$"):
+    with pytest.raises(UsageError, match=r"free: use fewer pairs \(n_pairs=\)$"):
         path_patch(toy, task)
+
+
+def test_path_patching_and_faithfulness_refuse_a_raw_metric_before_any_forward(toy, forwards):
+    import dataclasses
+
+    task = task_probe(toy, "repeat", n_pairs=4, seed=0)
+    gap = "reports a fraction of the clean-corrupted gap, a normalised metric: metric=raw-logit-diff is raw; use "
+    with pytest.raises(UsageError, match=rf"^path patching {gap}logit-diff or prob-diff$"):
+        path_patch(toy, task, metric="raw-logit-diff")
+    with pytest.raises(UsageError, match=rf"^path patching {gap}"):  # the task's own metric, raw
+        path_patch(toy, dataclasses.replace(task, metric="raw-logit-diff"))
+    with pytest.raises(UsageError, match=rf"^a faithfulness curve {gap}"):
+        faithfulness_curves(toy, task, {}, metric="raw-logit-diff")
+    assert forwards[0] == 0
 
 
 def test_the_free_memory_honours_an_address_space_limit():
@@ -81,7 +94,7 @@ def test_a_batch_too_large_for_a_memory_limit_is_one_line_not_a_traceback(tmp_pa
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m interp.patch: error: the "), lines
-    assert " free: pass minibatch=" in lines[0]
+    assert " free: pass --minibatch " in lines[0]
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 

@@ -18,6 +18,7 @@ import interp
 import interp.cli.common
 from interp.cli import main as interp_main
 from interp.cli.induction import cli as induction_cli
+from interp.config import RunConfig
 from interp.errors import InterpError, ModelLoadError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,10 +86,10 @@ def test_console_command_lists_and_dispatches(tmp_path, capsys):
 @pytest.mark.parametrize(
     "make_out, message",
     [
-        (lambda tmp: tmp / "file", "{out} exists and is not a directory: pass a folder path (command line: --out)"),
+        (lambda tmp: tmp / "file", "{out} exists and is not a directory: pass a folder path (--out)"),
         (
             lambda tmp: tmp / "file" / "x",
-            "cannot create output folder {out}: {tmp}/file is a file; pass another output folder (command line: --out)",
+            "cannot create output folder {out}: {tmp}/file is a file; pass another output folder (--out)",
         ),
     ],
     ids=["is-a-file", "under-a-file"],
@@ -113,7 +114,7 @@ def test_unwritable_out_is_refused_even_for_root(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err.startswith("python -m interp.induction: error: cannot write to output folder /proc/interp-nope/x: ")
-    assert err.endswith("; pass a writable output folder (command line: --out)\n") and err.count("\n") == 1
+    assert err.endswith("; pass a writable output folder (--out)\n") and err.count("\n") == 1
 
 
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
@@ -326,27 +327,27 @@ def test_every_result_draws_its_figure(toy):
     import plotly.graph_objects as go
 
     probe = interp.repeated_tokens(toy, batch=2, block_len=8, seed=0)
-    scores = interp.head_scores(toy, probe, n_boot=50)
+    scores = interp.head_scores(toy, probe, config=RunConfig(n_boot=50))
     fig = scores.figure(["induction", "copying"])
     # two panels; the notebook figure takes its baselines (and role-rule marks) from the scores' meta
     assert isinstance(fig, go.Figure) and len([t for t in fig.data if t.type == "heatmap"]) == 2
     assert [a.text for a in fig.layout.annotations][:1] == [
         interp.heatmap(scores, ["induction"]).layout.annotations[0].text
     ]
-    report = interp.sink_scores(toy, interp.random_tokens(toy, batch=2, seq_len=16), n_boot=50)
+    report = interp.sink_scores(toy, interp.random_tokens(toy, batch=2, seq_len=16), config=RunConfig(n_boot=50))
     assert isinstance(report.figure(), go.Figure) and list(report.figures()) == ["heatmap", "layers", "residual"]
     np.testing.assert_allclose(report.figure().data[0].z, report.grid("first_mass"))
 
 
 def test_sink_scores_takes_a_run_config(toy):
     probe = interp.random_tokens(toy, batch=3, seq_len=16)
-    by_keyword = interp.sink_scores(toy, probe, n_boot=40, level=0.9, seed=3, engine="pattern")
+    by_keyword = interp.sink_scores(toy, probe, config=RunConfig(n_boot=40, level=0.9, seed=3, engine="pattern"))
     config = interp.RunConfig(n_boot=40, level=0.9, seed=3, engine="pattern")
     by_config = interp.sink_scores(toy, probe, config=config)
     pd.testing.assert_frame_equal(by_keyword.table, by_config.table)
     assert by_config.meta["n_boot"] == 40 and by_config.meta["ci_level"] == 0.9 and by_config.meta["seed"] == 3
-    # a keyword overrides the config; the run header leads the meta
-    other = interp.sink_scores(toy, probe, config=config, level=0.5)
+    # another config's level gives other intervals; the run header leads the meta
+    other = interp.sink_scores(toy, probe, config=interp.RunConfig(n_boot=40, level=0.5, seed=3, engine="pattern"))
     assert other.meta["ci_level"] == 0.5 and not np.allclose(
         other.grid("first_mass_lo"), by_config.grid("first_mass_lo")
     )

@@ -18,6 +18,7 @@ from interp.ablation.gradient import gradient_importance
 from interp.ablation.metrics import lm_loss
 from interp.ablation.replay import Sweeper
 from interp.adapters import run_with_reducers
+from interp.config import RunConfig
 from interp.errors import AblationError, UsageError
 from interp.heads import attention_scores, head_scores, uniform_baselines
 from interp.models import from_hf_model, load_model
@@ -189,14 +190,14 @@ def test_auto_engine_chooses_by_the_budget_for_padded_probes_too(models):
     """Padding no longer steers the engine: a tiny budget streams a padded probe, as an unpadded one."""
     model = models["gpt2"]
     probe = TokenProbe.from_texts(model, TEXTS, padding="left")
-    scores = head_scores(model, probe, engine="auto", budget=1, n_boot=10, copying=False)
+    scores = head_scores(model, probe, config=RunConfig(engine="auto", budget=1, n_boot=10), copying=False)
     assert scores.meta["engine"] == "stream"
-    pattern = head_scores(model, probe, engine="pattern", n_boot=10, copying=False)
+    pattern = head_scores(model, probe, config=RunConfig(engine="pattern", n_boot=10), copying=False)
     for name in ("prev_token", "duplicate", "induction", "current"):
         torch.testing.assert_close(scores.grid(name), pattern.grid(name), atol=1e-5, rtol=0)
-    report = sink_scores(model, probe, engine="auto", budget=1, n_boot=10)
+    report = sink_scores(model, probe, config=RunConfig(engine="auto", budget=1, n_boot=10))
     assert report.meta["engine"] == "stream"
-    pattern = sink_scores(model, probe, engine="pattern", n_boot=10)
+    pattern = sink_scores(model, probe, config=RunConfig(engine="pattern", n_boot=10))
     for name in ("first_mass", "confidence"):
         torch.testing.assert_close(report.grid(name), pattern.grid(name), atol=1e-5, rtol=0)
 
@@ -235,10 +236,10 @@ def test_stream_scores_of_each_text_are_its_own(models, name, padding):
     model = models[name]
     probe = TokenProbe.from_texts(model, TEXTS, padding=padding)
     for queries in ("targets", "all"):
-        num, den = attention_scores(model, probe, engine="stream", queries=queries)
-        pnum, pden = attention_scores(model, probe, engine="pattern", queries=queries)
+        num, den = attention_scores(model, probe, config=RunConfig(engine="stream"), queries=queries)
+        pnum, pden = attention_scores(model, probe, config=RunConfig(engine="pattern"), queries=queries)
         for i in range(3):
-            n1, d1 = attention_scores(model, _alone(model, i), engine="pattern", queries=queries)
+            n1, d1 = attention_scores(model, _alone(model, i), config=RunConfig(engine="pattern"), queries=queries)
             for score in num:
                 torch.testing.assert_close(num[score][i], n1[score][0], atol=1e-5, rtol=0)
                 torch.testing.assert_close(den[score][i], d1[score][0], atol=1e-5, rtol=0)
@@ -246,8 +247,8 @@ def test_stream_scores_of_each_text_are_its_own(models, name, padding):
             torch.testing.assert_close(num[score], pnum[score], atol=1e-5, rtol=0)
             torch.testing.assert_close(den[score], pden[score], atol=1e-5, rtol=0)
     kw = dict(abs_threshold=1e-3, rel_threshold=3.0)
-    stats = sink_statistics(model, probe, engine="stream", **kw)
-    pattern = sink_statistics(model, probe, engine="pattern", **kw)
+    stats = sink_statistics(model, probe, config=RunConfig(engine="stream"), **kw)
+    pattern = sink_statistics(model, probe, config=RunConfig(engine="pattern"), **kw)
     for i in range(3):
         one = sink_statistics(model, _alone(model, i), **kw)
         _same_statistics(stats, one, i, 0)
@@ -279,21 +280,21 @@ def test_stream_on_padded_gpt_oss_is_each_text_alone(padding):
     texts = [TEXTS[0], TEXTS[2]]
     probe = TokenProbe.from_texts(model, texts, padding=padding)
     T = probe.seq_len
-    stats = sink_statistics(model, probe, engine="stream")
-    pattern = sink_statistics(model, probe, engine="pattern")
+    stats = sink_statistics(model, probe, config=RunConfig(engine="stream"))
+    pattern = sink_statistics(model, probe, config=RunConfig(engine="pattern"))
     assert stats.has_sinks
     for field in ("learned_sink", "received", "confidence", "confidence_no_first", "value_norm"):
         torch.testing.assert_close(getattr(stats, field), getattr(pattern, field), atol=3e-5, rtol=0, equal_nan=True)
     for i, text in enumerate(texts):
         alone = TokenProbe.from_texts(model, text)
-        one = sink_statistics(model, alone, engine="stream")
+        one = sink_statistics(model, alone, config=RunConfig(engine="stream"))
         n = alone.seq_len
         torch.testing.assert_close(stats.learned_sink[i] * n / T, one.learned_sink[0], atol=1e-5, rtol=0)
         assert float(one.learned_sink[0].amin()) > 1e-2  # the sinks absorb a share worth checking
         _same_statistics(stats, one, i, 0)
-    num, den = attention_scores(model, probe, engine="stream")
+    num, den = attention_scores(model, probe, config=RunConfig(engine="stream"))
     for i, text in enumerate(texts):
-        n1, d1 = attention_scores(model, TokenProbe.from_texts(model, text), engine="pattern")
+        n1, d1 = attention_scores(model, TokenProbe.from_texts(model, text), config=RunConfig(engine="pattern"))
         for score in num:
             torch.testing.assert_close(num[score][i], n1[score][0], atol=1e-5, rtol=0)
             torch.testing.assert_close(den[score][i], d1[score][0], atol=1e-5, rtol=0)
@@ -322,8 +323,8 @@ def test_the_toy_fills_the_key_mask_on_padded_stream_runs():
     texts = ["the cat sat on the mat. the cat", "a dog"]
     for padding in PADDINGS:
         probe = TokenProbe.from_texts(toy, texts, padding=padding)
-        num, den = attention_scores(toy, probe, engine="stream", scores=["prev_token"])
-        stats = sink_statistics(toy, probe, engine="stream")
+        num, den = attention_scores(toy, probe, config=RunConfig(engine="stream"), scores=["prev_token"])
+        stats = sink_statistics(toy, probe, config=RunConfig(engine="stream"))
         for i, t in enumerate(texts):
             alone = TokenProbe.from_texts(toy, t)
             n1, d1 = attention_scores(toy, alone, scores=["prev_token"])
@@ -366,8 +367,8 @@ def test_sink_report_on_one_padded_text_is_the_text_alone(models, padding):
     """A batch of the longest text and a short one: the short row's report entries are its own."""
     model = models["llama"]
     probe = TokenProbe.from_texts(model, [TEXTS[0], TEXTS[2]], padding=padding)
-    report = sink_scores(model, probe, n_boot=20)
-    alone = [sink_scores(model, _alone(model, i), n_boot=20) for i in (0, 2)]
+    report = sink_scores(model, probe, config=RunConfig(n_boot=20))
+    alone = [sink_scores(model, _alone(model, i), config=RunConfig(n_boot=20)) for i in (0, 2)]
     # first-token mass is a ratio of sums over sequences: received mass on BOS over its queries
     num = sum(a.grid("first_mass") * (LENGTHS[i] + 1) for a, i in zip(alone, (0, 2)))
     expect = num / (LENGTHS[0] + LENGTHS[2] + 2)
@@ -408,7 +409,9 @@ def test_gradient_importance_of_each_text_is_its_own(models, name, padding):
     model = models[name]
     probe = TokenProbe.from_texts(model, TEXTS, padding=padding)
     for per in ("example", "token"):
-        got = gradient_importance(model, probe, lm_loss(probe), per=per, minibatch=2).grid("importance")
+        got = gradient_importance(model, probe, lm_loss(probe), per=per, config=RunConfig(minibatch=2)).grid(
+            "importance"
+        )
         ones = [gradient_importance(model, _alone(model, i), lm_loss(_alone(model, i)), per=per) for i in range(3)]
         weights = [1.0] * 3 if per == "example" else [n + 1.0 for n in LENGTHS]  # per token: each real token
         expect = sum(w * o.grid("importance") for w, o in zip(weights, ones)) / sum(weights)
@@ -444,7 +447,7 @@ def test_padding_errors(models):
         Sweeper(model, probe, lm_loss(probe), ablation="mean")
     assert str(e.value) == (
         "mean ablation does not take padded probes yet (its averages would read padded positions): "
-        "use zero ablation, or texts of one length"
+        "use ablation='zero', or texts of one length"
     )
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.errors import AblationError, UsageError
 from interp.patching import METRICS, PatchScores, agreement, patch_heads, task_metric
 from interp.probes.task import IOI_NAMES, TaskProbe, read_task, task_probe
@@ -329,7 +330,9 @@ def test_on_the_toy_the_induction_circuit_carries_the_repeat_task():
         toy = load_model("toy", device="cpu").set_flash_impl("sdpa")
     except ModelLoadError as e:
         pytest.skip(f"no trained toy: {e}")
-    roles = head_scores(toy, repeated_tokens(toy, batch=4, block_len=20, seed=1), n_boot=10, copying=False)
+    roles = head_scores(
+        toy, repeated_tokens(toy, batch=4, block_len=20, seed=1), config=RunConfig(n_boot=10), copying=False
+    )
     induction = {
         (l, h) for l, h in zip(roles.table["layer"], roles.table["head"]) if roles.grid("induction")[l, h] > 0.5
     }
@@ -461,7 +464,9 @@ def test_attribution_refuses_equal_clean_and_corrupted_from_its_own_passes(carri
 
 def test_attribution_refuses_the_exact_methods_settings(carrier):
     model, task = carrier
-    with pytest.raises(UsageError, match=r"method 'attribution' does not read replay \(settings of method='exact'\)"):
+    with pytest.raises(
+        UsageError, match=r"^method=attribution does not read replay= \(it applies to method=exact\): drop it$"
+    ):
         patch_heads(model, task, method="attribution", replay="loop")
 
 
@@ -475,7 +480,9 @@ def test_eap_ig_with_one_step_is_attribution_and_finds_the_carrier(carrier):
     want = torch.zeros(2, 2, dtype=torch.float64)
     want[CARRIER] = 1.0
     torch.testing.assert_close(torch.as_tensor(ig.grid("effect")), want, atol=1e-5, rtol=0)
-    with pytest.raises(UsageError, match=r"steps=3: .* read by method='eap-ig' only"):
+    with pytest.raises(
+        UsageError, match=r"^method=attribution does not read steps= \(it applies to method=eap-ig\): drop it$"
+    ):
         patch_heads(model, task, method="attribution", steps=3)
 
 
@@ -641,3 +648,60 @@ def test_agreement_defaults_to_a_k_that_can_differ_and_refuses_one_that_cannot(c
     assert agreement(exact, attr)["k"] == 2  # half of the carrier model's 4 heads (was 10, then every head)
     with pytest.raises(UsageError, match=r"k=4: the top-k overlap of 4 units needs 1 <= k < 4 \(k=4 takes every unit"):
         agreement(exact, attr, k=4)
+
+
+# ---- a metric that compares with the clean reference -------------------------------------------
+
+
+def _against_clean_prompt(task):
+    """The logit difference less the clean prompt's: a metric that reads its ``clean`` argument. With
+    that argument the clean prompt's read-out of the pair, every normalised effect is the plain
+    logit difference's (the clean prompt's term cancels in each pair's share of its own gap)."""
+    from interp.ablation import Metric
+    from interp.patching.metrics import logit_diff_metric
+
+    plain = logit_diff_metric(task)
+
+    def fn(out, tokens, clean, rows):
+        if clean is None:
+            raise AssertionError("the metric was handed no clean reference")
+        return plain.fn(out, tokens, None, rows) - plain.fn(clean, tokens, None, rows)
+
+    return Metric("vs-clean", fn, positions=plain.positions, higher_is_better=True, needs_clean=True)
+
+
+def _random_toy_task():
+    cfg = ToyConfig(n_layers=2, d_model=32, n_heads=4, n_ctx=16, d_vocab=40, attn_only=False, d_mlp=64, init_range=0.4)
+    torch.manual_seed(0)
+    model = ToyTransformer(cfg).eval()
+    return model, task_probe(model, "repeat", n_pairs=4, seed=0, block_len=4)
+
+
+@pytest.mark.parametrize("method", ["exact", "attribution"])
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_a_metric_that_needs_the_clean_reference_reads_the_clean_prompt(direction, method):
+    """The metric's ``clean`` is the clean prompt's read-out in every pass: before, the baselines
+    handed each prompt its own output (clean and corrupted both 0: refused as equal), the replay the
+    unpatched run's (the corrupted prompt when denoising) and attribution's gated forwards none."""
+    model, task = _random_toy_task()
+    kw = dict(direction=direction, method=method)
+    want = patch_heads(model, task, metric="logit-diff", **kw)
+    got = patch_heads(model, task, metric=_against_clean_prompt(task), **kw)
+    assert got.meta["clean_metric"] == pytest.approx(0.0, abs=1e-6)
+    assert got.meta["gap"] == pytest.approx(want.meta["gap"], rel=1e-5)
+    for column in ("effect", "effect_lo", "effect_hi"):
+        np.testing.assert_allclose(got.table[column], want.table[column], atol=1e-5)
+    assert abs(want.meta["gap"]) > 0.5 and float(np.abs(want.table["effect"]).max()) > 0.05  # above the tolerance
+
+
+def test_path_patching_and_faithfulness_hand_the_metric_the_clean_prompt():
+    from interp.patching import faithfulness_curves, path_patch
+
+    model, task = _random_toy_task()
+    needs = _against_clean_prompt(task)
+    paths = [path_patch(model, task, receivers="1.0,1.1", site="k", metric=m) for m in ("logit-diff", needs)]
+    np.testing.assert_allclose(paths[1].grid(), paths[0].grid(), atol=1e-5)
+    assert np.nanmax(np.abs(paths[0].grid())) > 0.01
+    ranking = {"exact": patch_heads(model, task)}
+    curves = [faithfulness_curves(model, task, ranking, metric=m) for m in ("logit-diff", needs)]
+    np.testing.assert_allclose(curves[1].table["faithfulness"], curves[0].table["faithfulness"], atol=1e-5)

@@ -387,3 +387,39 @@ def test_minibatch_help_says_what_no_value_means_and_batch_counts_pairs(command,
     if command == "patch":
         assert "--batch BATCH pairs: of a bundled task" in text and "probe sequences" not in text
         assert "--minibatch MINIBATCH pairs per forward (default: every pair in one forward)" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "call"),
+    [
+        (
+            ["--method", "attribution", "--replay", "loop", "--site", "k"],
+            dict(method="attribution", replay="loop", site="k"),
+        ),
+        (["--steps", "3"], dict(steps=3)),
+        (["--by", "path", "--senders", "1.0", "--receivers", "0.2"], dict(senders="1.0", receivers="0.2")),
+        (["--by", "path", "--receivers", "0.1"], dict(receivers="0.1")),
+        (["--by", "path", "--metric", "raw-logit-diff"], dict(metric="raw-logit-diff")),
+        (["--faithfulness", "--metric", "raw-logit-diff"], dict(metric="raw-logit-diff")),
+    ],
+)
+def test_the_command_refuses_what_the_library_refuses_shown_in_its_flags(tmp_path, capsys, argv, call):
+    """One check, in the library (no model): the command says its refusal with each parameter as its flag."""
+    from interp.cli.common import in_flags
+    from interp.cli.patch import build_parser
+    from interp.errors import UsageError
+    from interp.patching import validate_faithfulness_curves, validate_patch_heads, validate_path_patch
+
+    validate = (
+        validate_path_patch
+        if "path" in argv
+        else validate_faithfulness_curves
+        if "--faithfulness" in argv
+        else validate_patch_heads
+    )
+    with pytest.raises(UsageError) as e:
+        validate(**call)
+    assert "--" not in str(e.value) and e.value.params  # the library names parameters, never flags
+    out = tmp_path / "out"
+    line = _refused(capsys, ["--model", "no/such-model", *argv, "--out", str(out)], out)
+    assert line == f"python -m interp.patch: error: {in_flags(build_parser(), e.value)}".strip()

@@ -144,7 +144,9 @@ def test_gqa_keys_are_patched_per_group_and_the_table_says_who_shares_them():
 
 def test_sites_are_refused_where_they_do_not_apply(gpt2_tiny):
     model = MODELS["gpt2"]()
-    with pytest.raises(UsageError, match=r"method 'attribution' gates the head outputs \(site z\)"):
+    with pytest.raises(
+        UsageError, match=r"^method=attribution gates the head outputs \(site z\) and does not read site= \(it applies"
+    ):
         patch_heads(model, pairs(model), site="k", method="attribution")
     with pytest.raises(UsageError, match=r"unknown patching site 'o'"):
         patch_heads(model, pairs(model), site="o")

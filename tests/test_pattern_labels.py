@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from interp.config import RunConfig
 from interp.report.patterns import token_labels
 from interp.texts import _byte_alphabet, token_bytes
 
@@ -118,7 +119,9 @@ def test_patching_sinks_and_task_errors_show_the_marks(bpe_model):
     labels = _token_labels(bpe_model, torch.tensor(ids))
     assert "\u2423and" in labels and not any("\u0120" in x or "\u010a" in x for x in labels)
     with one_thread():
-        report = sink_scores(bpe_model, TokenProbe(torch.tensor([ids, ids]), 0, len(ids), True), n_boot=10)
+        report = sink_scores(
+            bpe_model, TokenProbe(torch.tensor([ids, ids]), 0, len(ids), True), config=RunConfig(n_boot=10)
+        )
     shown = set(report.tokens["token"])
     assert "\u2423the" in shown and "\\n" in shown and not any("\u0120" in x or "\u010a" in x for x in shown)
     newline = report.tokens[report.tokens["token"] == "\\n"]

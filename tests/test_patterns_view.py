@@ -249,8 +249,7 @@ def test_a_latin1_text_file_is_one_line_and_reads_with_encoding(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
         f"interp patterns: error: {path} is not utf-8 text: byte(s) e9 at offset 3 (line 1) cannot be decoded; "
-        "pass the file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, or save "
-        "the file as UTF-8"
+        "pass the file's encoding with --encoding, e.g. latin-1 or cp1252, or save the file as UTF-8"
     )
     assert "Traceback" not in err and not (tmp_path / "o" / "patterns.html").exists()
     with one_thread():

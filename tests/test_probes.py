@@ -55,7 +55,7 @@ def test_encoder_probe_is_framed_cls_sep_and_bidirectional(bert_tiny):
         (
             dict(block_len=200, n_repeats=2),
             "probe of 401 tokens (BOS + 2 x 200) is longer than the model's context of 256 tokens: "
-            "the longest block for 2 repeats is 127; lower block_len or n_repeats (command line: --seq-len, --repeats)",
+            "the longest block for 2 repeats is 127; pass block_len=127 or less (or lower n_repeats=)",
         ),
     ],
 )

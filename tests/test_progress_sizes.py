@@ -13,12 +13,13 @@ import interp.ablation.pruning as pruning_module
 from interp.ablation import builtin_metric, pruning_curves
 from interp.cli.retrieval import _plan
 from interp.cli.retrieval import cli as retrieval_cli
+from interp.config import RunConfig
 from interp.models import ModelInfo, from_hf_model, load_model
 from interp.probes import repeated_tokens
 from interp.probes.needle import needle_probe
 from interp.progress import LONG_WORK, forward_work, lines, long_parts, plan_note
 from interp.report import head_atlas
-from interp.report.build import atlas_work, long_work_note
+from interp.report.build import atlas_sizes, atlas_work, long_work_note
 from interp.toy.planted import planted_model
 from tests.helpers import GPT2_SMALL, gpt2_model, one_thread, word_tokenizer
 
@@ -149,7 +150,12 @@ def test_pattern_engine_counts_show_progress(capsys):
 
     model = planted_model(300)
     with lines():
-        retrieval_counts(model, needle_probe(model, seq_len=200, batch=2), window=None, engine="pattern", progress=True)
+        retrieval_counts(
+            model,
+            needle_probe(model, seq_len=200, batch=2),
+            window=None,
+            config=RunConfig(engine="pattern", progress=True),
+        )
     assert "scoring retrieval heads (pattern): 2/2 (100%)" in capsys.readouterr().err
 
 
@@ -161,7 +167,7 @@ def test_pruning_by_the_exact_order_shows_its_sweep(capsys):
     probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
     metric = builtin_metric("incontext", probe)
     with one_thread(), lines():
-        pruning_curves(toy, probe, metric, orders=["exact"], ablation="mean", progress=True)
+        pruning_curves(toy, probe, metric, orders=["exact"], ablation="mean", config=RunConfig(progress=True))
     err = capsys.readouterr().err
     assert "exact sweep: 8 head set(s) x 2 sequences of 17 tokens" in err  # the order's own sweep
     assert "exact sweep: 2/2 (100%)" in err
@@ -172,17 +178,25 @@ def test_the_atlas_prunes_by_its_own_sweep_without_running_it_again(monkeypatch,
     toy = load_model("toy", device="cpu")
     skip = ["sinks", "retrieval", "patterns", *CIRCUIT_PARTS]
     with one_thread():
-        reference = head_atlas(toy, batch=2, seq_len=8, skip=skip, seed=0).pruning
+        reference = head_atlas(toy, skip=skip, sizes=atlas_sizes(batch=2, seq_len=8), config=RunConfig(seed=0)).pruning
         monkeypatch.setattr(pruning_module, "exact_sweep", lambda *a, **k: pytest.fail("the exact sweep ran twice"))
         with lines():
-            atlas = head_atlas(toy, batch=2, seq_len=8, skip=skip, seed=0, progress=True)
+            atlas = head_atlas(
+                toy, skip=skip, sizes=atlas_sizes(batch=2, seq_len=8), config=RunConfig(seed=0, progress=True)
+            )
     pd.testing.assert_frame_equal(atlas.pruning, reference)
     probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
     metric = builtin_metric("incontext", probe)
     monkeypatch.undo()
     with one_thread():
         alone = pruning_curves(
-            toy, probe, metric, orders=["gradient", "exact", "random"], random_seeds=(0,), ablation="mean", seed=0
+            toy,
+            probe,
+            metric,
+            orders=["gradient", "exact", "random"],
+            random_seeds=(0,),
+            ablation="mean",
+            config=RunConfig(seed=0),
         )
     pd.testing.assert_frame_equal(atlas.pruning, alone.table)  # the same curves as computed alone
     err = capsys.readouterr().err
@@ -202,7 +216,12 @@ def test_the_atlas_runs_retrieval_on_a_1024_position_gpt2():
     hf = gpt2_model(n_layer=1, n_head=2, n_embd=16, n_positions=1024)
     model = from_hf_model(hf, word_tokenizer(), name="gpt2-1024")
     with one_thread():
-        atlas = head_atlas(model, batch=2, seq_len=8, skip=[*NO_ABLATION, "sinks", "patterns", *CIRCUIT_PARTS], seed=0)
+        atlas = head_atlas(
+            model,
+            skip=[*NO_ABLATION, "sinks", "patterns", *CIRCUIT_PARTS],
+            sizes=atlas_sizes(batch=2, seq_len=8),
+            config=RunConfig(seed=0),
+        )
     assert not atlas.meta.get("notes")
     assert atlas.retrieval["meta"]["seq_len"] == 1 + 1023  # BOS + the 1023 tokens left
     assert sorted(atlas.retrieval["distance"]["distance"].unique()) == [16, 64, 256]
@@ -215,7 +234,13 @@ def test_gates_show_progress_step_by_step_and_say_their_sizes(capsys):
     probe = repeated_tokens(toy, batch=2, block_len=8, seed=0)
     with one_thread(), lines():
         train_gates(
-            toy, probe, builtin_metric("incontext", probe), lambdas=[0.0, 0.1], steps=5, ablation="mean", progress=True
+            toy,
+            probe,
+            builtin_metric("incontext", probe),
+            lambdas=[0.0, 0.1],
+            steps=5,
+            ablation="mean",
+            config=RunConfig(progress=True),
         )
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "gates: 2 lambda(s) x 5 steps, each a forward and backward of up to 2 x 17 tokens"
@@ -229,7 +254,7 @@ def test_scoring_in_chunks_says_its_sizes(capsys):
     toy = load_model("toy", device="cpu")
     probe = repeated_tokens(toy, batch=4, block_len=8, seed=0)
     with one_thread(), lines():
-        head_scores(toy, probe, minibatch=2, progress=True, n_boot=10)
+        head_scores(toy, probe, config=RunConfig(minibatch=2, progress=True, n_boot=10))
     assert capsys.readouterr().err.splitlines()[0] == "scoring heads: 8 heads x 4 sequences of 17 tokens, 2 chunks"
 
 
@@ -254,7 +279,7 @@ def test_the_ov_roles_say_their_sizes_and_show_progress(capsys):
 
     toy = load_model("toy", device="cpu")
     with one_thread(), lines():
-        ov_scores(toy, ["copy_suppression"], n_boot=10, progress=True)
+        ov_scores(toy, ["copy_suppression"], config=RunConfig(n_boot=10, progress=True))
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "copy suppression: 8 heads x 500 tokens x 512 vocabulary, in blocks of 1024"
     assert err[-1].startswith("copy suppression: 2/2 (100%)")

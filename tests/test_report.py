@@ -9,11 +9,13 @@ import pandas as pd
 import pytest
 from plotly.offline import get_plotlyjs
 
+from interp.config import RunConfig
 from interp.errors import OutputError, UsageError
 from interp.heads import uniform_baseline
 from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.report import attention_patterns, head_atlas, role_table, uniform_baselines
+from interp.report.build import atlas_sizes
 from interp.scores import HeadScores
 from tests.helpers import one_thread
 
@@ -26,7 +28,7 @@ def toy():
 @pytest.fixture(scope="module")
 def toy_atlas(toy):
     with one_thread():
-        return head_atlas(toy, skip=["pruning"], seed=0)
+        return head_atlas(toy, skip=["pruning"], config=RunConfig(seed=0))
 
 
 def test_toy_atlas_names_the_known_circuit(toy_atlas):
@@ -39,7 +41,12 @@ def test_toy_atlas_names_the_known_circuit(toy_atlas):
 
 def test_random_weight_model_gets_no_role(gpt2_tiny, gpt2_dir, tmp_path):
     with one_thread():
-        atlas = head_atlas(gpt2_tiny, batch=6, seq_len=20, skip=["exact", "gradient", "pruning"], seed=0)
+        atlas = head_atlas(
+            gpt2_tiny,
+            skip=["exact", "gradient", "pruning"],
+            sizes=atlas_sizes(batch=6, seq_len=20),
+            config=RunConfig(seed=0),
+        )
     assert (atlas.roles["role"] == "").all(), atlas.roles[["label", "role"]]
     # the scores are there, near their uniform values: the rule, not missing data, names nothing
     assert abs(atlas.roles["induction"].mean() - atlas.baselines["induction"]) < 0.05
@@ -185,9 +192,8 @@ def test_a_model_without_composition_scores_gets_the_rest_and_a_note():
     with one_thread():
         atlas = head_atlas(
             model,
-            batch=2,
-            seq_len=8,
             skip=["sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "encoder"],
+            sizes=atlas_sizes(batch=2, seq_len=8),
         )
     note = next(n for n in atlas.meta["notes"] if n.startswith("composition: left out: "))
     assert "multi-head latent attention: keys and values come out of one shared" in note
@@ -216,7 +222,7 @@ TASK_ONLY = ["sinks", "exact", "gradient", "pruning", "retrieval", "ov", "encode
 @pytest.fixture(scope="module")
 def task_atlas(toy):
     with one_thread():
-        return head_atlas(toy, task="repeat", skip=TASK_ONLY, seed=0)
+        return head_atlas(toy, task="repeat", skip=TASK_ONLY, config=RunConfig(seed=0))
 
 
 def test_the_task_part_is_patch_heads_and_logit_attribution(toy, task_atlas):
@@ -308,11 +314,11 @@ def test_task_arguments_are_checked_before_anything_runs(toy, kwargs, message):
 
 
 def test_the_head_map_part_is_head_map_on_the_encoder_probe(toy, toy_atlas, tmp_path):
-    from interp.roles import head_map
     from interp.probes import text_probe
     from interp.report import Atlas
+    from interp.roles import head_map
 
-    want = head_map(toy, text_probe(toy, batch=8, seq_len=32, seed=0), seed=0)
+    want = head_map(toy, text_probe(toy, batch=8, seq_len=32, seed=0), config=RunConfig(seed=0))
     np.testing.assert_allclose(toy_atlas.head_map.distance, want.distance)
     np.testing.assert_allclose(toy_atlas.head_map.coords, want.coords)
     # the four induction heads sit together, apart from layer 0 (as the README says)
@@ -339,3 +345,11 @@ def test_head_map_labels_never_overlap():
         True, False, True, True
     ]  # fmt: skip
     assert label_room(np.array([np.nan]), np.array([0.0]), ["0.0"], [0, 1], [0, 1], (100, 100)) == [False]
+
+
+def test_the_page_shows_the_roles_at_a_glance_apart_from_what_heads_write(toy_atlas, tmp_path):
+    page = toy_atlas.save(tmp_path)[0].read_text()
+    roles = page.split('<section id="roles">')[1].split("</section>")[0]
+    writes = page.split('<section id="circuits">')[1].split("</section>")[0]
+    assert "<b>induction heads</b><span>1.2, 1.3, 1.0, 1.1</span>" in roles
+    assert "Copy suppression (McDougall et al.)" not in roles and "Copy suppression (McDougall et al.)" in writes

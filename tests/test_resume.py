@@ -23,11 +23,13 @@ from interp import memory
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss, pruning_curves, train_gates
 from interp.ablation import gates as gates_module
 from interp.cli import ablate
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.journal import Journal, Journals
 from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.report import head_atlas
+from interp.report.build import atlas_sizes
 from tests.helpers import child_env
 from tests.test_distributed import _free_port
 
@@ -91,7 +93,9 @@ def _units(journal: Path) -> int:
 
 def test_an_exact_sweep_resumed_after_ctrl_c_equals_an_uninterrupted_one(toy, probe, tmp_path):
     metric = incontext_loss(probe)
-    kw = dict(ablation="mean", chunk=3, minibatch=3)  # 8 heads: forwards of 3, 1 | 3, 1 (two minibatches each)
+    kw = dict(
+        ablation="mean", chunk=3, config=RunConfig(minibatch=3)
+    )  # 8 heads: forwards of 3, 1 | 3, 1 (two minibatches each)
     whole = exact_sweep(toy, probe, metric, **kw)
     with _Stop(Sweeper, "_evaluate_group", 3, KeyboardInterrupt()):
         partial = exact_sweep(toy, probe, metric, journal=_journals(tmp_path, toy)("exact", probe.tokens), **kw)
@@ -148,7 +152,7 @@ def test_a_gate_sweep_resumed_trains_only_the_lambdas_left_and_equals_an_uninter
 
 
 def test_the_atlas_ablation_parts_resume_after_a_crash(toy, tmp_path):
-    kw = dict(batch=4, seq_len=8, skip=["sinks", "gradient", "patterns"], seed=0, progress=False)
+    kw = dict(sizes=atlas_sizes(batch=4, seq_len=8), skip=["sinks", "gradient", "patterns"], config=RunConfig(seed=0))
     with _count(Sweeper, "_evaluate_group") as plain:
         whole = head_atlas(toy, **kw)
     journals = Journals(tmp_path, ARGS, toy, "toy")
@@ -271,15 +275,15 @@ def test_too_little_free_memory_refuses_the_sweep_before_any_forward(toy, probe,
     assert str(e.value) == (
         f"the exact sweep needs about {memory.gib(whole.total)} ({memory.gib(whole.kept)} for the clean pass "
         f"of every sequence, kept, {memory.gib(whole.per_forward)} per forward of 4 sequence(s)), but "
-        f"the cpu has {memory.gib(room)} free: pass minibatch=2 (or less) to run fewer sequences per forward (command line: the same to --minibatch)"
+        f"the cpu has {memory.gib(room)} free: pass minibatch=2 (or less) to run fewer sequences per forward"
     )
     assert forwards[0] == 0 and asked == [torch.device("cpu")]  # not even the mean ablation's fit ran
-    Sweeper(toy, probe, metric, ablation="mean", chunk=2, minibatch=2)  # what it said: fits
+    Sweeper(toy, probe, metric, ablation="mean", chunk=2, config=RunConfig(minibatch=2))  # what it said: fits
     assert forwards[0] > 0
     forwards[0] = 0
     monkeypatch.setattr(memory, "free_bytes", lambda device: whole.kept // 2)
     with pytest.raises(
-        UsageError, match=r"free: use fewer or shorter probe sequences \(command line: --batch, --seq-len\)$"
+        UsageError, match=r"free: use fewer or shorter probe sequences \(batch=, seq_len=\)$"
     ):
         Sweeper(toy, probe, metric)
     assert forwards[0] == 0
@@ -294,7 +298,7 @@ def test_too_little_free_memory_refuses_the_commands_with_one_line(tmp_path, cap
         assert code == 2
         assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: {what} needs about ")
         assert err.endswith(
-            ", but the cpu has 1 KiB free: use fewer or shorter probe sequences (command line: --batch, --seq-len)\n"
+            ", but the cpu has 1 KiB free: use fewer or shorter probe sequences (--batch, --seq-len)\n"
         )
         assert not out.exists() or not any(out.iterdir())  # nothing written (not even a journal)
         assert forwards[0] == 0  # loading the toy runs no forward; neither did the analysis
@@ -314,10 +318,10 @@ def test_the_gradient_pass_refuses_before_its_forward_naming_a_minibatch_that_fi
     assert str(e.value) == (
         f"the gradient pass needs about {memory.gib(4 * one.per_forward)} for a forward and backward of 4 "
         f"sequence(s), but the cpu has {memory.gib(3 * one.per_forward)} free: pass minibatch=3 (or less) to "
-        "run fewer sequences per forward (command line: the same to --minibatch)"
+        "run fewer sequences per forward"
     )
     assert forwards[0] == 0
-    gradient_importance(toy, probe, metric, minibatch=3)
+    gradient_importance(toy, probe, metric, config=RunConfig(minibatch=3))
     assert forwards[0] > 0
 
 

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.needle import copy_distance_probe, needle_probe
@@ -116,7 +117,7 @@ def test_bad_input(planted, kwargs, message):
 
 
 def test_planted_heads_found(planted, needles):
-    scores = retrieval_scores(planted, needles, window=64, n_boot=200)
+    scores = retrieval_scores(planted, needles, window=64, config=RunConfig(n_boot=200))
     t = scores.table.set_index(["layer", "head"])
     assert t.loc[RETRIEVAL, "retrieval"] >= 0.99 and t.loc[RETRIEVAL, "retrieval_lo"] >= 0.99
     assert t.loc[RETRIEVAL, "retrieval_mass"] >= 0.99
@@ -165,10 +166,10 @@ def test_scores_equal_full_pattern_computation(planted, which, request):
         model, seq_len, window = request.getfixturevalue("gpt2_tiny"), 200, 16
     probe = needle_probe(model, seq_len=seq_len, depths=(0.2, 0.9), needle_len=5, batch=2, seed=0)
     sink = 4
-    counts = retrieval_counts(model, probe, sink=sink, window=window, minibatch=1)
+    counts = retrieval_counts(model, probe, sink=sink, window=window, config=RunConfig(minibatch=1))
     hits, mass, share = _full_pattern_reference(model, probe, sink, window)
     assert torch.equal(counts.hits, hits)
-    scores = retrieval_scores(model, probe, sink=sink, window=window, n_boot=50)
+    scores = retrieval_scores(model, probe, sink=sink, window=window, config=RunConfig(n_boot=50))
     got = lambda col: torch.tensor(scores.grid(col), dtype=torch.float64)
     assert torch.allclose(got("retrieval"), hits.sum(0) / (probe.n_needles * 4), atol=1e-6, rtol=0)
     assert torch.allclose(got("retrieval_mass"), mass, atol=1e-6, rtol=0)
@@ -215,3 +216,18 @@ def test_planted_heads_stay_hard_at_32k():
             assert scores[target].min() - scores.topk(len(target) + 1).values[-1] > 40
             assert float(scores.softmax(-1)[target].sum()) > 1 - 1e-9
     assert math.log(T) < 11
+
+
+def test_retrieval_options_are_checked_without_a_model():
+    from interp.errors import UsageError
+    from interp.retrieval import validate_retrieval_scores
+
+    for kw, message, param in (
+        (dict(sink=-1), "sink= must be >= 0, got -1", "sink"),
+        (dict(window=0), "window= must be >= 1, got 0", "window"),
+        (dict(window=2.5), "window= must be an integer, got 2.5", "window"),
+    ):
+        with pytest.raises(UsageError) as e:
+            validate_retrieval_scores(**kw)
+        assert str(e.value) == message and e.value.params == (param,)
+    validate_retrieval_scores(sink=0, window=None)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from interp.config import RunConfig
 from interp.models import load_model
 from interp.report import head_atlas
+from interp.report.build import atlas_sizes
 from interp.toy.planted import planted_model
 from tests.helpers import one_thread
 
@@ -25,7 +27,9 @@ FAST = [
 @pytest.fixture(scope="module")
 def planted_atlas():
     with one_thread():
-        return head_atlas(planted_model(1100), batch=2, seq_len=20, skip=FAST, seed=0)
+        return head_atlas(
+            planted_model(1100), skip=FAST, sizes=atlas_sizes(batch=2, seq_len=20), config=RunConfig(seed=0)
+        )
 
 
 def test_planted_heads_in_the_role_table_and_the_page(planted_atlas, tmp_path):
@@ -46,7 +50,7 @@ def test_planted_heads_in_the_role_table_and_the_page(planted_atlas, tmp_path):
 def test_toy_leaves_it_out_unasked_and_runs_it_when_asked(tmp_path):
     toy = load_model("toy", device="cpu")
     with one_thread():
-        atlas = head_atlas(toy, batch=2, seq_len=20, skip=[*FAST, "sinks"], seed=0)
+        atlas = head_atlas(toy, skip=[*FAST, "sinks"], sizes=atlas_sizes(batch=2, seq_len=20), config=RunConfig(seed=0))
         assert atlas.retrieval is None and "retrieval" not in atlas.roles
         assert atlas.meta["notes"] == [
             "retrieval: left out: the model's context holds 255 tokens, fewer than the 512 the atlas needs to run "
@@ -54,7 +58,17 @@ def test_toy_leaves_it_out_unasked_and_runs_it_when_asked(tmp_path):
         ]
         page = atlas.save(tmp_path / "a")[0].read_text()
         assert "retrieval: left out" in page
-        asked = head_atlas(toy, batch=2, seq_len=20, skip=[*FAST, "sinks"], seed=0, retrieval_len=200)
+        asked = head_atlas(
+            toy,
+            skip=[*FAST, "sinks"],
+            sizes=atlas_sizes(batch=2, seq_len=20, retrieval_len=200),
+            config=RunConfig(seed=0),
+        )
     assert asked.retrieval["meta"]["seq_len"] == 1 + 200 and "retrieval_role" in asked.roles
-    skipped = head_atlas(toy, batch=2, seq_len=20, skip=[*FAST, "sinks", "retrieval"], seed=0, retrieval_len=200)
+    skipped = head_atlas(
+        toy,
+        skip=[*FAST, "sinks", "retrieval"],
+        sizes=atlas_sizes(batch=2, seq_len=20, retrieval_len=200),
+        config=RunConfig(seed=0),
+    )
     assert skipped.retrieval is None and "notes" not in skipped.meta

@@ -24,6 +24,8 @@ import pandas as pd
 import pytest
 import torch
 
+from interp.config import RunConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6
 CLI_ARGS = ["--model", "toy", "--device", "cpu", "--seq-len", "200", "--batch", "3", "--needles", "3"]
@@ -45,9 +47,11 @@ def library_results() -> dict[str, Any]:
     )
     out: dict[str, Any] = {}
     for engine in ("pattern", "stream"):
-        out[f"scores_{engine}"] = retrieval_scores(model, shuffled, window=32, engine=engine, n_boot=300).table
+        out[f"scores_{engine}"] = retrieval_scores(
+            model, shuffled, window=32, config=RunConfig(engine=engine, n_boot=300)
+        ).table
     dist = copy_distance_probe(model, [16, 64], span=6, batch=3, seed=2)
-    out["distance"] = copy_distance_scores(model, dist, engine="pattern")
+    out["distance"] = copy_distance_scores(model, dist, config=RunConfig(engine="pattern"))
     out["loss"] = needle_copy_loss(model, shuffled)
     with ablated(model, ["1.0", "1.1"], ablation=WindowAblation(sink=4, window=16)):
         out["loss_restricted"] = needle_copy_loss(model, shuffled)

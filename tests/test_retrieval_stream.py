@@ -12,6 +12,7 @@ import torch
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import AttentionInputs
 from interp.cli import COMMANDS
+from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import k_hook, q_hook, v_hook, z_hook
 from interp.probes.needle import copy_distance_probe, needle_probe
@@ -80,8 +81,8 @@ def test_stream_engine_equals_pattern_engine(planted, which, request):
     else:
         model, seq_len, window, tol_share = request.getfixturevalue("gpt2_tiny"), 200, 16, tol
     probe = needle_probe(model, seq_len=seq_len, depths=(0.0, 0.4, 0.95), needle_len=5, batch=2, seed=2)
-    pat = retrieval_counts(model, probe, sink=4, window=window, engine="pattern")
-    stream = retrieval_counts(model, probe, sink=4, window=window, engine="stream", minibatch=1)
+    pat = retrieval_counts(model, probe, sink=4, window=window, config=RunConfig(engine="pattern"))
+    stream = retrieval_counts(model, probe, sink=4, window=window, config=RunConfig(engine="stream", minibatch=1))
     assert torch.equal(pat.hits, stream.hits)
     assert torch.allclose(pat.mass, stream.mass, atol=tol, rtol=0)
     assert torch.allclose(pat.induction, stream.induction, atol=tol, rtol=0)
@@ -95,7 +96,7 @@ def test_stream_engine_equals_pattern_engine(planted, which, request):
 
 def test_auto_engine_and_scores_on_the_stream(planted):
     probe = needle_probe(planted, seq_len=1024, depths=(0.1, 0.6), needle_len=6, batch=1, seed=1)
-    scores = retrieval_scores(planted, probe, engine="auto", budget=1 << 20, n_boot=100)
+    scores = retrieval_scores(planted, probe, config=RunConfig(engine="auto", budget=1 << 20, n_boot=100))
     assert scores.meta["engine"] == "stream" and "over the 1 MiB budget" in scores.meta["engine_reason"]
     assert scores.meta["window"] == 256  # min(1024, 1024 // 4)
     t = scores.table.set_index(["layer", "head"])
@@ -115,7 +116,7 @@ def test_sliding_window_head_falls_to_uniform_past_its_window():
     assert layer_windows(model) == [WINDOW, WINDOW]
     inside, outside = (4, 8, 12), (24, 64, 128)
     probe = copy_distance_probe(model, (*inside, *outside), span=3, batch=2, seed=0)
-    table = copy_distance_scores(model, probe, engine="pattern")
+    table = copy_distance_scores(model, probe, config=RunConfig(engine="pattern"))
     for d in outside:  # past the window the earlier copy is masked: no mass, never the argmax
         rows = table[table["distance"] == d]
         assert (rows["induction"] <= rows["uniform"]).all() and (rows["induction"] == 0).all()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.roles import composition_scores
-from interp.roles.card import head_card, mean_write
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.heads import head_scores
 from interp.probes import probe_from_tokens
 from interp.report.roles import role_table
+from interp.roles import composition_scores
+from interp.roles.card import head_card, mean_write
 from tests.test_roles_composition import induction_pair
 from tests.test_roles_ov import SEQUENCE, roles_model
 
@@ -35,7 +36,7 @@ def test_card_gathers_scores_compositions_and_the_pattern():
     model = induction_pair()
     comp = composition_scores(model, n_random=50)
     probe = probe_from_tokens(model, torch.arange(1, 9)[None])
-    scores = role_table(head_scores(model, probe, n_boot=20, copying=False), {})
+    scores = role_table(head_scores(model, probe, config=RunConfig(n_boot=20), copying=False), {})
     card = head_card(1, 0, roles=scores, model=model, compositions=comp, probe=probe, top=2)
     assert card["head"] == "1.0" and "prev_token" in card["scores"]
     strongest = card["composes_in"][0]

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import interp
-from interp.roles import Compositions, composition_scores
+from interp.config import RunConfig
 from interp.errors import UsageError
+from interp.roles import Compositions, composition_scores
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import gpt2_model, word_tokenizer
 
@@ -91,8 +92,8 @@ def test_toy_induction_heads_read_the_previous_token_head_by_k_composition():
 
 
 def test_baseline_is_scale_free_and_reproducible():
-    a = composition_scores(induction_pair(), kinds=["K"], n_random=50, seed=1)
-    b = composition_scores(induction_pair(), kinds=["K"], n_random=50, seed=1)
+    a = composition_scores(induction_pair(), kinds=["K"], n_random=50, config=RunConfig(seed=1))
+    b = composition_scores(induction_pair(), kinds=["K"], n_random=50, config=RunConfig(seed=1))
     assert a.meta["baselines"] == b.meta["baselines"]
     assert a.meta["baselines"]["K"]["sd"] > 0
 

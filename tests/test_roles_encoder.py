@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from interp.roles.encoder import encoder_scores, head_map, js_distance
+from interp.config import RunConfig
 from interp.probes import probe_from_tokens
+from interp.roles.encoder import encoder_scores, head_map, js_distance
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import word_tokenizer
 
@@ -55,7 +56,7 @@ def setup():
     body = torch.randint(5, V, (6, 12), generator=torch.Generator().manual_seed(0))
     probe = probe_from_tokens(model, body)  # [CLS] 12 tokens [SEP]
     freq = torch.arange(V, 0, -1).double()  # higher ids are rarer
-    return model, probe, encoder_scores(model, probe, frequencies=freq, n_boot=200)
+    return model, probe, encoder_scores(model, probe, frequencies=freq, config=RunConfig(n_boot=200))
 
 
 def test_sep_head_and_next_token_head_are_found(setup):
@@ -85,7 +86,9 @@ def test_rare_word_head_reads_the_frequency_table(setup):
     body token is equally rare, the uniform head's rare-word score is its whole body share."""
     model, probe, s = setup
     assert s.grid("rare_word")[0, 0] == 0.0
-    flat = encoder_scores(model, probe, scores=["sep"], frequencies={t: 1 for t in range(V)}, n_boot=10)
+    flat = encoder_scores(
+        model, probe, scores=["sep"], frequencies={t: 1 for t in range(V)}, config=RunConfig(n_boot=10)
+    )
     assert flat.grid("rare_word")[0, 2] == pytest.approx(12 / 14)
 
 
@@ -122,7 +125,7 @@ def test_decoder_next_token_is_nan_saying_why():
     torch.manual_seed(0)
     model = ToyTransformer(ToyConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=40, n_ctx=16)).eval()
     probe = probe_from_tokens(model, torch.randint(1, 40, (3, 10)))
-    s = encoder_scores(model, probe, scores=["next", "own"], frequencies=torch.ones(40), n_boot=10)
+    s = encoder_scores(model, probe, scores=["next", "own"], frequencies=torch.ones(40), config=RunConfig(n_boot=10))
     assert np.isnan(s.grid("next")).all()
     assert (
         "next: no query of this probe sees such a key (a causal model never sees the next token)" in s.meta["notes"][0]

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import interp
-from interp.roles.logit import logit_attribution
+from interp.config import RunConfig
 from interp.errors import UsageError
+from interp.roles.logit import logit_attribution
 from interp.toy import ToyConfig, ToyTransformer
 from tests.conformance import build
 
@@ -42,7 +43,9 @@ def test_parts_add_up_to_the_models_own_logit_difference(family):
     raw = cap * torch.atanh(logits / cap) if cap else logits  # the pre-cap logits
     want = raw[torch.arange(4), answers] - raw[torch.arange(4), wrongs]
     hf, tok = build(family)
-    r = logit_attribution(interp.models.from_hf_model(with_norm_weights(hf), tok), tokens, answers, wrongs, n_boot=50)
+    r = logit_attribution(
+        interp.models.from_hf_model(with_norm_weights(hf), tok), tokens, answers, wrongs, config=RunConfig(n_boot=50)
+    )
     assert want.abs().min() > 0.1  # a real difference to split, well above the tolerance
     np.testing.assert_allclose(r.parts["total"], want.numpy(), atol=1e-4)
     heads = r.per_position.sum(-1)
@@ -80,7 +83,7 @@ def averaging_model() -> ToyTransformer:
 
 def test_a_uniform_copying_head_writes_the_token_counts_it_sees():
     tokens = torch.tensor([[3, 5, 5, 7, 3, 5], [4, 4, 4, 4, 9, 2]])
-    r = logit_attribution(averaging_model(), tokens, [5, 4], [3, 2], n_boot=50)
+    r = logit_attribution(averaging_model(), tokens, [5, 4], [3, 2], config=RunConfig(n_boot=50))
     # causal, uniform over the 6 keys at the last position: (#answer - #wrong) / 6
     np.testing.assert_allclose(r.per_position[:, 0, 0].sum(-1), [(3 - 2) / 6, (4 - 1) / 6], atol=1e-6)
     np.testing.assert_allclose(r.per_position[0, 0, 0], np.array([-1, 1, 1, 0, -1, 1]) / 6, atol=1e-6)
@@ -91,7 +94,7 @@ def test_a_uniform_copying_head_writes_the_token_counts_it_sees():
 
 def test_answer_logit_alone_and_positions():
     tokens = torch.tensor([[3, 5, 5, 7, 3, 5]])
-    r = logit_attribution(averaging_model(), tokens, [5], positions=[2], n_boot=10)
+    r = logit_attribution(averaging_model(), tokens, [5], positions=[2], config=RunConfig(n_boot=10))
     assert r.meta["direction"] == "answer"
     assert r.per_position[0, 0, 0, :3].sum() == pytest.approx(2 / 3)  # query 2 sees 3, 5, 5
     assert np.isnan(r.heads.table["dla_lo"]).sum() == 0
@@ -110,7 +113,7 @@ def test_bad_ids_are_refused_saying_what():
 
 
 def test_saves(tmp_path):
-    r = logit_attribution(averaging_model(), torch.tensor([[3, 5, 5]]), [5], [3], n_boot=10)
+    r = logit_attribution(averaging_model(), torch.tensor([[3, 5, 5]]), [5], [3], config=RunConfig(n_boot=10))
     files = r.save(tmp_path)
     assert sorted(p.name for p in files) == [
         "logit_attribution.json",
@@ -122,10 +125,10 @@ def test_saves(tmp_path):
 
 def test_prompts_of_different_lengths_run_each_length_as_its_batch():
     model = averaging_model()
-    r = logit_attribution(model, [[3, 5, 5], [4, 4, 9, 2]], [5, 4], [3, 2], n_boot=10)
+    r = logit_attribution(model, [[3, 5, 5], [4, 4, 9, 2]], [5, 4], [3, 2], config=RunConfig(n_boot=10))
     np.testing.assert_allclose(np.nansum(r.per_position[:, 0, 0], -1), [(2 - 1) / 3, (2 - 1) / 4], atol=1e-6)
     assert np.isnan(r.per_position[0, 0, 0, 3])  # past the first prompt's end
-    alone = logit_attribution(model, [[4, 4, 9, 2]], [4], [2], n_boot=10)
+    alone = logit_attribution(model, [[4, 4, 9, 2]], [4], [2], config=RunConfig(n_boot=10))
     np.testing.assert_allclose(r.parts.loc[1, "total"], alone.parts.loc[0, "total"])
 
 
@@ -146,14 +149,14 @@ def test_encoders_are_refused_saying_why():
 def test_several_answers_attribute_the_mean_answer_logit_minus_the_mean_wrong_one():
     tokens = torch.tensor([[3, 5, 5, 7, 3, 5], [4, 4, 4, 4, 9, 2]])
     # -1 pads: prompt 0 compares tokens 5 and 3 with 7; prompt 1 compares 4 with 9 and 2
-    r = logit_attribution(averaging_model(), tokens, [[5, 3], [4, -1]], [[7, -1], [9, 2]], n_boot=10)
+    r = logit_attribution(averaging_model(), tokens, [[5, 3], [4, -1]], [[7, -1], [9, 2]], config=RunConfig(n_boot=10))
     want = [((3 + 2) / 2 - 1) / 6, (4 - (1 + 1) / 2) / 6]  # the uniform head: mean counts over 6 keys
     np.testing.assert_allclose(r.per_position[:, 0, 0].sum(-1), want, atol=1e-6)
     np.testing.assert_allclose(r.parts["total"], r.parts["model"], atol=1e-5)
     np.testing.assert_allclose(r.parts["embed"], [(1 + 0) / 2 - 0, 0 - (0 + 1) / 2])  # the last token's own code
     assert r.meta["direction"] == "mean answer logit - mean wrong logit"
     with pytest.raises(UsageError, match="answers: prompt 1 has no token id"):
-        logit_attribution(averaging_model(), tokens, [[5, 3], [-1, -1]], n_boot=10)
+        logit_attribution(averaging_model(), tokens, [[5, 3], [-1, -1]], config=RunConfig(n_boot=10))
 
 
 def test_the_toys_repeat_task_is_carried_by_its_induction_heads():
@@ -162,7 +165,7 @@ def test_the_toys_repeat_task_is_carried_by_its_induction_heads():
 
     model = load_model("toy", device="cpu")
     task = task_probe(model, "repeat", n_pairs=8, seed=0)
-    r = logit_attribution(model, task, n_boot=50)
+    r = logit_attribution(model, task, config=RunConfig(n_boot=50))
     # the model's own logit difference, read independently from a plain forward of the clean prompts
     with torch.no_grad():
         logits = model(task.clean)[:, task.read_position].double()
@@ -186,7 +189,7 @@ def test_greater_than_says_what_is_attributed():
     task = TaskProbe(
         clean, clean.clone(), torch.tensor([[5, 7]]), torch.tensor([[3, -1]]), metric="prob-diff", name="gt"
     )
-    r = logit_attribution(model, task, n_boot=10)
+    r = logit_attribution(model, task, config=RunConfig(n_boot=10))
     np.testing.assert_allclose(r.per_position[0, 0, 0].sum(), ((2 + 1) / 2 - 1) / 4, atol=1e-6)
     assert r.meta["direction"].startswith(
         "mean answer logit - mean wrong logit (the gt task's own metric, the answers'"

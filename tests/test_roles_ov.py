@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.roles.ov import MIN_SUCCESSOR_PAIRS, ordinal_sequences, ov_scores
+from interp.config import RunConfig
 from interp.errors import UsageError
+from interp.roles.ov import MIN_SUCCESSOR_PAIRS, ordinal_sequences, ov_scores
 from interp.toy import ToyConfig, ToyTransformer
 from tests.helpers import word_tokenizer
 
@@ -41,7 +42,7 @@ def roles_model() -> ToyTransformer:
 
 @pytest.fixture(scope="module")
 def scores():
-    return ov_scores(roles_model(), k=5, sequences={"hand-set": SEQUENCE}, n_boot=200)
+    return ov_scores(roles_model(), k=5, sequences={"hand-set": SEQUENCE}, config=RunConfig(n_boot=200))
 
 
 def test_copy_suppression_head_is_found_and_random_heads_sit_at_k_over_v(scores):
@@ -105,7 +106,7 @@ def test_copy_suppression_through_the_first_mlp():
     """With an MLP in block 0, the effective embedding is W_E + MLP0(W_E): the meta says so."""
     torch.manual_seed(0)
     cfg = ToyConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=50, n_ctx=8, attn_only=False)
-    s = ov_scores(ToyTransformer(cfg).eval(), ["copy_suppression"], k=3, n_boot=50)
+    s = ov_scores(ToyTransformer(cfg).eval(), ["copy_suppression"], k=3, config=RunConfig(n_boot=50))
     assert "W_E + MLP0(W_E)" in s.meta["notes"][0]
 
 
@@ -121,7 +122,7 @@ def test_an_mlp_that_cannot_run_alone_falls_back_to_the_embedding_saying_so():
     import interp
     from tests.conformance import build
 
-    s = ov_scores(interp.models.from_hf_model(*build("bert")), ["copy_suppression"], n_boot=20)
+    s = ov_scores(interp.models.from_hf_model(*build("bert")), ["copy_suppression"], config=RunConfig(n_boot=20))
     assert s.meta["notes"][0].startswith("effective embedding: W_E (block 0's MLP cannot run on its own here")
     assert s.table["copy_suppression"].notna().all()
 
@@ -189,7 +190,9 @@ def test_copy_suppression_equals_the_full_product_on_a_small_gpt2(monkeypatch, b
 
     hf = planted_gpt2()
     monkeypatch.setattr(ov_module, "COLUMN_BLOCK", block)
-    s = ov_scores(from_hf_model(hf, word_tokenizer(300)), ["copy_suppression"], k=5, max_tokens=1000, n_boot=10)
+    s = ov_scores(
+        from_hf_model(hf, word_tokenizer(300)), ["copy_suppression"], k=5, max_tokens=1000, config=RunConfig(n_boot=10)
+    )
     want = plain_copy_suppression(*hf_weights(hf), torch.arange(1, 300), k=5)  # token 0 is BOS
     assert want[1, 2] > 0.5 and 0 < want.sum() - want[1, 2]  # the planted head, and a few hits elsewhere
     assert s.meta["ci_units"]["copy_suppression"] == 299
@@ -202,7 +205,7 @@ def test_copy_suppression_on_the_bundled_toy_equals_the_full_product():
     from interp.models import load_model
 
     toy = load_model("toy", device="cpu")
-    s = ov_scores(toy, ["copy_suppression"], max_tokens=512, n_boot=10)  # every ordinary token
+    s = ov_scores(toy, ["copy_suppression"], max_tokens=512, config=RunConfig(n_boot=10))  # every ordinary token
     want = plain_copy_suppression(toy.W_E, toy.W_V, toy.W_O, toy.W_U, torch.arange(1, 512), k=10)
     assert want.sum() > 0  # some hits to match
     torch.testing.assert_close(
@@ -222,7 +225,7 @@ def test_copy_suppression_decides_most_rows_in_the_first_blocks_and_embeds_only_
     monkeypatch.setattr(ov_module, "first_mlp", lambda m, x: embedded.append(len(x)) or first_mlp(m, x))
     torch.manual_seed(0)
     cfg = ToyConfig(n_layers=2, d_model=32, n_heads=2, d_vocab=600, n_ctx=8, attn_only=False)
-    ov_scores(ToyTransformer(cfg).eval(), ["copy_suppression"], k=3, max_tokens=100, n_boot=10)
+    ov_scores(ToyTransformer(cfg).eval(), ["copy_suppression"], k=3, max_tokens=100, config=RunConfig(n_boot=10))
     assert embedded == [100]
     assert seen[0] == 2 * 100 and len(seen) <= 2 * 60  # every row of a layer meets the first block
     assert sum(seen) < 0.2 * 2 * 2 * 100 * 60  # most rows are decided long before the last block

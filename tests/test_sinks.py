@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.models import describe, load_model
 from interp.probes import TokenProbe, random_tokens, text_probe
 from interp.sinks import SinkStatistics, queries_per_key, sink_scores, sink_statistics, uniform_mass
@@ -72,7 +73,7 @@ def planted_report(planted):
     tokens[tokens == PLANT_TOKEN] = 8 if PLANT_TOKEN != 8 else 9  # "w7" only where we put it
     tokens[:, PLANT_POS] = PLANT_TOKEN
     probe = dataclasses.replace(probe, tokens=tokens)
-    return sink_scores(planted, probe, n_boot=200)
+    return sink_scores(planted, probe, config=RunConfig(n_boot=200))
 
 
 def test_planted_sink_head_is_found_and_uniform_head_is_not(planted_report):
@@ -118,8 +119,8 @@ def test_planted_massive_activation_is_reported_where_it_is(planted_report):
 
 def test_thresholds_are_options(planted):
     probe = random_tokens(planted, batch=2, seq_len=16, seed=1)
-    assert len(sink_scores(planted, probe, abs_threshold=1e6, n_boot=10).massive) == 0
-    low = sink_scores(planted, probe, abs_threshold=50, rel_threshold=100, n_boot=10).massive
+    assert len(sink_scores(planted, probe, abs_threshold=1e6, config=RunConfig(n_boot=10)).massive) == 0
+    low = sink_scores(planted, probe, abs_threshold=50, rel_threshold=100, config=RunConfig(n_boot=10)).massive
     assert len(low) >= 2 and set(low["layer"]) == {0, 1}  # now the 60 of the position marker counts too
     assert low["token"].notna().all() and low["role"].eq("first").all()
 
@@ -144,7 +145,7 @@ def _check_invariants(model, probe):
     alpha0 = (A[..., 0].sum(-1) / T).mean(0)  # [layer, head]: every query sees position 0
     # an epsilon between the heads' masses, so that the count is not trivially zero
     eps = float(alpha0.flatten().sort().values[alpha0.numel() // 2 - 1 : alpha0.numel() // 2 + 1].mean())
-    r = sink_scores(model, probe, epsilon=eps, n_boot=50)
+    r = sink_scores(model, probe, epsilon=eps, config=RunConfig(n_boot=50))
     t = r.heads.table
     for col in ("first_mass", "confidence", "confidence_no_first", "top_other_mass"):
         assert t[col].between(0, 1).all(), col
@@ -208,7 +209,7 @@ def test_bundled_toy_end_to_end():
         model = load_model("toy", device="cpu")
     except Exception as e:  # the checkpoint is grown by interp.toy.train; not every checkout has it
         pytest.skip(f"no bundled toy: {e}")
-    r = sink_scores(model, random_tokens(model, batch=4, seq_len=32), n_boot=50)
+    r = sink_scores(model, random_tokens(model, batch=4, seq_len=32), config=RunConfig(n_boot=50))
     assert r.heads.table["first_mass"].between(0, 1).all() and r.meta["max_row_sum_deviation"] < 1e-4
 
 
@@ -231,10 +232,26 @@ def test_nothing_quadratic_is_kept(gpt2_tiny):
 
 def test_bad_arguments(gpt2_tiny):
     probe = random_tokens(gpt2_tiny, batch=1, seq_len=4)
-    with pytest.raises(ValueError, match="epsilon must be between 0 and 1, got 1.5"):
+    with pytest.raises(ValueError, match="epsilon= must be between 0 and 1, got 1.5"):
         sink_scores(gpt2_tiny, probe, epsilon=1.5)
-    with pytest.raises(ValueError, match="abs_threshold must be > 0"):
+    with pytest.raises(ValueError, match="abs_threshold= must be > 0"):
         sink_scores(gpt2_tiny, probe, abs_threshold=0)
     long = TokenProbe(tokens=torch.zeros(1, 300, dtype=torch.long), body_start=1, body_end=300, causal=True)
     with pytest.raises(ValueError, match="longer than the model's context of 256"):
         sink_scores(gpt2_tiny, long)
+
+
+def test_sink_scores_options_are_checked_without_a_model():
+    from interp.errors import UsageError
+    from interp.sinks import validate_sink_scores
+
+    for kw, message, param in (
+        (dict(epsilon=1.5), "epsilon= must be between 0 and 1, got 1.5", "epsilon"),
+        (dict(sink_ratio=0), "sink_ratio= must be > 0, got 0", "sink_ratio"),
+        (dict(min_queries=0), "min_queries= must be an integer >= 1, got 0", "min_queries"),
+        (dict(max_massive=-1), "max_massive= must be an integer >= 0, got -1", "max_massive"),
+    ):
+        with pytest.raises(UsageError) as e:
+            validate_sink_scores(**kw)
+        assert str(e.value) == message and e.value.params == (param,)
+    validate_sink_scores()

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.heads import attention_scores, head_scores, uniform_baseline
 from interp.models import describe, from_hf_model, load_model
@@ -143,8 +144,8 @@ def test_head_statistics_stream_equals_pattern(models, model_name):
     block = 120 if model_name != "llama" else 1000  # llama: T = 2001, rotary far from position 0
     probe = repeated_tokens(model, batch=2 if model_name != "llama" else 1, block_len=block, seed=3)
     for queries in ("targets", "all"):
-        num_p, den_p = attention_scores(model, probe, queries=queries, engine="pattern")
-        num_s, den_s = attention_scores(model, probe, queries=queries, engine="stream")
+        num_p, den_p = attention_scores(model, probe, queries=queries, config=RunConfig(engine="pattern"))
+        num_s, den_s = attention_scores(model, probe, queries=queries, config=RunConfig(engine="stream"))
         for name in num_p:
             torch.testing.assert_close(num_s[name], num_p[name], rtol=0, atol=TOL * den_p[name].max())
             torch.testing.assert_close(den_s[name], den_p[name], rtol=TOL, atol=0)
@@ -156,8 +157,8 @@ def test_head_statistics_stream_equals_pattern(models, model_name):
 def test_sink_statistics_stream_equals_pattern(models, model_name):
     model = models[model_name]
     probe = random_tokens(model, batch=2, seq_len=150, seed=2)
-    p = sink_statistics(model, probe, engine="pattern")
-    s = sink_statistics(model, probe, engine="stream")
+    p = sink_statistics(model, probe, config=RunConfig(engine="pattern"))
+    s = sink_statistics(model, probe, config=RunConfig(engine="stream"))
     T = probe.seq_len
     torch.testing.assert_close(s.received / T, p.received / T, rtol=0, atol=TOL)
     for field in ("confidence", "confidence_no_first"):
@@ -171,7 +172,10 @@ def test_sink_statistics_stream_equals_pattern(models, model_name):
 
 def test_reports_are_the_same_tables(toy):
     probe = random_tokens(toy, batch=3, seq_len=100)
-    a, b = sink_scores(toy, probe, engine="pattern", n_boot=100), sink_scores(toy, probe, engine="stream", n_boot=100)
+    a, b = (
+        sink_scores(toy, probe, config=RunConfig(engine="pattern", n_boot=100)),
+        sink_scores(toy, probe, config=RunConfig(engine="stream", n_boot=100)),
+    )
     for name in ("layers", "positions", "tokens"):
         fa, fb = getattr(a, name), getattr(b, name)
         assert list(fa.columns) == list(fb.columns) and len(fa) == len(fb)
@@ -181,7 +185,10 @@ def test_reports_are_the_same_tables(toy):
         if ta[col].dtype.kind == "f":
             assert float((ta[col] - tb[col]).abs().max()) < TOL, col
     probe = repeated_tokens(toy, batch=3, block_len=60)
-    ha, hb = head_scores(toy, probe, engine="pattern", n_boot=100), head_scores(toy, probe, engine="stream", n_boot=100)
+    ha, hb = (
+        head_scores(toy, probe, config=RunConfig(engine="pattern", n_boot=100)),
+        head_scores(toy, probe, config=RunConfig(engine="stream", n_boot=100)),
+    )
     assert ha.top("induction")[0] == 1 and hb.top("induction") == ha.top("induction")
     for col in ha.table.columns:
         if ha.table[col].dtype.kind == "f":
@@ -208,10 +215,10 @@ def test_stream_never_forms_the_pattern(llama_tiny, gpt2_tiny, bert_tiny, toy, m
     try:
         for model in (llama_tiny, gpt2_tiny, bert_tiny, toy):
             probe = repeated_tokens(model, batch=1, block_len=30)
-            attention_scores(model, probe, engine="stream")
-            sink_statistics(model, probe, engine="stream")
+            attention_scores(model, probe, config=RunConfig(engine="stream"))
+            sink_statistics(model, probe, config=RunConfig(engine="stream"))
             assert formed == [], type(model).__name__
-            attention_scores(model, probe, engine="pattern")
+            attention_scores(model, probe, config=RunConfig(engine="pattern"))
             assert formed, type(model).__name__
             formed.clear()
     finally:
@@ -226,12 +233,12 @@ def test_a_toy_built_without_flash_streams_on_its_flash_path(monkeypatch):
     torch.manual_seed(0)
     model = ToyTransformer(ToyConfig(d_model=32, n_heads=2, n_ctx=64, d_vocab=50, use_flash=False)).eval()
     probe = repeated_tokens(model, batch=2, block_len=20)
-    want, _ = attention_scores(model, probe, engine="pattern")
+    want, _ = attention_scores(model, probe, config=RunConfig(engine="pattern"))
     check_stream_conformance(model, probe.tokens)  # the guard's prefix forms a pattern, once per model
     formed: list[int] = []
     logits = toy_attention.attention_logits
     monkeypatch.setattr(toy_attention, "attention_logits", lambda *a, **k: formed.append(1) or logits(*a, **k))
-    got, _ = attention_scores(model, probe, engine="stream")
+    got, _ = attention_scores(model, probe, config=RunConfig(engine="stream"))
     assert formed == [] and not any(block.attn.use_flash for block in model.blocks)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=TOL)
@@ -241,7 +248,9 @@ def test_the_model_is_unchanged_after_streaming(llama_tiny):
     tokens = repeated_tokens(llama_tiny, batch=1, block_len=20).tokens
     with torch.no_grad():
         before = llama_tiny(tokens)
-        attention_scores(llama_tiny, repeated_tokens(llama_tiny, batch=1, block_len=20), engine="stream")
+        attention_scores(
+            llama_tiny, repeated_tokens(llama_tiny, batch=1, block_len=20), config=RunConfig(engine="stream")
+        )
         after = llama_tiny(tokens)
     assert torch.equal(before, after)
     assert llama_tiny.original_model.config._attn_implementation == "eager"
@@ -256,11 +265,11 @@ def test_auto_streams_only_past_the_budget(toy):
         engine == "stream"
         and why == "stream (one layer's pattern for 2 x 101 tokens takes 0.311 MiB, over the 0.293 MiB budget)"
     )
-    scores = head_scores(toy, probe, n_boot=10)
+    scores = head_scores(toy, probe, config=RunConfig(n_boot=10))
     assert scores.meta["engine"] == "pattern"
-    assert head_scores(toy, probe, n_boot=10, budget=300 * 1024).meta["engine"] == "stream"
+    assert head_scores(toy, probe, config=RunConfig(n_boot=10, budget=300 * 1024)).meta["engine"] == "stream"
     with pytest.raises(UsageError, match=r"unknown engine 'fast': choose from \['auto', 'pattern', 'stream'\]"):
-        head_scores(toy, probe, engine="fast")
+        head_scores(toy, probe, config=RunConfig(engine="fast"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,8 +338,8 @@ def test_a_sliding_window_streams_exactly():
     )
     model = from_hf_model(MistralForCausalLM(cfg).eval())
     probe = repeated_tokens(model, batch=1, block_len=20)
-    want, _ = attention_scores(model, probe, engine="pattern")
-    got, _ = attention_scores(model, probe, engine="stream")
+    want, _ = attention_scores(model, probe, config=RunConfig(engine="pattern"))
+    got, _ = attention_scores(model, probe, config=RunConfig(engine="stream"))
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=TOL)
     assert float(want["induction"].abs().max()) == 0  # induction targets lie outside the 8-token band

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from interp.adapters.base import AttentionInputs
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.stream.blockwise import (
     attention_column_sums,
@@ -164,8 +165,8 @@ def _errors(family: str, edit=None) -> dict[str, float]:
     want.update(conformance.reference_sink_stats(patterns, True))
     err = {}
     for engine in ("pattern", "stream"):
-        hs = head_scores(model, probe, engine=engine, copying=False, n_boot=10)
-        sr = sink_scores(model, probe, engine=engine, n_boot=10)
+        hs = head_scores(model, probe, config=RunConfig(engine=engine, n_boot=10), copying=False)
+        sr = sink_scores(model, probe, config=RunConfig(engine=engine, n_boot=10))
         for name in ("prev_token", "induction"):
             err[f"{engine} {name}"] = conformance._max_err(hs.grid(name), want[name])
         for name in ("first_mass", "confidence", "learned_sink_mass"):
@@ -190,7 +191,7 @@ def test_a_large_sink_logit_absorbs_its_head():
     want = conformance.reference_sink_stats(conformance.hf_patterns(ref, probe.tokens), True)["learned_sink_mass"]
     assert float(want[1, 2]) > 0.9 and float(want[0].max()) < 0.5
     for engine in ("pattern", "stream"):
-        r = sink_scores(model, probe, engine=engine, n_boot=10)
+        r = sink_scores(model, probe, config=RunConfig(engine=engine, n_boot=10))
         grid = torch.as_tensor(r.grid("learned_sink_mass"))
         assert float(grid[1, 2]) > 0.9, engine
         torch.testing.assert_close(grid.float(), want, rtol=0, atol=TOL)
@@ -207,7 +208,7 @@ def test_models_without_sinks_have_no_learned_sink_row(toy_model=None):
     toy = load_model("toy", device="cpu")
     probe = repeated_tokens(toy, batch=2, block_len=20)
     for engine in ("pattern", "stream"):
-        r = sink_scores(toy, probe, engine=engine, n_boot=10)
+        r = sink_scores(toy, probe, config=RunConfig(engine=engine, n_boot=10))
         assert float(abs(r.grid("learned_sink_mass")).max()) < 1e-6
         assert "<learned sink>" not in set(r.tokens["token"]) and r.meta["learned_sinks"] is False
 
@@ -225,12 +226,12 @@ def test_the_guard_refuses_attention_it_cannot_capture_before_any_work():
     handle = embed.register_forward_hook(lambda m, args, out: calls.append(tuple(args[0].shape)))
     try:
         with pytest.raises(UsageError) as e:
-            head_scores(model, probe, engine="stream", copying=False, n_boot=10)
+            head_scores(model, probe, config=RunConfig(engine="stream", n_boot=10), copying=False)
     finally:
         handle.remove()
     assert str(e.value) == (
         "the stream engine cannot run bloom (BloomAttention): its attention does not call Hugging Face's "
-        "attention interface (no q and k from layer(s) [0, 1]); use engine='pattern' (command line: --engine pattern)"
+        "attention interface (no q and k from layer(s) [0, 1]); use engine='pattern'"
     )
     assert calls == [(1, probe.seq_len)]  # the guard's prefix of the first sequence only: the probe never ran
 
@@ -243,8 +244,8 @@ def test_the_guard_catches_a_wrong_statistic(monkeypatch):
     _, model, probe = _model("gpt_oss_128")
     monkeypatch.setattr(bridge, "_sink_logits", lambda module, kwargs: None)
     with pytest.raises(UsageError, match=r"^the stream engine does not reproduce gpt_oss \(GptOssAttention\)'s own "
-                       r"attention on a 41-token prefix \(max weight error [\d.e+-]+ in layer \d\): use engine=\'pattern\' \(command line: --engine pattern\)$"):  # fmt: skip
-        sink_scores(model, probe, engine="stream", n_boot=10)
+                       r"attention on a 41-token prefix \(max weight error [\d.e+-]+ in layer \d\): use engine=\'pattern\'$"):  # fmt: skip
+        sink_scores(model, probe, config=RunConfig(engine="stream", n_boot=10))
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from interp.probes.task import TaskProbe, read_task, task_probe
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TASK_NOTE = (
-    "it is not added again; pass framed=True (command line: --framed) if the prompts carry all of the model's framing"
+    "it is not added again; pass framed=True if the prompts carry all of the model's framing"
 )
 
 

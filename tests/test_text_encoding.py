@@ -19,10 +19,11 @@ from tests.helpers import one_thread
 WORDS = "Café crème, naïve résumé; déjà vu à l'hôtel. " * 40
 
 
-def _message(path, encoding="utf-8", offset=3, line=1, byte="e9"):
+def _message(path, encoding="utf-8", offset=3, line=1, byte="e9", spelled="encoding="):
+    """The library's message; ``spelled="--encoding"``: as a command shows it."""
     return (
         f"{path} is not {encoding} text: byte(s) {byte} at offset {offset} (line {line}) cannot be decoded; pass the "
-        "file's encoding with encoding= (command line: --encoding), e.g. latin-1 or cp1252, or save the file as UTF-8"
+        f"file's encoding with {spelled}, e.g. latin-1 or cp1252, or save the file as UTF-8"
     )
 
 
@@ -71,13 +72,13 @@ def test_the_commands_that_read_a_data_set_take_encoding(tmp_path, capsys):
         sinks_cli(["--dataset", str(latin), *small, "--out", str(tmp_path / "s")])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f"python -m interp.sinks: error: {_message(latin)}" and "Traceback" not in err
+    assert err.splitlines()[-1] == f"python -m interp.sinks: error: {_message(latin, spelled='--encoding')}" and "Traceback" not in err
     with one_thread():
         assert sinks_cli(["--dataset", str(latin), "--encoding", "latin-1", *small, "--out", str(tmp_path / "s")]) == 0
     argv = ["--probe", "text", "--dataset", str(latin), "--method", "gradient", *small]
     with pytest.raises(SystemExit) as e, one_thread():
         ablate_cli([*argv, "--out", str(tmp_path / "a")])
     assert e.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"python -m interp.ablate: error: {_message(latin)}"
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m interp.ablate: error: {_message(latin, spelled='--encoding')}"
     with one_thread():
         assert ablate_cli([*argv, "--encoding", "cp1252", "--out", str(tmp_path / "a")]) == 0

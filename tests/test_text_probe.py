@@ -132,7 +132,7 @@ def test_hub_dataset_offline_fails_fast_and_clearly(gpt2_text, monkeypatch):
         (
             dict(seq_len=300),
             "probe of 301 tokens (BOS + 300) is longer than the model's context of 256 "
-            "tokens: the longest window is 255; lower seq_len (command line: --seq-len)",
+            "tokens: the longest window is 255; pass seq_len=255 or less",
         ),
     ],
 )

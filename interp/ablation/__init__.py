@@ -41,24 +41,23 @@ on ablation; for a higher-is-better metric, the decrease.
 
 The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, ablation modes,
 :func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.replay` (the replay and :class:`Sweeper`),
-:mod:`~interp.ablation.calls` (recorded block calls), :mod:`~interp.ablation.shortcuts` (the
-replay's exact shortcuts), :mod:`~interp.ablation.sweep` (exact sweeps),
+:mod:`~interp.ablation.calls` (recorded block calls), :mod:`~interp.ablation.sweep` (exact sweeps),
 :mod:`~interp.ablation.gradient`, :mod:`~interp.ablation.pruning` (computing curves),
 :mod:`~interp.ablation.curves` (the :class:`PruningCurves` result), :mod:`~interp.ablation.gates`
 and :mod:`~interp.ablation.settings` (names checked, run settings merged).
 
 Names a user chooses are registered once (:mod:`interp.registry`): :data:`METRICS`,
-:data:`ABLATIONS`, :data:`ORDERS` and :data:`REPLAYS` (the sweep's ``replay=``: auto, fast or
-loop; "engine" means pattern/stream only). Run settings (seed, minibatch, progress) come as
-``config=RunConfig(...)`` or the same keywords.
+:data:`ABLATIONS`, :data:`ORDERS`, :data:`GATE_UNITS` (gradient importance's ``per=``) and
+:data:`REPLAYS` (the sweep's ``replay=``: auto, fast or loop; "engine" means pattern/stream only).
+Each public analysis has a model-free check of its options, ``validate_<name>(...)``, which it calls
+first and a command line can call before loading a model. Run settings (seed, minibatch, progress, the bootstrap)
+come as ``config=RunConfig(...)`` only. The replay's exact shortcuts are module surgery, so they live
+with the model adapters (:mod:`interp.adapters.surgery`).
 """
 
-import warnings
-from typing import Any
-
 from interp.ablation.curves import PruningCurves, heads_prunable
-from interp.ablation.gates import GateSweep, largest_lambda_within, train_gates
-from interp.ablation.gradient import gradient_importance
+from interp.ablation.gates import GateSweep, largest_lambda_within, train_gates, validate_train_gates
+from interp.ablation.gradient import GATE_UNITS, gradient_importance, validate_gradient_importance
 from interp.ablation.metrics import (
     METRICS,
     Metric,
@@ -83,13 +82,20 @@ from interp.ablation.modes import (
     head_labels,
     head_mask,
 )
-from interp.ablation.pruning import ORDERS, pruning_curve, pruning_curves
+from interp.ablation.pruning import (
+    ORDERS,
+    pruning_curve,
+    pruning_curves,
+    validate_pruning_curve,
+    validate_pruning_curves,
+)
 from interp.ablation.replay import REPLAYS, Sweeper
-from interp.ablation.sweep import exact_sweep, loop_sweep
+from interp.ablation.sweep import exact_sweep, loop_sweep, validate_exact_sweep
 from interp.errors import AblationError, MetricError
 
 __all__ = [
     "ABLATIONS",
+    "GATE_UNITS",
     "METRICS",
     "ORDERS",
     "REPLAYS",
@@ -124,17 +130,9 @@ __all__ = [
     "pruning_curve",
     "pruning_curves",
     "train_gates",
+    "validate_exact_sweep",
+    "validate_gradient_importance",
+    "validate_pruning_curve",
+    "validate_pruning_curves",
+    "validate_train_gates",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``ENGINES``, the old name of :data:`REPLAYS` (fast/loop), for one more release."""
-    if name == "ENGINES":
-        warnings.warn(
-            "interp.ablation.ENGINES is deprecated: the sweep's fast/loop choice is interp.ablation.REPLAYS "
-            "(engines are pattern/stream, interp.stream.budget.ENGINES)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return REPLAYS
-    raise AttributeError(f"module 'interp.ablation' has no attribute {name!r}")

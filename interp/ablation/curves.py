@@ -117,7 +117,7 @@ def heads_prunable(curves: PruningCurves | pd.DataFrame, tolerance: float = 0.1)
     than ``tolerance`` (a fraction of the unpruned metric). ``curves``: a :class:`PruningCurves` or
     its table (or one :func:`~interp.ablation.pruning.pruning_curve` frame)."""
     if tolerance < 0:
-        raise AblationError(f"tolerance must be >= 0, got {tolerance}")
+        raise AblationError(f"tolerance must be >= 0, got tolerance={tolerance}", params="tolerance")
     frame = curves.table if isinstance(curves, PruningCurves) else curves
     keys = ["label"] if "label" in frame else ["order", "seed"]
     rows = []

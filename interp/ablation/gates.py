@@ -20,7 +20,7 @@ from interp.ablation.gradient import frozen, gated_forward
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.modes import HeadAblation, as_ablation
 from interp.ablation.replay import REPLAYS, Sweeper
-from interp.ablation.settings import checked, replay_choice, run_config
+from interp.ablation.settings import checked
 from interp.ablation.sweep import scores_meta
 from interp.adapters import HookedModel
 from interp.config import RunConfig
@@ -123,7 +123,7 @@ class GateSweep(Shown):
         if which == "curves":
             return _gate_curves(self.summary, self.meta.get("metric", "metric"))
         if which != "gates":
-            raise AblationError(f"a gate sweep draws 'gates' or 'curves', not {which!r}")
+            raise AblationError(f"a gate sweep draws 'gates' or 'curves', not which={which!r}", params="which")
         return heatmap(
             self.grids(),
             title=f"{short_name(self.meta.get('model', 'model'))}: Hard-Concrete gates per lambda",
@@ -165,6 +165,61 @@ def _gate_curves(summary: pd.DataFrame, metric: str) -> go.Figure:
     return styled(fig)
 
 
+# the columns of a gate sweep's summary (a row per lambda) and of its gates (a row per lambda and head)
+SUMMARY_COLUMNS = ["lambda", "heads_kept", "metric", "degradation", "clean_metric", "l0_penalty"]
+HEAD_COLUMNS = ["lambda", "layer", "head", "label", "log_alpha", "p_open", "gate", "kept"]
+
+
+def validate_train_gates(*, lambdas: Sequence[float], steps: int = 200, replay: str = "auto") -> None:
+    """Refuse options :func:`train_gates` cannot run with, before any model is touched."""
+    checked(REPLAYS, replay)
+    lambdas = [float(x) for x in lambdas]
+    if not lambdas:
+        raise AblationError("give at least one lambda (lambdas=)", params="lambdas")
+    bad = [x for x in lambdas if not x >= 0 or not math.isfinite(x)]
+    if bad:
+        raise AblationError(f"lambda must be a finite number >= 0, got {bad[0]} (in lambdas=)", params="lambdas")
+    if steps < 1:
+        raise AblationError(f"steps must be >= 1, got steps={steps}", params="steps")
+
+
+@dataclass(frozen=True)
+class _GateTraining:
+    """What training the gates for one lambda needs: the frozen model, the metric and the ablation,
+    each minibatch's rows, tokens and unablated read-out, and the optimiser's settings."""
+
+    model: HookedModel
+    metric: Metric
+    ablation: HeadAblation
+    refs: list[tuple[Tensor, Tensor, Tensor]]
+    steps: int
+    lr: float
+    init: float
+    seed: int
+
+    def log_alpha(self, lam: float, bar: Any) -> Tensor:
+        """The gates' ``log_alpha`` after ``steps`` Adam steps at ``lam``, the samples' generator
+        seeded afresh (a lambda trains the same whatever ran before it)."""
+        info = describe(self.model)
+        L, H = info.n_layers, info.n_heads
+        gen = torch.Generator().manual_seed(self.seed)
+        log_alpha = torch.full((L, H), self.init, device=self.refs[0][1].device, requires_grad=True)
+        opt = torch.optim.Adam([log_alpha], lr=self.lr)
+        none = torch.zeros(L, H, dtype=torch.bool)
+        with frozen(self.model):
+            for it in range(self.steps):
+                rows, tokens, reference = self.refs[it % len(self.refs)]
+                g = gate_sample(log_alpha, (tokens.shape[0],), gen)  # [batch, layer, head]
+                gates = [g[:, l] for l in range(L)]
+                value = gated_forward(self.model, tokens, self.metric, self.ablation, gates, none, rows, reference)
+                loss = self.metric.badness(value).mean() + lam * gate_open_probability(log_alpha).sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                bar.update()
+        return log_alpha.detach().cpu()
+
+
 def train_gates(
     model: HookedModel,
     probe: TokenProbe,
@@ -177,10 +232,6 @@ def train_gates(
     init: float = 3.0,
     replay: str = "auto",
     config: RunConfig | None = None,
-    minibatch: int | None = None,
-    seed: int | None = None,
-    progress: bool | None = None,
-    engine: str | None = None,
     journal: Journal | None = None,
 ) -> GateSweep:
     """Train Voita et al.'s input-independent Hard-Concrete head gates, once per lambda.
@@ -191,49 +242,38 @@ def train_gates(
     sequences) plus ``lambda * L_C``, ``L_C = sum_h P(g_h != 0)``; only the gates train (Adam,
     ``lr``, ``steps`` steps over the probe's minibatches), the model is frozen. At evaluation a head
     is kept when its deterministic gate exceeds 0.5, and the metric is measured with the other heads
-    ablated (evaluated by ``replay``, one of :data:`~interp.ablation.replay.REPLAYS`; ``engine=`` is
-    its deprecated spelling). ``config`` or the keywords ``minibatch``, ``seed`` (of the gate
-    samples and a resample ablation), ``progress`` set the run. On Ctrl-C the lambdas finished are
-    returned (``meta["partial"] = True``).
+    ablated (evaluated by ``replay``, one of :data:`~interp.ablation.replay.REPLAYS`). ``config``
+    (its ``minibatch``, ``seed`` of the gate samples and a resample ablation, ``progress``) sets the
+    run. On Ctrl-C the lambdas finished are returned (``meta["partial"] = True``).
 
     ``journal`` (an opened :class:`~interp.journal.Journal`): each lambda finished is recorded there
     (its summary row and its per-head rows); a resumed run takes the lambdas recorded from it and
     trains only the others. The gate samples' generator is seeded afresh for every lambda, so a
     lambda trained after others were skipped is trained exactly as in an uninterrupted run.
     """
-    replay = checked(REPLAYS, replay_choice(replay, engine))
-    config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
-    seed = config.seed
     lambdas = [float(x) for x in lambdas]
-    if not lambdas:
-        raise AblationError("give at least one lambda")
-    bad = [x for x in lambdas if not x >= 0 or not math.isfinite(x)]
-    if bad:
-        raise AblationError(f"lambda must be a finite number >= 0, got {bad[0]}")
-    if steps < 1:
-        raise AblationError(f"steps must be >= 1, got {steps}")
+    validate_train_gates(lambdas=lambdas, steps=steps, replay=replay)
+    config = RunConfig.of(config)
     metric = as_metric(metric)
-    info = describe(model)
-    L, H = info.n_layers, info.n_heads
-    abl = as_ablation(ablation, model, probe, seed=seed, minibatch=config.minibatch)
-    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, minibatch=config.minibatch)
+    abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
+    # the binarised gates are evaluated by the replay, without progress bars of its own
+    sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, config=RunConfig(minibatch=config.minibatch))
     clean = float(sweeper.clean.mean())
-    refs = [(b.rows, b.tokens, b.reference) for b in sweeper.batches]
-    none = torch.zeros(L, H, dtype=torch.bool)
+    training = _GateTraining(
+        model, metric, abl, [(b.rows, b.tokens, b.reference) for b in sweeper.batches], steps, lr, init, config.seed
+    )
     summary, per_head = [], []
     partial = False
     found = distributed.from_main(journal.done, "reading the journal") if journal is not None else {}
-    bar = tqdm(
-        total=len(lambdas) * steps,
-        desc="gates",
-        unit="step",
-        disable=not (config.progress and distributed.is_main()),
-        sizes=f"{len(lambdas)} lambda(s) x {steps} steps, each a forward and backward of up to "
-        f"{sweeper.minibatch} x {probe.seq_len} tokens"
-        + (f"; {sum(lam in found for lam in lambdas)} lambda(s) already in the journal" if found else ""),
+    n_found = sum(lam in found for lam in lambdas)
+    sizes = f"{len(lambdas)} lambda(s) x {steps} steps, each a forward and backward of up to "
+    sizes += f"{sweeper.minibatch} x {probe.seq_len} tokens" + (
+        f"; {n_found} lambda(s) already in the journal" if found else ""
     )
+    shown = config.progress and distributed.is_main()
+    bar = tqdm(total=len(lambdas) * steps, desc="gates", unit="step", disable=not shown, sizes=sizes)
     if journal is not None:
-        journal.resumed(sum(lam in found for lam in lambdas), len(lambdas), "lambdas of the gate sweep")
+        journal.resumed(n_found, len(lambdas), "lambdas of the gate sweep")
     try:
         for lam in lambdas:
             if lam in found:
@@ -241,50 +281,7 @@ def train_gates(
                 per_head.extend(found[lam]["heads"])
                 bar.update(steps)
                 continue
-            gen = torch.Generator().manual_seed(seed)
-            log_alpha = torch.full((L, H), init, device=probe.tokens.device, requires_grad=True)
-            opt = torch.optim.Adam([log_alpha], lr=lr)
-            with frozen(model):
-                for it in range(steps):
-                    rows, tokens, reference = refs[it % len(refs)]
-                    g = gate_sample(log_alpha, (tokens.shape[0],), gen)  # [batch, layer, head]
-                    gates = [g[:, l] for l in range(L)]
-                    value = gated_forward(model, tokens, metric, abl, gates, none, rows, reference)
-                    loss = metric.badness(value).mean() + lam * gate_open_probability(log_alpha).sum()
-                    opt.zero_grad()
-                    loss.backward()
-                    opt.step()
-                    bar.update()
-            la = log_alpha.detach().cpu()
-            gate, p_open = gate_value(la), gate_open_probability(la)
-            kept = gate > 0.5
-            dropped = ~kept
-            v = float(sweeper.evaluate(dropped[None]).mean()) if bool(dropped.any()) else clean
-            if sweeper.interrupted:
-                raise KeyboardInterrupt
-            row = dict(
-                **{"lambda": lam},
-                heads_kept=int(kept.sum()),
-                metric=v,
-                degradation=float(metric.degradation(v, clean)),
-                clean_metric=clean,
-                l0_penalty=float(p_open.sum()),
-            )
-            heads = []
-            for l in range(L):
-                for h in range(H):
-                    heads.append(
-                        {
-                            "lambda": lam,
-                            "layer": l,
-                            "head": h,
-                            "label": f"{l}.{h}",
-                            "log_alpha": float(la[l, h]),
-                            "p_open": float(p_open[l, h]),
-                            "gate": float(gate[l, h]),
-                            "kept": bool(kept[l, h]),
-                        }
-                    )
+            row, heads = _binarised(lam, training.log_alpha(lam, bar), sweeper, clean)
             summary.append(row)
             per_head.extend(heads)
             if journal is not None:
@@ -293,25 +290,45 @@ def train_gates(
         partial = True
     finally:
         bar.close()
-    meta = scores_meta(
-        model,
-        probe,
-        metric,
-        abl,
-        method="gates",
+    meta = scores_meta(model, probe, metric, abl, method="gates", clean_metric=clean, steps=steps, lr=lr, init=init)
+    meta.update(temperature=GATE_TEMPERATURE, stretch=list(GATE_STRETCH), partial=partial)
+    return GateSweep(pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(per_head, columns=HEAD_COLUMNS), meta)
+
+
+def _binarised(lam: float, la: Tensor, sweeper: Sweeper, clean: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Gates trained at ``lam`` (``log_alpha`` ``la``) binarised, the metric measured with the heads
+    they drop ablated: the lambda's summary row and its per-head rows. A Ctrl-C in the evaluation
+    raises :class:`KeyboardInterrupt`."""
+    gate, p_open = gate_value(la), gate_open_probability(la)
+    kept = gate > 0.5
+    dropped = ~kept
+    v = float(sweeper.evaluate(dropped[None]).mean()) if bool(dropped.any()) else clean
+    if sweeper.interrupted:
+        raise KeyboardInterrupt
+    row = dict(
+        **{"lambda": lam},
+        heads_kept=int(kept.sum()),
+        metric=v,
+        degradation=float(sweeper.metric.degradation(v, clean)),
         clean_metric=clean,
-        steps=steps,
-        lr=lr,
-        init=init,
-        temperature=GATE_TEMPERATURE,
-        stretch=list(GATE_STRETCH),
-        partial=partial,
+        l0_penalty=float(p_open.sum()),
     )
-    return GateSweep(
-        pd.DataFrame(summary, columns=["lambda", "heads_kept", "metric", "degradation", "clean_metric", "l0_penalty"]),
-        pd.DataFrame(per_head, columns=["lambda", "layer", "head", "label", "log_alpha", "p_open", "gate", "kept"]),
-        meta,
-    )
+    L, H = la.shape
+    heads = [
+        {
+            "lambda": lam,
+            "layer": l,
+            "head": h,
+            "label": f"{l}.{h}",
+            "log_alpha": float(la[l, h]),
+            "p_open": float(p_open[l, h]),
+            "gate": float(gate[l, h]),
+            "kept": bool(kept[l, h]),
+        }
+        for l in range(L)
+        for h in range(H)
+    ]
+    return row, heads
 
 
 def largest_lambda_within(sweep: GateSweep, tolerance: float = 0.1) -> float | None:

@@ -28,8 +28,9 @@ class Metric:
 
     ``fn(out, tokens, clean, rows)`` gets ``out``: the logits (or, with ``reads="hidden"``, the final
     residual stream) at ``positions`` only (all positions when ``None``), ``[batch, n_read, ...]``;
-    ``tokens``: the sequences; ``clean``: the unablated ``out`` of the same sequences; ``rows``: their
-    indices in the probe. It returns ``[batch]``.
+    ``tokens``: the sequences; ``clean``: the unablated ``out`` of the same sequences (in patching:
+    the read-out of each pair's clean prompt, :func:`interp.patching.core.against_clean`); ``rows``:
+    their indices in the probe. It returns ``[batch]``.
     """
 
     name: str
@@ -169,7 +170,9 @@ def _rows_of(mask: Tensor, rows: Tensor | None, n: int) -> Tensor:
     """The probe-wide ``mask``'s rows for the sequences ``rows`` (all of them when ``None``)."""
     if rows is None:
         if mask.shape[0] != n:
-            raise MetricError(f"the metric was built for a probe of {mask.shape[0]} sequences, got {n}: pass rows")
+            raise MetricError(
+                f"the metric was built for a probe of {mask.shape[0]} sequences, got {n}: pass rows=", params="rows"
+            )
         return mask
     return mask[rows.to(mask.device)]
 
@@ -198,7 +201,8 @@ def refuse_padded_ablation(probe: TokenProbe, ablation: Any) -> None:
     if probe.padded and kind != "zero":
         raise AblationError(
             f"{kind} ablation does not take padded probes yet (its averages would read padded positions): "
-            "use zero ablation, or texts of one length"
+            "use ablation='zero', or texts of one length",
+            params="ablation",
         )
 
 

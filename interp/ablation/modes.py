@@ -20,7 +20,7 @@ from torch import Tensor
 
 from interp.ablation.settings import checked
 from interp.adapters import HookedModel, run_with_reducers
-from interp.adapters.patch import by_head
+from interp.adapters.surgery import by_head
 from interp.errors import AblationError
 from interp.hooks import k_hook, pattern_hook, q_hook, v_hook, z_hook
 from interp.models import ModelInfo, describe
@@ -92,7 +92,7 @@ class HeadAblation:
 
     Each kind (:data:`ABLATIONS`: :class:`ZeroAblation`, :class:`MeanAblation`,
     :class:`ResampleAblation`) is a small class with :meth:`fit` (take what it needs from the model
-    on a probe) and :meth:`replacement` (the value for one layer); patching, mixing and the forward
+    on a probe) and :meth:`replacement` (the value for one layer); replacing heads, mixing and the forward
     hooks are shared here. ``HeadAblation.fit(model, "mean", probe)`` fits the kind named (as
     :func:`as_ablation` does); ``kind`` is the registered name.
     """
@@ -118,7 +118,7 @@ class HeadAblation:
         """What replaces ``hook_z`` of ``layer``: a scalar, ``[head, d_head]`` or ``[batch, pos, head, d_head]``."""
         raise NotImplementedError
 
-    def patch(
+    def replace_heads(
         self,
         z: Float[Tensor, "batch pos head d_head"],
         layer: int,
@@ -164,7 +164,7 @@ class HeadAblation:
 
     def layer_hook(self, layer: int, ablate: Bool[Tensor, "rep head"], rows: Any) -> Callable:
         def hook(z: Tensor, hook: Any) -> Tensor:
-            return self.patch(z, layer, ablate, rows)
+            return self.replace_heads(z, layer, ablate, rows)
 
         return hook
 
@@ -240,7 +240,7 @@ class MeanAblation(HeadAblation):
         seed: int = 0,
         minibatch: int | None = None,
     ) -> MeanAblation:
-        zs = _clean_z(model, _probe_tokens(cls.kind, probe), minibatch)
+        zs = _captured_z(model, _probe_tokens(cls.kind, probe), minibatch)
         return cls(torch.stack([_mean_output(z).to(zs[0].device) for z in zs]))  # layers may sit on several devices
 
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
@@ -272,7 +272,7 @@ class ResampleAblation(HeadAblation):
         tokens = _probe_tokens(cls.kind, probe)
         if tokens.shape[0] < 2:
             raise AblationError("resample ablation needs a probe of at least 2 sequences (one is the donor)")
-        zs = _clean_z(model, tokens, minibatch)
+        zs = _captured_z(model, tokens, minibatch)
         donors = derangement(tokens.shape[0], seed)
         return cls([z[donors] for z in zs], donors.tolist())
 
@@ -311,7 +311,7 @@ class PatchAblation(HeadAblation):
     ) -> PatchAblation:
         """The donor run's activations at ``site`` (:data:`SITES`; default the head outputs). The
         queries, keys and values of latent attention come from a shared latent, not per head: refused.
-        ``forward``: how each minibatch of donors runs with the capturing hooks (:func:`clean_site`)."""
+        ``forward``: how each minibatch of donors runs with the capturing hooks (:func:`capture_site`)."""
         donor = getattr(probe, "donor", None)
         if donor is None:
             raise AblationError(
@@ -319,7 +319,7 @@ class PatchAblation(HeadAblation):
                 "task probe (interp.probes.task.TaskProbe.run_probe), e.g. with interp.patch_heads"
             )
         refuse_site(model, site, donor[:1])
-        return cls(clean_site(model, donor, minibatch, site, forward), site)
+        return cls(capture_site(model, donor, minibatch, site, forward), site)
 
     def hook_name(self, layer: int) -> str:
         return SITES.get(self.site)(layer)
@@ -327,7 +327,7 @@ class PatchAblation(HeadAblation):
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
         return _donor_rows(self.source[layer], rows)
 
-    def patch(
+    def replace_heads(
         self,
         z: Tensor,
         layer: int,
@@ -338,7 +338,7 @@ class PatchAblation(HeadAblation):
         Keys and values of a grouped model have fewer heads: a group's key/value head is patched when
         any query head of the group is masked."""
         if self.site == "z":
-            return super().patch(z, layer, ablate, rows)
+            return super().replace_heads(z, layer, ablate, rows)
         rep = ablate.shape[0]
         zz = z.reshape(rep, z.shape[0] // rep, *z.shape[1:])
         r = self.replacement(layer, rows).to(device=z.device, dtype=z.dtype)
@@ -370,7 +370,7 @@ class WindowAblation(HeadAblation):
     equals the softmax of the logits with every other key at ``-inf``. So it runs wherever the model
     forms its pattern (the pattern engine; the toy and the bridge form it when it is hooked), and its
     largest ``T`` is the pattern engine's: one layer's ``[batch, head, T, T]`` pattern must fit in
-    memory. The sweep's fast replay and gradient importance patch head outputs, not patterns: they
+    memory. The sweep's fast replay and gradient importance replace head outputs, not patterns: they
     refuse it (use ``ablated(...)`` or ``replay="loop"``). Build it as ``WindowAblation(sink, window)``;
     fitted by name it takes ``sink`` 4 and ``window`` ``min(1024, T // 4)`` of the probe.
     """
@@ -493,15 +493,16 @@ def refuse_site(model: HookedModel, site: str, tokens: Tensor) -> None:
         )
 
 
-def _clean_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
-    """Every layer's clean ``hook_z`` on ``tokens``; the pass stops after the last layer's."""
-    return clean_site(model, tokens, minibatch, "z")
+def _captured_z(model: HookedModel, tokens: Tensor, minibatch: int | None) -> list[Tensor]:
+    """Every layer's ``hook_z`` on ``tokens``, unablated; the pass stops after the last layer's."""
+    return capture_site(model, tokens, minibatch, "z")
 
 
-def clean_site(
+def capture_site(
     model: HookedModel, tokens: Tensor, minibatch: int | None, site: str, forward: Forward | None = None
 ) -> list[Tensor]:
-    """Every layer's clean activation at ``site`` (:data:`SITES`) on ``tokens``; the pass stops after
+    """Every layer's activation at ``site`` (:data:`SITES`) on ``tokens``, unablated (whatever prompts
+    they are: a probe, a task's clean or corrupted prompts); the pass stops after
     the last layer's, or, with ``forward``, is ``forward(batch, hooks, rows)`` with the capturing hooks
     (a caller that reads more of the same pass: the donor run's metric)."""
     info = describe(model)

@@ -5,7 +5,7 @@ each block was called, then evaluates head sets by replaying blocks ``l .. L-1``
 residual (``replay="fast"``), several ablations batched along the batch axis, or by one plain
 ``run_with_hooks`` per head set (``replay="loop"``, the reference). :data:`REPLAYS` registers the
 choices. What touches the model's internals (hooks on its blocks, calling them, its unembedding,
-its stacked ``W_O``, the shortcuts' module patches) is the model's adapter's
+its stacked ``W_O``, the shortcuts' module surgery) is the model's adapter's
 (:class:`interp.adapters.Adapter`); this module only calls it.
 """
 
@@ -26,10 +26,9 @@ import interp.memory as memory
 from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
 from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
 from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
-from interp.ablation.settings import checked, replay_choice, run_config
-from interp.ablation.shortcuts import head_outputs
+from interp.ablation.settings import checked
 from interp.adapters import HookedModel, adapter_for, run_with_reducers
-from interp.adapters.patch import by_head
+from interp.adapters.surgery import by_head, head_outputs
 from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import resid_post_hook, z_hook
@@ -72,9 +71,8 @@ class Sweeper:
     Masks passed to :meth:`evaluate` add to ``base``; :attr:`clean` is the metric per sequence with
     only the ``base`` heads ablated (none by default). ``chunk``: ablations batched into one forward
     by the fast replay (default: as many as make about 2k tokens on a CPU, 16k elsewhere).
-    ``config`` (or the keywords ``minibatch``, ``seed``, ``progress``): probe sequences per
-    forward (default all), the seed of a resample ablation fitted here, progress bars.
-    ``engine=`` is the deprecated spelling of ``replay=``. ``journal`` (an opened
+    ``config``: its ``minibatch`` (probe sequences per forward, default all), ``seed`` (of a
+    resample ablation fitted here) and ``progress`` (progress bars). ``journal`` (an opened
     :class:`~interp.journal.Journal`): :meth:`evaluate` records every head set it finishes there
     and takes those already recorded from it (a resumed run).
 
@@ -94,14 +92,10 @@ class Sweeper:
         replay: str = "auto",
         chunk: int | None = None,
         config: RunConfig | None = None,
-        minibatch: int | None = None,
-        seed: int | None = None,
-        progress: bool | None = None,
-        engine: str | None = None,
         journal: Journal | None = None,
     ):
-        replay = checked(REPLAYS, replay_choice(replay, engine))
-        self.config = config = run_config(config, minibatch=minibatch, seed=seed, progress=progress)
+        replay = checked(REPLAYS, replay)
+        self.config = config = RunConfig.of(config)
         self.model, self.probe, self.metric = model, probe, as_metric(metric)
         self.adapter = adapter_for(model)
         self.info = describe(model)
@@ -129,7 +123,7 @@ class Sweeper:
             for s in range(0, probe.batch, self.minibatch)
         ]
         self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
-        # exact shortcuts (interp.ablation.shortcuts), if the self-check agrees
+        # exact shortcuts (interp.adapters.surgery), if the self-check agrees
         self._trim = self.replay == "fast" and self._can_trim()
         # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
         self._reuse = self.replay == "fast" and self.ablation.site == "z" and self._can_reuse()
@@ -143,8 +137,8 @@ class Sweeper:
                 self._trim = False
                 why = self._self_check()
             if why is not None:
-                if replay == "fast":  # the message tests and users match on: kept as it was
-                    raise AblationError(f"the fast engine cannot run this model: {why}")
+                if replay == "fast":
+                    raise AblationError(f"the fast replay cannot run this model: {why}")
                 warnings.warn(f"falling back to the run_with_hooks loop: {why}", stacklevel=2)
                 self.replay = "loop"
                 for b in self._batches:  # the loop needs none of the shortcuts' captures
@@ -324,7 +318,7 @@ class Sweeper:
         On Ctrl-C the evaluation stops, :attr:`interrupted` is set, and the rows not reached are NaN.
 
         With a :attr:`journal`, each head set is a unit keyed ``(scope, base heads, its heads)``
-        (``scope`` defaults to ``desc``: give each kind of evaluation its own; ``named``: the words a
+        (``scope`` defaults to ``desc``: give each evaluation its own; ``named``: the words a
         resume's line names it by, ``"exact patching (z, denoise, by head)"``, default ``the <scope>``), recorded with its
         values as soon as its batched forward is done; head sets already recorded are filled in from
         the journal and not evaluated again. The head sets are cut into batched forwards exactly as
@@ -343,31 +337,51 @@ class Sweeper:
             raise AblationError(
                 f"masks must have shape [n, {L}, {H}] (or [n, {L}, {H}, {T}] per position), got {list(masks.shape)}"
             )
-        n = masks.shape[0]
-        result = torch.full((n, self.probe.batch), float("nan"))
+        result = torch.full((masks.shape[0], self.probe.batch), float("nan"))
         base = _along(self.base, masks)
         extra = masks & ~base
-        effective = masks | base
-        todo = []
-        for i in range(n):
+        todo = []  # (the first layer a head set touches, its index), in the order they are evaluated
+        for i in range(masks.shape[0]):
             if not bool(extra[i].any()):
                 result[i] = self.clean
             else:
                 todo.append((int(extra[i].flatten(1).any(-1).nonzero()[0]), i))
         todo.sort()
-        journal = self.journal
         keys: dict[int, Any] = {}
         done: set[int] = set()
-        if journal is not None and todo:
-            base = tuple(tuple(p) for p in self.base.nonzero().tolist())
-            where = scope or desc
-            keys = {i: (where, base, tuple(tuple(p) for p in extra[i].nonzero().tolist())) for _, i in todo}
-            found = distributed.from_main(journal.done, "reading the journal")
-            for i, key in keys.items():
-                if key in found:
-                    result[i] = torch.tensor(found[key], dtype=result.dtype)
-                    done.add(i)
-            journal.resumed(len(done), len(todo), f"head sets of {named or 'the ' + where}")
+        if self.journal is not None and todo:
+            keys = self._journal_keys(todo, extra, scope or desc)
+            done = self._from_journal(keys, result, named or f"the {scope or desc}")
+        self.interrupted = self._rounds(todo, done, masks | base, result, keys, desc)
+        return result
+
+    def _journal_keys(self, todo: list[tuple[int, int]], extra: Tensor, where: str) -> dict[int, Any]:
+        """Each head set's unit in the journal: ``(scope, base heads, its heads)``."""
+        base = tuple(tuple(p) for p in self.base.nonzero().tolist())
+        return {i: (where, base, tuple(tuple(p) for p in extra[i].nonzero().tolist())) for _, i in todo}
+
+    def _from_journal(self, keys: dict[int, Any], result: Tensor, named: str) -> set[int]:
+        """The head sets the journal holds, filled into ``result``; said on the resume line."""
+        found = distributed.from_main(self.journal.done, "reading the journal")
+        done = set()
+        for i, key in keys.items():
+            if key in found:
+                result[i] = torch.tensor(found[key], dtype=result.dtype)
+                done.add(i)
+        self.journal.resumed(len(done), len(keys), f"head sets of {named}")
+        return done
+
+    def _rounds(
+        self,
+        todo: list[tuple[int, int]],
+        done: set[int],
+        effective: Tensor,
+        result: Tensor,
+        keys: dict[int, Any],
+        desc: str,
+    ) -> bool:
+        """Evaluate the head sets of ``todo`` not ``done`` into ``result``, one batched forward per rank
+        and round, each round recorded in the journal; whether a Ctrl-C stopped it."""
         # every rank's forwards, cut from its whole share as an uninterrupted run cuts them
         world = distributed.world_size()
         me = distributed.rank() if distributed.active() else 0
@@ -387,7 +401,6 @@ class Sweeper:
             except KeyboardInterrupt:
                 return None, True
 
-        stopped = False
         bar = tqdm(
             total=n_rounds,
             desc=desc,
@@ -401,20 +414,18 @@ class Sweeper:
                 finished = [part for part, _ in parts if part is not None]
                 for idx, values in finished:
                     result[idx] = values
-                if journal is not None and finished:
-                    journal.extend((keys[i], result[i].tolist()) for idx, _ in finished for i in idx)
+                if self.journal is not None and finished:
+                    self.journal.extend((keys[i], result[i].tolist()) for idx, _ in finished for i in idx)
                 bar.update(1)
                 if any(halted for _, halted in parts):
-                    stopped = True
-                    break
+                    return True
         except KeyboardInterrupt:
             if distributed.active():  # the other ranks are told in the next exchange
                 raise
-            stopped = True
+            return True
         finally:
             bar.close()
-        self.interrupted = stopped
-        return result
+        return False
 
     def _sizes(self, n_sets: int, n_todo: int, n_rounds: int) -> str:
         """What :meth:`evaluate` is about to do, for its progress line."""
@@ -425,19 +436,8 @@ class Sweeper:
         return text + f", {n_rounds} batched forward(s) ({self.replay} replay)"
 
     @property
-    def engine(self) -> str:
-        """Deprecated spelling of :attr:`replay` ("fast" or "loop"), kept for one release."""
-        warnings.warn("Sweeper.engine is deprecated: use Sweeper.replay", DeprecationWarning, stacklevel=2)
-        return self.replay
-
-    @engine.setter
-    def engine(self, value: str) -> None:
-        warnings.warn("Sweeper.engine is deprecated: use Sweeper.replay", DeprecationWarning, stacklevel=2)
-        self.replay = value
-
-    @property
     def shortcuts(self) -> list[str]:
-        """The exact shortcuts the fast replay takes on this model (see :mod:`interp.ablation.shortcuts`)."""
+        """The exact shortcuts the fast replay takes on this model (see :mod:`interp.adapters.surgery`)."""
         if self.replay != "fast":
             return []
         return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]

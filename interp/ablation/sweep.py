@@ -9,8 +9,8 @@ import torch
 
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import HeadAblation, head_labels
-from interp.ablation.replay import Sweeper
-from interp.ablation.settings import replay_choice, run_config
+from interp.ablation.replay import REPLAYS, Sweeper
+from interp.ablation.settings import checked
 from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.journal import Journal
@@ -38,6 +38,11 @@ def scores_meta(
     )
 
 
+def validate_exact_sweep(*, replay: str = "auto") -> None:
+    """Refuse options :func:`exact_sweep` cannot run with, before any model is touched."""
+    checked(REPLAYS, replay)
+
+
 def exact_sweep(
     model: HookedModel,
     probe: TokenProbe,
@@ -48,31 +53,27 @@ def exact_sweep(
     replay: str = "auto",
     chunk: int | None = None,
     config: RunConfig | None = None,
-    minibatch: int | None = None,
-    seed: int | None = None,
-    progress: bool | None = None,
-    engine: str | None = None,
     journal: Journal | None = None,
 ) -> HeadScores:
     """Ablate every head alone (on top of ``base``) and record the metric.
 
     Columns: ``metric_ablated`` (mean over sequences), ``delta`` (ablated - clean) and
     ``importance`` (the delta signed so that larger = the head matters more). Heads in ``base`` get
-    NaN. ``replay`` is one of :data:`~interp.ablation.replay.REPLAYS` (``engine=`` is its deprecated
-    spelling); ``config`` or the keywords ``minibatch``, ``seed``, ``progress`` set the run (see
-    :class:`~interp.ablation.replay.Sweeper`). On Ctrl-C the rows computed so far are returned, with
+    NaN. ``replay`` is one of :data:`~interp.ablation.replay.REPLAYS`; ``config`` (its ``minibatch``,
+    ``seed``, ``progress``, ``n_boot``, ``level``) sets the run (see :class:`~interp.ablation.replay.Sweeper`). On Ctrl-C the rows computed so far are returned, with
     ``meta["partial"] = True``. ``journal`` (an opened :class:`~interp.journal.Journal`): every
     head finished is recorded there, and a resumed run takes the heads already recorded from it.
     """
+    validate_exact_sweep(replay=replay)
     sweeper = Sweeper(
         model,
         probe,
         metric,
         ablation=ablation,
         base=base,
-        replay=replay_choice(replay, engine),
+        replay=replay,
         chunk=chunk,
-        config=run_config(config, minibatch=minibatch, seed=seed, progress=progress),
+        config=config,
         journal=journal,
     )
     return _single_head_scores(sweeper, "exact sweep")

@@ -7,7 +7,7 @@
 - :mod:`interp.adapters.toy`: :class:`ToyAdapter`, the bundled toy (its own flash path);
 - :mod:`interp.adapters.bridge`: :class:`BridgeAdapter`, TransformerLens bridges; every touch of
   TransformerLens's or Hugging Face's private state lives there;
-- :mod:`interp.adapters.patch`: the replay's module patches (reused attention, trimmed MLP).
+- :mod:`interp.adapters.surgery`: the replay's module surgery (reused attention, trimmed MLP, recorded and re-run blocks).
 
 :func:`adapter_for` picks the adapter; :func:`describe` and :func:`run_with_reducers` are the two
 calls nearly every analysis makes, spelled as functions of the model.

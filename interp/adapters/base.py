@@ -22,7 +22,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.adapters.info import describe_model
-from interp.adapters.patch import logits_from_resid, recorded_blocks, reused_attention, run_blocks, trimmed_mlp
+from interp.adapters.surgery import logits_from_resid, recorded_blocks, reused_attention, run_blocks, trimmed_mlp
 from interp.hooks import z_hook
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ Attend = Callable[[AttentionInputs, AttentionInputs, OnAttention], Tensor]
 
 @runtime_checkable
 class Adapter(Protocol):
-    """Everything the analyses need from a model, whatever its kind."""
+    """Everything the analyses need from a model, whatever its architecture."""
 
     model: HookedModel
 
@@ -162,7 +162,7 @@ class Adapter(Protocol):
         self, n_layers: int, *, keep_attention: bool, detach_call: Callable[[tuple, dict], Any]
     ) -> AbstractContextManager[tuple[list, list]]:
         """Within the block every forward records each block's call and (``keep_attention``) its
-        attention output: see :func:`interp.adapters.patch.recorded_blocks`."""
+        attention output: see :func:`interp.adapters.surgery.recorded_blocks`."""
         ...
 
     def run_blocks(

@@ -139,7 +139,8 @@ def _capture_forward(
     if attention_mask is not None:
         raise UsageError(
             f"the stream engine got a prepared attention mask of shape {tuple(attention_mask.shape)} "
-            "(a [T, T] mask); pass a 2D padding mask instead, or use engine='pattern' (command line: --engine pattern)"
+            "(a [T, T] mask); pass a 2D padding mask instead, or use engine='pattern'",
+            params="engine",
         )
     window, softcap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
     sink = _sink_logits(module, kwargs)
@@ -161,7 +162,8 @@ def _capture_forward(
     if capture.attend is None:
         raise UsageError(
             "this layer's attention (a window, logit softcapping, sink logits or padded keys) needs the "
-            "stream engine's own attention pass: run it through interp.stream, or use engine='pattern' (command line: --engine pattern)"
+            "stream engine's own attention pass: run it through interp.stream, or use engine='pattern'",
+            params="engine",
         )
     own = AttentionInputs(layer, query, key, value, scale, causal, **features)
     out = capture.attend(own, seen, capture.on_attention)
@@ -222,7 +224,8 @@ class BridgeAdapter(HookedAdapter):
         if not attns or hf_model is None or any(w is None for w in wrapped):
             raise UsageError(
                 f"the stream engine runs on TransformerLens bridges and the toy; {type(model).__name__} "
-                "is neither (its attention modules wrap no Hugging Face module): use engine='pattern' (command line: --engine pattern)"
+                "is neither (its attention modules wrap no Hugging Face module): use engine='pattern'",
+                params="engine",
             )
         configs = {
             id(c): c
@@ -232,7 +235,8 @@ class BridgeAdapter(HookedAdapter):
         }
         if not configs:
             raise UsageError(
-                f"{type(hf_model).__name__} has no attention implementation to switch: use engine='pattern' (command line: --engine pattern)"
+                f"{type(hf_model).__name__} has no attention implementation to switch: use engine='pattern'",
+                params="engine",
             )
         layers = {id(sub): layer for layer, w in zip(index, wrapped) for sub in w.modules()}
         _register()

@@ -22,7 +22,7 @@ from interp.hooks import pattern_hook
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What the analyses need to know about a hooked model, whatever its kind."""
+    """What the analyses need to know about a hooked model, whatever its architecture."""
 
     name: str
     n_layers: int
@@ -181,7 +181,8 @@ def _observe_causal(adapter: Any, d_vocab: int, special: set[int], layer: int = 
     if not torch.isfinite(seen["pattern"]).all():  # else NaN would read as "attends forward": an encoder
         raise NonFiniteAttentionError(
             f"layer {layer}: the attention pattern holds NaN or inf on 4 ordinary tokens; the model's weights "
-            "or its dtype make it unstable: check the weights, or load it in float32 (command line: --dtype float32)"
+            "or its dtype make it unstable: check the weights, or load it with dtype='float32'",
+            params="dtype",
         )
     upper = torch.triu(seen["pattern"][0].float(), diagonal=1)
     return bool(upper.abs().max() < 1e-6)

@@ -145,10 +145,10 @@ class NormSite:
 
 def final_norm_site(model: Any) -> NormSite | None:
     """The final norm's hooks (``None``: the model has no final norm)."""
-    kind = str(getattr(model.cfg, "normalization_type", None))
-    if kind == "None" or "ln_final.hook_scale" not in model.hook_dict:
+    norm = str(getattr(model.cfg, "normalization_type", None))
+    if norm == "None" or "ln_final.hook_scale" not in model.hook_dict:
         return None
-    centered = kind.startswith("LN")
+    centered = norm.startswith("LN")
     if "ln_final.hook_in" in model.hook_dict:  # a bridge
         return NormSite("ln_final.hook_in", "ln_final.hook_scale", "ln_final.hook_out", centered)
     last = len(model.blocks) - 1  # the toy: its final norm reads the last block's output

@@ -26,14 +26,16 @@ from __future__ import annotations
 from interp.checkpoints.icl import ICL_DATA, ICLScore, icl_positions, icl_score
 from interp.checkpoints.result import CheckpointScores
 from interp.checkpoints.sources import Revision, hub_revisions, local_revisions, parse_revisions
-from interp.checkpoints.sweep import checkpoint_scores, weights_fingerprint
+from interp.checkpoints.sweep import IclSizes, SweepOut, checkpoint_scores, sweep_sizes, weights_fingerprint
 from interp.checkpoints.toy import ToyTraining, train_checkpoints
 
 __all__ = [
     "ICL_DATA",
     "CheckpointScores",
     "ICLScore",
+    "IclSizes",
     "Revision",
+    "SweepOut",
     "ToyTraining",
     "checkpoint_scores",
     "hub_revisions",
@@ -41,6 +43,7 @@ __all__ = [
     "icl_score",
     "local_revisions",
     "parse_revisions",
+    "sweep_sizes",
     "train_checkpoints",
     "weights_fingerprint",
 ]

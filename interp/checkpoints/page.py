@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,31 @@ from interp.scores import HeadScores
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from interp.checkpoints.result import CheckpointScores
+
+class CheckpointScores(Protocol):
+    """What the page draws from a sweep's result (the data, not its class: the result imports the
+    page, never the other way): its tables, meta and baselines, and the views read from them."""
+
+    table: pd.DataFrame
+    revisions: pd.DataFrame
+    meta: dict[str, Any]
+
+    @property
+    def baselines(self) -> dict[str, float]: ...
+
+    @property
+    def kept(self) -> pd.DataFrame: ...
+
+    def figure(self) -> go.Figure: ...
+
+    def holders(self) -> pd.DataFrame: ...
+
+    def handoffs(self) -> pd.DataFrame: ...
+
+    def first_passes(self) -> pd.DataFrame: ...
+
+    def phase_change(self) -> dict | None: ...
+
 
 # the heatmaps: the atlas's scores, then the retrieval columns of a sweep run with retrieval
 RETRIEVAL_HEATMAPS = ("retrieval", "retrieval_mass", "streaming")

@@ -13,7 +13,8 @@ import gc
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +28,30 @@ from interp.checkpoints.result import PAGE, STEM, CheckpointScores
 from interp.checkpoints.sources import Revision, hub_revisions, local_revisions
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.heads import head_scores, uniform_baselines
 from interp.journal import Journal, fingerprint, tokens_hash
-from interp.probes import TokenProbe, random_tokens, repeated_tokens
+from interp.parts import PARTS, Given, PartResult, check_sizes, in_order, in_place, sizes_of
+from interp.parts import fingerprint as fingerprint_of
+from interp.parts.attention import ScoreSizes, SinkSizes
+from interp.parts.probing import RETRIEVAL_COLUMNS, RetrievalSizes, retrieval_fits
+from interp.parts.shape import BLOCK_LENS, default_block_len
+from interp.probes import TokenProbe
 from interp.saving import claim
 
 KIND = "checkpoints"
 OUTPUTS = [f"{STEM}.csv", f"{STEM}_revisions.csv", f"{STEM}.json", f"{STEM}.html", f"{PAGE}.html"]
-# the retrieval score's needle probe: Wu et al.'s needles at three depths, as `interp retrieval` reads them
-DEPTHS, NEEDLE_LEN, NEEDLE_BATCH = (0.1, 0.5, 0.9), 8, 2
-BLOCK_LENS = (50, 20)
-"""The head-score probe's block when none is asked: the first of these whose repeats fit the context
-(50 on GPT-2 and Pythia; 20 on the 96-token toy of ``toy-training``), else the longest that fits."""
-RETRIEVAL_COLUMNS = (
-    "retrieval",
-    "retrieval_lo",
-    "retrieval_hi",
-    "retrieval_mass",
-    "streaming",
-    "streaming_lo",
-    "streaming_hi",
-)
-
-
-def default_block_len(room: int, repeats: int) -> int:
-    """The probe's block length for a context of ``room`` body tokens (the context less the framing)
-    holding ``repeats`` copies: the rule of :data:`BLOCK_LENS`, the library's and the command line's."""
-    fits = room // repeats
-    return next((n for n in BLOCK_LENS if n <= fits), fits)
-
-
-def body_room(info: Any) -> int:
-    """The tokens of a probe's body that a model's context holds: its context less the framing."""
-    from interp.probes.draw import frame_tokens
-
-    return info.n_ctx - sum(len(f) for f in frame_tokens(info)[:2])
+SWEEP_PARTS = ("sinks",)  # the parts a sweep runs beside the head scores unless parts= says otherwise
+__all__ = [
+    "BLOCK_LENS",
+    "KIND",
+    "RETRIEVAL_COLUMNS",
+    "IclSizes",
+    "SweepOut",
+    "checkpoint_scores",
+    "default_block_len",
+    "retrieval_fits",
+    "sweep_sizes",
+    "write_outputs",
+]
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -95,33 +85,63 @@ def resolve(
     return local_revisions(checkpoints)  # type: ignore[arg-type]
 
 
-def checkpoint_scores(
-    checkpoints: str | os.PathLike | Sequence[str | os.PathLike | Revision] | None = None,
+@dataclass(frozen=True)
+class IclSizes:
+    """The in-context learning score's probe (:func:`interp.checkpoints.icl.icl_score`): ``data``,
+    ``length`` and ``batch``."""
+
+    data: str | None = None
+    length: int | None = None
+    batch: int = 16
+
+
+@dataclass(frozen=True)
+class SweepOut:
+    """Where a sweep journals and writes (``folder``): ``resume=True`` continues a run stopped
+    anywhere, ``fresh=True`` discards its journal, ``overwrite=True`` replaces earlier outputs;
+    ``arguments`` are further settings a resumed run must share."""
+
+    folder: str | os.PathLike
+    resume: bool = False
+    fresh: bool = False
+    overwrite: bool = False
+    arguments: Mapping[str, Any] | None = None
+
+
+def sweep_sizes(
     *,
-    model: str | None = None,
-    revisions: str | Sequence[str | int] | None = None,
     batch: int = 10,
     seq_len: int | None = None,
     repeats: int = 2,
     icl_data: str | None = None,
     icl_len: int | None = None,
     icl_batch: int = 16,
-    sinks: bool = True,
     sink_batch: int = 16,
     sink_seq_len: int = 64,
-    retrieval: bool = False,
     retrieval_len: int | None = None,
+) -> dict[str, Any]:
+    """The sizes of a sweep's parts (``sizes=`` of :func:`checkpoint_scores`) from its usual knobs."""
+    return {
+        "scores": ScoreSizes(batch=batch, seq_len=seq_len, repeats=repeats),
+        "icl": IclSizes(data=icl_data, length=icl_len, batch=icl_batch),
+        "sinks": SinkSizes(batch=sink_batch, seq_len=sink_seq_len),
+        "retrieval": RetrievalSizes(seq_len=retrieval_len),
+    }
+
+
+def checkpoint_scores(
+    checkpoints: str | os.PathLike | Sequence[str | os.PathLike | Revision] | None = None,
+    *,
+    model: str | None = None,
+    revisions: str | Sequence[str | int] | None = None,
     config: RunConfig | None = None,
-    seed: int | None = None,
+    sizes: Mapping[str, Any] | None = None,
+    parts: Sequence[str] = SWEEP_PARTS,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
-    out: str | os.PathLike | None = None,
-    resume: bool = False,
-    fresh: bool = False,
-    overwrite: bool = False,
     evict: bool = False,
+    out: str | os.PathLike | SweepOut | None = None,
     name: str | None = None,
-    arguments: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> CheckpointScores:
     """Every registered head score (with CIs) and the in-context learning score at each revision.
@@ -132,62 +152,44 @@ def checkpoint_scores(
     fetched one at a time through the Hugging Face cache; ``evict=True`` deletes each one this run
     downloaded once it is scored (the free disk is checked before each download).
 
-    The head scores are :func:`interp.heads.head_scores` on ``repeated_tokens(batch, seq_len,
-    repeats, seed)``, the same tokens for every revision (``seq_len=None``: 50 tokens per block, or
-    20 where the context cannot hold ``repeats`` blocks of 50, else the longest block that fits:
-    :func:`default_block_len`, which the command line's ``--seq-len`` default reads); the in-context learning score is
-    :func:`interp.checkpoints.icl.icl_score` (``icl_data``, ``icl_len``, ``icl_batch``). With
-    ``sinks`` (the default) each head's first-token attention mass ``first_mass`` (with its CI, on
-    ``sink_batch`` x ``sink_seq_len`` random tokens, as the atlas reads it) joins the table, and
-    with it the sink role. With ``retrieval``, each head's retrieval score (Wu et al. 2024, with its
-    CI), retrieval mass and streaming share (:func:`interp.retrieval.retrieval_scores`) join it too,
-    read on one needle probe for every revision: 3 needles of 8 tokens in 2 sequences of
-    ``retrieval_len`` tokens (default: ``min(1024, the context)``, as ``interp retrieval``); a context
-    that cannot hold it is refused in one line before anything is scored. Each
-    revision loads on ``device`` (``None``: CUDA when present, as :func:`interp.models.load_model`).
+    The sweep is a loop over parts (:mod:`interp.parts`): the head scores, then ``parts`` (default:
+    the sink report), each with its ``sizes`` (:func:`sweep_sizes` builds them; ``"icl"``: the
+    in-context score's :class:`IclSizes`). The head scores are :func:`interp.heads.head_scores` on
+    ``repeated_tokens(batch, seq_len, repeats, seed)``, the same tokens for every revision
+    (``seq_len=None``: 50 tokens per block, or 20 where the context cannot hold ``repeats`` blocks
+    of 50, else the longest block that fits: :func:`default_block_len`, which the command line's
+    ``--seq-len`` default reads); the in-context learning score is
+    :func:`interp.checkpoints.icl.icl_score`. With ``"sinks"`` each head's first-token attention
+    mass ``first_mass`` (with its CI, as the atlas reads it) joins the table, and with it the sink
+    role. With ``"retrieval"``, each head's retrieval score (Wu et al. 2024, with its CI), retrieval
+    mass and streaming share (:func:`interp.retrieval.retrieval_scores`) join it too, read on one
+    needle probe for every revision: 3 needles of 8 tokens in 2 sequences of ``seq_len`` tokens
+    (default: ``min(1024, the context)``, as ``interp retrieval``). The sweep's policy: a part a
+    revision cannot have, or a probe its context cannot hold, is refused in one line before
+    anything of it is scored (the sweep compares revisions column by column). Each revision loads
+    on ``device`` (``None``: CUDA when present, as :func:`interp.models.load_model`).
 
-    With ``out``, each finished revision is journaled under ``out`` (``resume=True`` continues a run
-    stopped anywhere; ``fresh=True`` discards its journal), the outputs are written there at the end
-    (:func:`write_outputs`, listed in the result's ``written``; ``overwrite=True`` replaces earlier
-    ones) and the journal is deleted. ``name`` titles the result (default: the Hub model, or the
-    folders' parent); ``arguments`` are further settings a resumed run must share; ``log`` gets a
-    line per revision scored.
+    With ``out`` (a folder, or a :class:`SweepOut`), each finished revision is journaled there, the
+    outputs are written there at the end (:func:`write_outputs`, listed in the result's ``written``)
+    and the journal is deleted. ``name`` titles the result (default: the Hub model, or the folders'
+    parent); ``log`` gets a line per revision scored.
     """
-    cfg = RunConfig.of(config, **({"seed": seed} if seed is not None else {}))
+    cfg = RunConfig.of(config)
+    chosen, icl = _chosen(sizes, parts)
     todo = resolve(checkpoints, model, revisions)
     say = log or (lambda line: None)
-    settings = {
-        "batch": batch,
-        "seq_len": seq_len,
-        "repeats": repeats,
-        "icl_data": icl_data,
-        "icl_len": icl_len,
-        "icl_batch": icl_batch,
-        "sinks": sinks,
-        "sink_batch": sink_batch,
-        "sink_seq_len": sink_seq_len,
-        **({"retrieval": True, "retrieval_len": retrieval_len} if retrieval else {}),
-        "seed": cfg.seed,
-        "n_boot": cfg.n_boot,
-        "level": cfg.level,
-        "dtype": str(dtype),
-    }
-    journal = None
-    done: dict[Any, Any] = {}
-    if out is not None:
-        claim(Path(out), OUTPUTS, overwrite=overwrite)  # refuse before the work, not after it
-        identity = hashlib.sha256(repr([r.as_dict() for r in todo]).encode()).hexdigest()[:16]
-        journal = Journal(out, KIND, fingerprint({**settings, **(arguments or {})}, identity, ""))
-        done = journal.open(resume, fresh=fresh)
-        if done:
-            say(f"resuming: {len(done)} of {len(todo)} revision(s) already scored")
+    settings = _settings(chosen, icl, cfg, dtype)
+    where = out if isinstance(out, SweepOut) or out is None else SweepOut(out)
+    journal, done = _journal(where, todo, {"parts": chosen, "icl": icl, **settings})
+    if done:
+        say(f"resuming: {len(done)} of {len(todo)} revision(s) already scored")
     try:
         payloads = []
         for i, rev in enumerate(todo):
             if rev.label in done:
                 payloads.append(done[rev.label])
                 continue
-            payload = _score_revision(rev, settings, cfg, device, dtype, evict, payloads or list(done.values()))
+            payload = _score_revision(rev, chosen, icl, cfg, (device, dtype, evict), payloads or list(done.values()))
             if i == next(j for j, r in enumerate(todo) if r.label not in done):  # what the lines score on, once
                 say(probe_line(payload["probe_meta"], cfg.seed))
             say(
@@ -198,8 +200,8 @@ def checkpoint_scores(
                 journal.append(rev.label, payload)
             payloads.append(payload)
         result = assemble(todo, payloads, settings, name or model)
-        if out is not None:
-            result.written = write_outputs(result, Path(out), overwrite=overwrite)
+        if where is not None:
+            result.written = write_outputs(result, Path(where.folder), overwrite=where.overwrite)
     except BaseException:
         if journal is not None:
             journal.close()
@@ -207,6 +209,56 @@ def checkpoint_scores(
     if journal is not None:
         journal.finish()  # the outputs are written: a finished folder holds no journal
     return result
+
+
+def _journal(where: SweepOut | None, todo: list[Revision], marks: dict[str, Any]) -> tuple[Journal | None, dict]:
+    """The sweep's journal under ``where`` (None: no journal) and the revisions it already holds; its
+    fingerprint: each part's sizes, the in-context score's, the settings and ``where.arguments``."""
+    if where is None:
+        return None, {}
+    claim(Path(where.folder), OUTPUTS, overwrite=where.overwrite)  # refuse before the work, not after it
+    identity = hashlib.sha256(repr([r.as_dict() for r in todo]).encode()).hexdigest()[:16]
+    marks = {**marks, "parts": {n: fingerprint_of(s) for n, s in marks["parts"].items()}, "icl": asdict(marks["icl"])}
+    journal = Journal(where.folder, KIND, fingerprint({**marks, **(where.arguments or {})}, identity, ""))
+    return journal, journal.open(where.resume, fresh=where.fresh)
+
+
+def _chosen(sizes: Mapping[str, Any] | None, parts: Sequence[str]) -> tuple[dict[str, Any], IclSizes]:
+    """The parts a sweep runs (the head scores first) with their sizes, and the in-context score's."""
+    parts = PARTS.check_all([parts] if isinstance(parts, str) else parts)
+    given = dict(sizes or {})
+    icl = given.pop("icl", None) or IclSizes()
+    if not isinstance(icl, IclSizes):
+        raise UsageError(f"sizes={{'icl': ...}} must be an IclSizes, got {type(icl).__name__}", params="sizes")
+    score = given.get("scores") or ScoreSizes(seq_len=None)  # the sweep's default block: the rule of BLOCK_LENS
+    given["scores"] = score
+    check_sizes(given)
+    chosen = {n: sizes_of(n, given) for n in in_order({"scores", *parts})}
+    if "retrieval" in chosen:  # the sweep follows the scores over revisions: no copy-distance curves
+        chosen["retrieval"] = replace(chosen["retrieval"], distances=False)
+    return chosen, icl
+
+
+def _settings(chosen: Mapping[str, Any], icl: IclSizes, cfg: RunConfig, dtype: Any) -> dict[str, Any]:
+    """The sweep's settings as its result's meta records them."""
+    score, sink = chosen["scores"], chosen.get("sinks") or SinkSizes()
+    retrieval = chosen.get("retrieval")
+    return {
+        "batch": score.batch,
+        "seq_len": score.seq_len,
+        "repeats": score.repeats,
+        "icl_data": icl.data,
+        "icl_len": icl.length,
+        "icl_batch": icl.batch,
+        "sinks": "sinks" in chosen,
+        "sink_batch": sink.batch,
+        "sink_seq_len": sink.seq_len,
+        **({"retrieval": True, "retrieval_len": retrieval.seq_len} if retrieval is not None else {}),
+        "seed": cfg.seed,
+        "n_boot": cfg.n_boot,
+        "level": cfg.level,
+        "dtype": str(dtype),
+    }
 
 
 def write_outputs(result: CheckpointScores, out: Path, *, overwrite: bool = False) -> list[Path]:
@@ -221,50 +273,41 @@ def write_outputs(result: CheckpointScores, out: Path, *, overwrite: bool = Fals
 
 
 def _score_revision(
-    rev: Revision,
-    settings: dict[str, Any],
-    cfg: RunConfig,
-    device: Any,
-    dtype: Any,
-    evict: bool,
-    earlier: list[dict],
+    rev: Revision, chosen: Mapping[str, Any], icl: IclSizes, cfg: RunConfig, load: tuple, earlier: list[dict]
 ) -> dict[str, Any]:
+    """One revision loaded, every chosen part run on it (quietly), the in-context score read, dropped."""
+    device, dtype, evict = load
     downloaded = False
     if rev.hub:
         downloaded = hub.prepare(rev.spec, rev.revision)  # one line and no download when the disk is short
     t0 = time.perf_counter()
     model = rev.load(device=device, dtype=dtype)
     try:
-        needles = _needle_probe(model, rev, settings, cfg) if settings.get("retrieval") else None
-        needles_hash = _same_tokens(rev, earlier, "needles", "needle-probe", needles) if needles is not None else None
-        block = settings["seq_len"] or default_block_len(body_room(describe(model)), settings["repeats"])
-        probe = repeated_tokens(
-            model, batch=settings["batch"], block_len=block, n_repeats=settings["repeats"], seed=cfg.seed
-        )
-        probe_hash = _same_tokens(rev, earlier, "probe", "probe", probe)
-        scores = head_scores(model, probe, config=cfg, progress=False)
-        baselines = {k: float(v) for k, v in uniform_baselines(probe).items()}
-        table = scores.table
-        if settings["sinks"]:
-            table, baselines["first_mass"] = _with_sinks(model, table, settings, cfg)
-        if needles is not None:
-            table = _with_retrieval(model, table, needles, cfg)
-        icl = icl_score(
-            model, length=settings["icl_len"], data=settings["icl_data"], batch=settings["icl_batch"], seed=cfg.seed
-        )
+        info, given, quiet = describe(model), Given(label=rev.label), replace(cfg, progress=False)
+        for part, sizes in chosen.items():  # the sweep's policy: a part that cannot run here is refused, first
+            check = PARTS.get(part).applicable
+            why = check(info, sizes, given) if check is not None else None
+            if why is not None:
+                raise UsageError(f"the {part} part cannot run on {rev.label}: {why.reason}")
+        got = {part: PARTS.get(part).run(model, sizes, quiet, given) for part, sizes in chosen.items()}
+        scores, needles = got["scores"], got.get("retrieval")
+        probe_hash = _same_tokens(rev, earlier, "probe", "probe", scores.probe)
+        needles_hash = _same_tokens(rev, earlier, "needles", "needle-probe", needles.probe) if needles else None
+        table, baselines = _tracked(got)
+        icl_got = icl_score(model, length=icl.length, data=icl.data, batch=icl.batch, seed=cfg.seed)
         payload = {
             "revision": rev.label,
             "step": rev.step,
             "source": rev.as_dict(),
             "weights": weights_fingerprint(model),
             "probe": probe_hash,
-            "probe_meta": _probe_meta(probe),
-            **({"needles": needles_hash, "needle_meta": _needle_meta(needles)} if needles else {}),
+            "probe_meta": _probe_meta(scores.probe),
+            **({"needles": needles_hash, "needle_meta": _needle_meta(needles.probe)} if needles else {}),
             "baselines": baselines,
             "columns": list(table.columns),
             "rows": table.to_dict(orient="records"),
-            "icl": icl.as_dict(),
-            "icl_description": icl.describe(),
+            "icl": icl_got.as_dict(),
+            "icl_description": icl_got.describe(),
             "seconds": None,  # filled below; not part of the compared outputs
         }
         payload["seconds"] = round(time.perf_counter() - t0, 3)
@@ -274,6 +317,21 @@ def _score_revision(
     if rev.hub and evict and downloaded:
         hub.evict(rev.spec, rev.revision)
     return payload
+
+
+def _tracked(got: Mapping[str, PartResult]) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The head scores' table with the columns each other part's sweep follows (its ``tracked``
+    columns, else all), in their place, and the baselines of them all."""
+    table = got["scores"].columns
+    baselines = {k: float(v) for k, v in got["scores"].baselines.items()}
+    for part in in_place(n for n in got if n != "scores"):
+        columns = got[part].columns
+        if columns is None:
+            continue
+        keep = list(PARTS.get(part).tracked) or [c for c in columns.columns if c not in ("layer", "head", "label")]
+        table = table.merge(columns[["layer", "head", *keep]], on=["layer", "head"], how="left")
+        baselines.update({k: float(v) for k, v in got[part].baselines.items()})
+    return table, baselines
 
 
 def _same_tokens(rev: Revision, earlier: list[dict], key: str, what: str, probe: Any) -> str:
@@ -286,65 +344,6 @@ def _same_tokens(rev: Revision, earlier: list[dict], key: str, what: str, probe:
             "BOS?): a sweep compares revisions of one model on one probe"
         )
     return digest
-
-
-def _with_sinks(
-    model: Any, table: pd.DataFrame, settings: dict[str, Any], cfg: RunConfig
-) -> tuple[pd.DataFrame, float]:
-    """``table`` with each head's first-token mass and its CI (the atlas's sink columns), and the
-    uniform head's first-token mass on the same random tokens."""
-    from interp.sinks import sink_scores
-
-    length = min(settings["sink_seq_len"], describe(model).n_ctx - 1)
-    probe = random_tokens(model, batch=settings["sink_batch"], seq_len=length, seed=cfg.seed)
-    report = sink_scores(model, probe, config=cfg, progress=False)
-    columns = ["layer", "head", "first_mass", "first_mass_lo", "first_mass_hi"]
-    merged = table.merge(report.heads.table[columns], on=["layer", "head"], how="left")
-    return merged, float(report.meta["uniform_first_mass"])
-
-
-def _needle_probe(model: Any, rev: Revision, settings: dict[str, Any], cfg: RunConfig) -> Any:
-    """The retrieval score's needle probe (the same tokens for every revision of one model), or a
-    one-line :class:`UsageError` when ``rev``'s context cannot hold it."""
-    from interp.probes.needle import needle_probe
-
-    info = describe(model)
-    if not info.is_causal:
-        raise UsageError(
-            f"the retrieval score reads a copy teacher-forced, which needs a causal model; {rev.label} is an encoder"
-        )
-    room = body_room(info)
-    length = retrieval_fits(rev.label, room, settings.get("retrieval_len"))
-    return needle_probe(model, seq_len=length, depths=DEPTHS, needle_len=NEEDLE_LEN, batch=NEEDLE_BATCH, seed=cfg.seed)
-
-
-def retrieval_fits(label: str, room: int, asked: int | None) -> int:
-    """The needle probe's length for a context of ``room`` body tokens: ``asked``, else
-    ``min(1024, room)``; a one-line :class:`UsageError` when the context cannot hold it."""
-    from interp.probes.needle import DEFAULT_SEQ_LEN
-
-    least = 2 * len(DEPTHS) * NEEDLE_LEN + NEEDLE_LEN  # the needles, their copies and a haystack of one needle
-    length = asked or min(DEFAULT_SEQ_LEN, room)
-    if least <= length <= room:
-        return length
-    what = f"{len(DEPTHS)} needles of {NEEDLE_LEN} tokens, their copies and a haystack"
-    if room < least:
-        raise UsageError(
-            f"the retrieval score's needle probe ({what}) needs at least {least} tokens and {label}'s context "
-            f"holds {room}: leave out retrieval=True (command line: --retrieval)"
-        )
-    raise UsageError(
-        f"the retrieval score's needle probe ({what}) cannot be {length} tokens: {label}'s context holds {room} and "
-        f"the probe needs at least {least}; ask for retrieval_len={least} to {room} (command line: --retrieval-len)"
-    )
-
-
-def _with_retrieval(model: Any, table: pd.DataFrame, needles: Any, cfg: RunConfig) -> pd.DataFrame:
-    """``table`` with each head's retrieval score and CI, retrieval mass and streaming share."""
-    from interp.retrieval import retrieval_scores
-
-    got = retrieval_scores(model, needles, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed, progress=False)
-    return table.merge(got.table[["layer", "head", *RETRIEVAL_COLUMNS]], on=["layer", "head"], how="left")
 
 
 def _needle_meta(probe: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from interp.checkpoints import CheckpointScores, ToyTraining, checkpoint_scores,
 from interp.checkpoints.icl import ICL_DATA
 from interp.checkpoints.result import fmt_steps
 from interp.checkpoints.roles import holder_runs
-from interp.checkpoints.sweep import BLOCK_LENS, KIND, retrieval_fits
+from interp.checkpoints.sweep import BLOCK_LENS, KIND, SweepOut, retrieval_fits, sweep_sizes
 from interp.checkpoints.toy import NAME as TOY_TRAINING
 from interp.checkpoints.toy import trained
 from interp.cli.common import (
@@ -216,30 +216,29 @@ def main(args: argparse.Namespace, out: Path) -> list[Path]:
     elif checkpoints is not None and len(checkpoints) == 1:
         checkpoints = checkpoints[0]  # a glob, or one folder
     t0 = time.perf_counter()
-    result = checkpoint_scores(
-        checkpoints,
-        model=None if args.revisions is None else args.model,
-        revisions=args.revisions,
+    sizes = sweep_sizes(
         batch=args.batch,
         seq_len=args.seq_len,
         repeats=args.repeats,
         icl_data=args.icl_data,
         icl_len=args.icl_len,
         icl_batch=args.icl_batch,
-        sinks=not args.no_sinks,
-        retrieval=args.retrieval,
         retrieval_len=args.retrieval_len,
-        seed=args.seed,
+    )
+    arguments = run_arguments(args, ignore=(*_NOT_RESULTS, "evict", "threads", "device"))
+    result = checkpoint_scores(
+        checkpoints,
+        model=None if args.revisions is None else args.model,
+        revisions=args.revisions,
+        config=_config(args),
+        sizes=sizes,
+        parts=[p for p, on in (("sinks", not args.no_sinks), ("retrieval", args.retrieval)) if on],
         device=device,
         dtype=args.dtype,
-        out=out,
-        resume=args.resume,
-        fresh=args.fresh,
         evict=args.evict,
+        out=SweepOut(out, resume=args.resume, fresh=args.fresh, arguments=arguments),
         name=args.model if trains or args.revisions else None,
-        arguments=run_arguments(args, ignore=(*_NOT_RESULTS, "evict", "threads", "device")),
         log=lambda line: print(line, flush=True),
-        config=_config(args),
     )
     print(f"\nswept {len(result.revisions)} revision(s) in {time.perf_counter() - t0:.0f} s")
     print(summary(result, args.top))

@@ -552,17 +552,27 @@ def _quiet(on: bool, *, stderr: bool = True) -> Iterator[None]:
 def in_flags(parser: argparse.ArgumentParser, error: BaseException, aliases: Mapping[str, str] | None = None) -> str:
     """``error``'s message as a command line says it: each parameter it names (``error.params``,
     written ``name=`` in the message) shown as the parser's flag for it, ``minibatch=4`` as
-    ``--minibatch 4`` and a bare ``minibatch=`` as ``--minibatch``. ``aliases`` maps a parameter to
-    the destination of the flag that sets it where their names differ (``{"n_pairs": "batch"}``).
-    A parameter this parser has no flag for stays as written."""
+    ``--minibatch 4``, a bare ``minibatch=`` as ``--minibatch``, and an on/off flag's
+    ``framed=True`` as ``--framed``, ``engine='pattern'`` as ``--engine pattern``. ``aliases`` maps a parameter to the destination of the flag
+    that sets it where their names differ (``{"n_pairs": "batch"}``). A parameter this parser has
+    no flag for stays as written."""
     message = " ".join(str(error).split())
-    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
     for param in getattr(error, "params", ()):
-        flag = flags.get((aliases or {}).get(param, param))
-        if flag is None:
+        action = actions.get((aliases or {}).get(param, param))
+        if action is None:
             continue
-        message = re.sub(rf"(?<![\w.=-]){re.escape(param)}=(?=[^\s,;:)\]]|$)", flag + " ", message)
-        message = re.sub(rf"(?<![\w.=-]){re.escape(param)}=", flag, message)
+        flag, switch = action.option_strings[-1], action.nargs == 0
+
+        def shown(m: re.Match, flag: str = flag, switch: bool = switch) -> str:
+            value = m.group(1)
+            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":  # engine='pattern': --engine pattern
+                value = value[1:-1]
+            if not value or (switch and value in ("True", "False")):
+                return flag
+            return f"{flag} {value}"
+
+        message = re.sub(rf"(?<![\w.=-]){re.escape(param)}=([^\s,;:)\]]*)", shown, message)
     return message
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from interp.adapters import HookedModel
 from interp.cli.common import add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.config import RunConfig
 from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
 from interp.plots import MARK_THRESHOLD, save_figure, short_name
@@ -47,7 +48,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     probe = repeated_tokens(model, batch=args.batch, block_len=args.seq_len, n_repeats=args.repeats, seed=args.seed)
     info = describe(model)
     t0 = time.perf_counter()
-    scores = head_scores(model, probe, seed=args.seed, level=args.ci, progress=args.progress, engine=args.engine)
+    config = RunConfig(seed=args.seed, level=args.ci, progress=args.progress, engine=args.engine)
+    scores = head_scores(model, probe, config=config)
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from interp._io import writes_partial
-from interp.ablation.modes import SITES, parse_heads
+from interp.ablation.modes import SITES
 from interp.ablation.replay import REPLAYS
 from interp.adapters import HookedModel
 from interp.cli.common import (
@@ -50,28 +50,32 @@ from interp.cli.common import (
     task_pairs,
 )
 from interp.config import RunConfig
-from interp.errors import InterpError, UsageError
+from interp.errors import UsageError
 from interp.models import describe
 from interp.patching import (
     BY,
-    DIRECTION_HELP,
+    DIRECTIONS,
+    FAITHFUL_TO,
     METHODS,
     METRICS,
+    PATH_SITES,
     PatchScores,
     faithfulness_curves,
     patch_heads,
     path_patch,
     task_metric,
+    validate_faithfulness_curves,
+    validate_patch_heads,
+    validate_path_patch,
 )
 from interp.patching.faithfulness import TARGETS
-from interp.patching.paths import LOGITS, refuse_late_senders, refuse_pathless
+from interp.patching.paths import LOGITS
 from interp.plots import save_figure
-from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
+from interp.probes.task import DEFAULT_DIRECTION, N_PAIRS, TaskProbe, task_probe
 
 STEM = "patch"
 PATH = "path"
-PATH_SITES = ("q", "k", "v")
-FAITHFUL_TO = ("corrupted", "mean")
+ALIASES = {"n_pairs": "batch", "to": "faithfulness_to"}  # the library's parameters whose flags have other names
 
 
 def methods_arg(text: str) -> list[str]:
@@ -106,7 +110,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         choices=SITES.names(),
         default=None,
         help="exact: what is patched: " + SITES.help() + " (default: z); with --by path, the receiver heads' "
-        "input the path reaches: q, k or v (default: q)",
+        f"input the path reaches: {', '.join(PATH_SITES.names())} (default: q)",
     )
     p.add_argument(
         "--senders",
@@ -134,16 +138,16 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     )
     p.add_argument(
         "--faithfulness-to",
-        choices=FAITHFUL_TO,
+        choices=FAITHFUL_TO.names(),
         default=None,
-        help="--faithfulness: what the heads outside the top n are patched to: each pair's corrupted run, or "
-        "the mean over the corrupted prompts (default: corrupted)",
+        help=f"--faithfulness: what the heads outside the top n are patched to: {FAITHFUL_TO.help()} (default: "
+        f"{FAITHFUL_TO.names()[0]})",
     )
     p.add_argument(
         "--direction",
-        choices=DIRECTIONS,
+        choices=DIRECTIONS.names(),
         default=DEFAULT_DIRECTION,
-        help="; ".join(f"{d}: {DIRECTION_HELP[d]}" for d in DIRECTIONS),
+        help=DIRECTIONS.help(),
     )
     p.add_argument(
         "--metric",
@@ -174,20 +178,6 @@ def _head_receivers(args: argparse.Namespace) -> bool:
     return args.receivers is not None and args.receivers.strip() != LOGITS
 
 
-def _named_heads(args: argparse.Namespace, flag: str) -> list[tuple[int, int]]:
-    """The heads ``--senders`` / ``--receivers`` name (none: not given, or the logits), read without a model."""
-    text = getattr(args, flag.lstrip("-"))
-    if text is None or text.strip() == LOGITS:
-        return []
-    try:
-        heads = parse_heads(text)
-    except InterpError as e:
-        raise UsageError(f"{flag}: {e}") from None
-    if not heads:
-        raise UsageError(f"{flag} names no head: write heads as layer.head, comma-separated (e.g. 0.1,1.3)")
-    return heads
-
-
 UNREAD = (
     Unread("--senders", "it applies to --by path", lambda args: not _path(args)),
     Unread("--receivers", "it applies to --by path", lambda args: not _path(args)),
@@ -207,46 +197,32 @@ UNREAD = (
 
 
 def check(args: argparse.Namespace) -> None:
-    """Before the model loads: a flag the method ignores; path patching's sites and a sender in a later
-    layer than its receiver; faithfulness of something other than head outputs or with a raw metric;
+    """Before the model loads: the library's own checks of the run asked for (path patching's, or
+    patching's and the faithfulness curves'), faithfulness of something other than head outputs, and
     a task that is neither bundled nor a readable file with every column."""
     if _path(args):
-        if args.site is not None and args.site not in PATH_SITES:
-            raise UsageError(
-                f"--by path reaches a receiver head through its queries, keys or values: --site q, k or v, "
-                f"not {args.site}"
-            )
-        senders, receivers = _named_heads(args, "--senders"), _named_heads(args, "--receivers")
-        if senders and receivers:
-            try:
-                refuse_late_senders(senders, receivers)
-            except UsageError as e:
-                raise UsageError(f"{e}: choose --senders in earlier layers than --receivers") from None
-        if receivers and not senders:  # every head sends: the earliest is in layer 0
-            try:
-                refuse_pathless([(0, 0)], receivers)
-            except UsageError as e:
-                raise UsageError(
-                    f"--receivers {args.receivers.strip()}: {e}; choose receivers in layer 1 or later, or "
-                    f"--receivers {LOGITS}"
-                ) from None
+        receivers = args.receivers if args.receivers is not None else LOGITS
+        validate_path_patch(
+            senders=args.senders,
+            receivers=receivers,
+            site=args.site or "q",
+            direction=args.direction,
+            metric=args.metric,
+        )
+    else:
+        validate_patch_heads(
+            method=args.method,
+            metric=args.metric,
+            direction=args.direction,
+            by=args.by,
+            replay=args.replay,
+            site=args.site,
+            steps=args.steps,
+        )
     if args.faithfulness is not None:
-        if args.site not in (None, "z"):
+        if args.site not in (None, "z"):  # the command ranks by its own run: of head outputs
             raise UsageError(f"--faithfulness ranks head outputs (site z): drop --site {args.site}, or --faithfulness")
-    needs = "--faithfulness" if args.faithfulness is not None else "--by path" if _path(args) else None
-    if needs and args.metric is not None and not METRICS.info(args.metric, "normalised"):
-        raise UsageError(
-            f"{needs} reports a fraction of the clean-corrupted gap, a normalised metric: --metric {args.metric} "
-            "is raw; use " + " or ".join(n for n in METRICS.names() if METRICS.info(n, "normalised"))
-        )
-    ignored = [flag for flag, value in (("--replay", args.replay), ("--site", args.site)) if value is not None]
-    if args.method != "exact" and ignored:
-        raise UsageError(
-            f"--method {args.method} does not read {' or '.join(ignored)} (it applies to --method exact): drop "
-            f"{'it' if len(ignored) == 1 else 'them'}"
-        )
-    if args.steps is not None and args.method != "eap-ig":
-        raise UsageError(f"--method {args.method} does not read --steps (it applies to --method eap-ig): drop it")
+        validate_faithfulness_curves(to=args.faithfulness_to or FAITHFUL_TO.names()[0], metric=args.metric)
     check_task(args.task, args.batch)
 
 
@@ -371,10 +347,10 @@ def faithfulness_main(
             rankings[method] = patch_heads(
                 model, task, method=method, metric=args.metric, direction=args.direction, config=config
             )
-    to = args.faithfulness_to or "corrupted"
+    to = args.faithfulness_to or FAITHFUL_TO.names()[0]
     curves = faithfulness_curves(model, task, rankings, to=to, metric=args.metric, config=config)
     curves.meta["model_spec"] = args.model
-    what = "its pair's corrupted run" if to == "corrupted" else "its mean over the corrupted prompts"
+    what = FAITHFUL_TO.info(to, "printed")
     targets = " / ".join(f"{t:g}" for t in TARGETS)
     print(
         f"\nfaithfulness (the top n heads kept, every other head's output patched to {what}): the smallest n "

@@ -30,10 +30,11 @@ from interp.cli.common import (
     positive_int,
     run_cli,
 )
+from interp.config import RunConfig
 from interp.models import describe
 from interp.probes.task import task_probe
 from interp.report.atlas import STEM
-from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, head_atlas
+from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, atlas_sizes, head_atlas
 from interp.report.roles import THRESHOLD, role_columns
 from interp.scores import format_table, plural
 
@@ -115,21 +116,23 @@ def check(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     t0 = time.perf_counter()
-    atlas = head_atlas(
-        model,
+    sizes = atlas_sizes(
         batch=args.batch,
         seq_len=args.seq_len,
         repeats=args.repeats,
         sink_seq_len=args.sink_seq_len,
         ablation=args.ablation,
-        threshold=args.threshold,
         view_len=args.view_len,
         view_heads=args.view_heads,
-        skip=args.skip,
-        seed=args.seed,
-        progress=args.progress,
-        journals=getattr(args, "journals", None),
         retrieval_len=args.retrieval_len,
+    )
+    atlas = head_atlas(
+        model,
+        config=RunConfig(seed=args.seed, progress=args.progress),
+        sizes=sizes,
+        threshold=args.threshold,
+        skip=args.skip,
+        journals=getattr(args, "journals", None),
         # --framed: a task file's prompts as they are (the file read here, its pairs cut to --task-pairs)
         task=task_probe(model, args.task, n_pairs=args.task_pairs, seed=args.seed, framed=True)
         if args.framed

@@ -38,6 +38,7 @@ from interp._io import atomic_write
 from interp.ablation import WindowAblation, ablated
 from interp.adapters import HookedModel
 from interp.cli.common import Unread, add_engine_flag, base_parser, float_in, plural, positive_int, run_cli
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
 from interp.plots import save_figure, short_name
@@ -51,6 +52,7 @@ from interp.retrieval import (
     default_window,
     needle_copy_loss,
     retrieval_scores,
+    validate_retrieval_scores,
 )
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
 from interp.stream.budget import PATTERN_BUDGET, choose_engine
@@ -158,11 +160,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         probe,
         sink=args.sink,
         window=window,
-        level=args.ci,
-        seed=args.seed,
-        minibatch=args.minibatch,
-        engine=args.engine,
-        progress=args.progress,
+        config=_config(args),
     )
     elapsed = time.perf_counter() - t0
     scores.meta["model_spec"] = args.model
@@ -235,7 +233,8 @@ def _ablation_check(args: argparse.Namespace, model: HookedModel, probe: Any, sc
     table = scores.table
     roles = [r for r in ("streaming", "retrieval") if (table["role"] == r).any()]
     bar = tqdm(total=1 + len(roles), desc="ablation check", unit="pass", disable=not args.progress)
-    clean = needle_copy_loss(model, probe, minibatch=args.minibatch)
+    loss_config = RunConfig(minibatch=args.minibatch)
+    clean = needle_copy_loss(model, probe, config=loss_config)
     bar.update()
     ablation = WindowAblation(sink=args.sink, window=window)
     print(
@@ -248,7 +247,7 @@ def _ablation_check(args: argparse.Namespace, model: HookedModel, probe: Any, sc
             print(f"  {role} heads: none")
             continue
         with ablated(model, heads, ablation=ablation):
-            loss = needle_copy_loss(model, probe, minibatch=args.minibatch)
+            loss = needle_copy_loss(model, probe, config=loss_config)
         bar.update()
         shown = ", ".join(heads[:8]) + (f" (+{len(heads) - 8})" if len(heads) > 8 else "")
         print(f"  {role} heads ({shown}): {clean:.4f} unrestricted -> {loss:.4f} restricted ({loss - clean:+.4f})")
@@ -278,7 +277,7 @@ def _distance_profile(
     args: argparse.Namespace, model: HookedModel, out: Path, distances: list[int], span: int
 ) -> list[Path]:
     probe = copy_distance_probe(model, distances, span=span, batch=2, seed=args.seed)
-    table = copy_distance_scores(model, probe, minibatch=args.minibatch, engine=args.engine, progress=args.progress)
+    table = copy_distance_scores(model, probe, config=_config(args))
     windows = layer_windows(model)
     best = table.groupby(["layer", "head"])["induction"].mean().nlargest(min(args.top, 8))
     print(f"\ncopy distance ({', '.join(str(d) for d in probe.meta['distances'])} tokens): top heads by induction mass")
@@ -295,10 +294,15 @@ def _distance_profile(
 UNREAD = (Unread("--depths", "--needles spreads the needles instead", lambda args: args.needles is not None),)
 
 
+def _config(args: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        level=args.ci, seed=args.seed, minibatch=args.minibatch, progress=args.progress, engine=args.engine
+    )
+
+
 def check(args: argparse.Namespace) -> None:
     """Before the model loads."""
-    if args.sink < 0:
-        raise UsageError(f"--sink must be >= 0, got {args.sink}")
+    validate_retrieval_scores(sink=args.sink, window=args.window)
     if args.needle_len < 2:
         raise UsageError(
             f"--needle-len must be at least 2 (a copy step is scored when the token before it is a needle token), "

@@ -36,30 +36,32 @@ from typing import Any
 
 from interp._io import atomic_write
 from interp.adapters import HookedModel, ModelInfo
-from interp.roles import composition_scores, encoder_scores, head_map, logit_attribution, ov_scores
-from interp.roles.composition import N_RANDOM, composition_work
-from interp.roles.encoder import encoder_work, head_map_work
-from interp.roles.ov import K_LOWEST, OV_SCORES, ov_work
 from interp.cli.common import (
     FRAMED_UNREAD,
     add_task_flag,
     base_parser,
     check_task,
     float_in,
+    in_flags,
     positive_int,
     run_cli,
     set_batch_help,
 )
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import describe
+from interp.parts import PARTS, Given, NotApplicable, run_part
+from interp.parts.roles import CompositionSizes, EncoderSizes, OVSizes, TextSizes
 from interp.plots import save_figure, short_name
-from interp.probes import TokenProbe, text_probe
 from interp.probes.draw import drop_given_prefix
 from interp.probes.task import TASKS, task_probe
 from interp.probes.user import text_ids
 from interp.progress import announcer, forward_work
 from interp.registry import Registry
 from interp.report.roles import THRESHOLD, role_columns, role_table
+from interp.roles import logit_attribution
+from interp.roles.composition import N_RANDOM
+from interp.roles.ov import K_LOWEST
 from interp.scores import HeadScores, format_table, join_scores, plural
 from interp.texts import BYTES_NOTE, decode_file
 
@@ -215,6 +217,10 @@ def prompt_ids(
     return tokens, answers, None if wrongs[0] is None else wrongs
 
 
+# this command's analyses, each a part of interp.parts (its name there)
+PARTS_OF = {"composition": "composition", "ov": "ov", "encoder": "encoder", "map": "headmap"}
+
+
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     info = describe(model)
     prompts = prompt_ids(model, info, args.prompt_rows) if args.prompt_rows is not None else None
@@ -222,134 +228,129 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if "dla" in args.analyses and args.task is not None:
         n_pairs = args.batch if args.batch is not None or args.task not in TASKS else BATCH
         task = task_probe(model, args.task, n_pairs=n_pairs, seed=args.seed, framed=args.framed)
-    probe = None
-    if "encoder" in args.analyses or "map" in args.analyses:
-        probe = text_probe(model, batch=args.batch or BATCH, seq_len=min(args.seq_len, info.n_ctx - 2), seed=args.seed)
-    plan = _plan(args, info, prompts, task, probe)
+    sizes = _sizes(args)
+    todo = [a for a in args.analyses if a in PARTS_OF]
+    plan = {**_dla_plan(args, info, prompts, task), **{a: PARTS.get(PARTS_OF[a]).work(info, sizes[a]) for a in todo}}
     say = announcer(STEM, plan, args.progress)
+    config = RunConfig(level=args.ci, seed=args.seed, progress=args.progress)
     dla = None
     if "dla" in plan:  # first: bad prompts end the run before any write
         say("dla")
         given = (task,) if task is not None else prompts
-        dla = logit_attribution(model, *given, level=args.ci, seed=args.seed)
+        dla = logit_attribution(model, *given, config=config)
     print(f"{info.name} ({'causal' if info.is_causal else 'encoder'}, {info.n_layers} layers x {info.n_heads} heads)")
     written: list[Path] = []
     tables: list[HeadScores] = []
     baselines: dict[str, float] = {}
     skipped: dict[str, str] = {}
-    todo = args.analyses
-
-    if "composition" in todo:
-        say("composition")
-        try:
-            comp = composition_scores(model, n_random=args.n_random, seed=args.seed, progress=args.progress)
-        except UsageError as e:
-            skipped["composition"] = str(e)
-        else:
-            written += comp.save(out)
-            written += save_figure(
-                comp.figure(title=f"{short_name(info.name)}: composition scores"), out, "composition"
-            )
-            print(f"\ncomposition (z against {args.n_random} random head pairs of the same shapes):")
-            for kind in ("Q", "K", "V"):
-                top = comp.table[comp.table["kind"] == kind].nlargest(min(args.top, 5), "z")
-                shown = ", ".join(
-                    f"{s}->{d} {v:.3f} (z {z:.1f})"
-                    for s, d, v, z in zip(top["src"], top["dst"], top["score"], top["z"])
-                )
-                print(f"  {kind}: {shown}")
-            for note in comp.meta["notes"]:
-                print(f"  note: {note}")
-
-    if "ov" in todo:
-        say("ov")
-        done = []
-        for name in OV_SCORES:
-            try:
-                s = ov_scores(
-                    model,
-                    [name],
-                    k=args.k,
-                    sequences=args.sequence_ids,
-                    level=args.ci,
-                    seed=args.seed,
-                    progress=args.progress,
-                )
-            except UsageError as e:
-                skipped[name] = str(e)
-                continue
-            done.append(s)
-        if done:
-            ov = join_scores(done)
-            tables.append(ov)
-            baselines.update(ov.meta["baselines"])
-            written += ov.save(out, "ov_scores")
-
-    if "encoder" in todo:
-        say("encoder")
-        enc = encoder_scores(model, probe, frequencies=args.frequency_table, level=args.ci, seed=args.seed)
-        tables.append(enc)
-        baselines.update(enc.meta["baselines"])
-        written += enc.save(out, "encoder_heads")
-    if "map" in todo:
-        say("map")
-        m = head_map(model, probe, seed=args.seed)
-        written += m.save(out)
-        written += save_figure(m.figure(), out, "head_map")
-
+    given_parts = Given()
+    for name in todo:
+        say(name)
+        got = run_part(PARTS_OF[name], model, info, sizes[name], config, given_parts)
+        if isinstance(got, NotApplicable):
+            skipped[name] = _why(got)
+            continue
+        skipped.update({what: _why(why) for what, why in got.left_out.items()})
+        if got.result is None:
+            continue
+        if name in ("ov", "encoder"):
+            tables.append(got.result)
+            baselines.update(got.result.meta["baselines"])
+        written += SHOW[name](got.result, args, info, out)
     if dla is not None:
+        _print_dla(dla, args.top)
         written += dla.save(out)
-        ranked = dla.heads.table.reindex(dla.heads.table["dla"].abs().sort_values(ascending=False).index).head(args.top)
-        task = dla.meta.get("task")
-        on = f"task {task['name']}, read at position {task['read_position']}; " if task else ""
-        print(
-            f"\ndirect logit attribution ({on}{dla.meta['direction']}, {plural(dla.meta['n_prompts'], 'prompt')}; "
-            f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
-        )
-        print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))
-        if dla.meta["softcap"]:
-            print(f"  note: {dla.meta['softcap']}")
-
     if tables:
-        merged = join_scores(tables)
-        roles = role_table(merged, baselines, threshold=args.threshold)
-        written.append(atomic_write(out / f"{STEM}.csv", roles.to_csv(index=False)))
-        cols = [c for c in role_columns() if c in roles and roles[c].notna().any()]
-        print("\nchance levels: " + ", ".join(f"{c} {baselines[c]:.3f}" for c in cols if c in baselines))
-        named = roles[roles["role"] != ""]
-        if len(named):
-            print(f"heads with a role ({len(named)} of {len(roles)}; score [{args.ci:.0%} CI]):")
-            table = format_table(named.head(args.top), cols, ci=[c for c in cols if f"{c}_lo" in roles])
-            lines = table.splitlines()
-            print("\n".join(f"{line}  {role}" for line, role in zip(lines, ["role", *named["role"].head(args.top)])))
-        else:
-            print(f"no head's CI clears its chance level with a score of at least {args.threshold:g}: no role named")
+        written.append(_print_roles(join_scores(tables), baselines, args, out))
     for what, why in skipped.items():
         print(f"\nskipped {what}: {why}")
     return written
 
 
-def _plan(
-    args: argparse.Namespace, info: ModelInfo, prompts: Any, task: Any, probe: TokenProbe | None
-) -> dict[str, tuple[str, float]]:
-    """The parts this run will run, in order, ``part -> (what, with its sizes; work)``."""
-    todo, plan = args.analyses, {}
+def _sizes(args: argparse.Namespace) -> dict[str, Any]:
+    """Each analysis's sizes from the flags (the text probe: --batch windows of --seq-len tokens)."""
+    text = dict(batch=args.batch or BATCH, seq_len=args.seq_len)
+    return {
+        "composition": CompositionSizes(n_random=args.n_random),
+        "ov": OVSizes(k=args.k, sequences=args.sequence_ids),
+        "encoder": EncoderSizes(**text, frequencies=args.frequency_table),
+        "map": TextSizes(**text),
+    }
+
+
+def _why(why: NotApplicable) -> str:
+    """A part's reason as this command says it: its remedy's parameters as the flags that set them."""
+    text = f"{why.reason}: {why.remedy}" if why.remedy else why.reason
+    return in_flags(build_parser(), UsageError(text, params=why.params))
+
+
+def _show_composition(comp: Any, args: argparse.Namespace, info: ModelInfo, out: Path) -> list[Path]:
+    written = comp.save(out)
+    written += save_figure(comp.figure(title=f"{short_name(info.name)}: composition scores"), out, "composition")
+    print(f"\ncomposition (z against {args.n_random} random head pairs of the same shapes):")
+    for kind in ("Q", "K", "V"):
+        top = comp.table[comp.table["kind"] == kind].nlargest(min(args.top, 5), "z")
+        shown = ", ".join(
+            f"{s}->{d} {v:.3f} (z {z:.1f})" for s, d, v, z in zip(top["src"], top["dst"], top["score"], top["z"])
+        )
+        print(f"  {kind}: {shown}")
+    for note in comp.meta["notes"]:
+        print(f"  note: {note}")
+    return written
+
+
+def _show_map(m: Any, args: argparse.Namespace, info: ModelInfo, out: Path) -> list[Path]:
+    return m.save(out) + save_figure(m.figure(), out, "head_map")
+
+
+SHOW = {
+    "composition": _show_composition,
+    "ov": lambda ov, args, info, out: ov.save(out, "ov_scores"),
+    "encoder": lambda enc, args, info, out: enc.save(out, "encoder_heads"),
+    "map": _show_map,
+}
+
+
+def _print_dla(dla: Any, top: int) -> None:
+    ranked = dla.heads.table.reindex(dla.heads.table["dla"].abs().sort_values(ascending=False).index).head(top)
+    task = dla.meta.get("task")
+    on = f"task {task['name']}, read at position {task['read_position']}; " if task else ""
+    print(
+        f"\ndirect logit attribution ({on}{dla.meta['direction']}, {plural(dla.meta['n_prompts'], 'prompt')}; "
+        f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
+    )
+    print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))
+    if dla.meta["softcap"]:
+        print(f"  note: {dla.meta['softcap']}")
+
+
+def _print_roles(merged: HeadScores, baselines: dict[str, float], args: argparse.Namespace, out: Path) -> Path:
+    """``roles.csv`` written, the chance levels and the heads with a role printed."""
+    roles = role_table(merged, baselines, threshold=args.threshold)
+    path = atomic_write(out / f"{STEM}.csv", roles.to_csv(index=False))
+    cols = [c for c in role_columns() if c in roles and roles[c].notna().any()]
+    print("\nchance levels: " + ", ".join(f"{c} {baselines[c]:.3f}" for c in cols if c in baselines))
+    named = roles[roles["role"] != ""]
+    if len(named):
+        print(f"heads with a role ({len(named)} of {len(roles)}; score [{args.ci:.0%} CI]):")
+        table = format_table(named.head(args.top), cols, ci=[c for c in cols if f"{c}_lo" in roles])
+        lines = table.splitlines()
+        print("\n".join(f"{line}  {role}" for line, role in zip(lines, ["role", *named["role"].head(args.top)])))
+    else:
+        print(f"no head's CI clears its chance level with a score of at least {args.threshold:g}: no role named")
+    return path
+
+
+def _dla_plan(args: argparse.Namespace, info: ModelInfo, prompts: Any, task: Any) -> dict[str, tuple[str, float]]:
+    """Direct logit attribution's entry of the plan, first, when it runs."""
     work = lambda n: forward_work(n, info.n_layers, info.d_model, info.d_vocab)  # noqa: E731
     if task is not None:  # built only when dla runs
         what = f"direct logit attribution (task {task.name}: {task.n_pairs} prompts of {task.seq_len} tokens)"
-        plan["dla"] = (what, work(task.n_pairs * task.seq_len))
-    elif prompts is not None and "dla" in todo:
+        return {"dla": (what, work(task.n_pairs * task.seq_len))}
+    if prompts is not None and "dla" in args.analyses:
         n = sum(len(t) for t in prompts[0])
-        plan["dla"] = (f"direct logit attribution ({len(prompts[0])} prompts, {n} tokens)", work(n))
-    if "composition" in todo:
-        plan["composition"] = composition_work(info)
-    if "ov" in todo:
-        plan["ov"] = ov_work(info)
-    if probe is not None and "encoder" in todo:
-        plan["encoder"] = encoder_work(info, probe.batch, probe.seq_len)
-    if probe is not None and "map" in todo:
-        plan["map"] = head_map_work(info, probe.batch, probe.seq_len)
-    return plan
+        return {"dla": (f"direct logit attribution ({len(prompts[0])} prompts, {n} tokens)", work(n))}
+    return {}
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.roles") -> int:

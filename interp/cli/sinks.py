@@ -13,10 +13,11 @@ from pathlib import Path
 
 from interp.adapters import HookedModel
 from interp.cli.common import Unread, add_encoding_flag, add_engine_flag, base_parser, float_in, positive_int, run_cli
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.plots import save_figure
 from interp.probes import random_tokens, text_probe
-from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores
+from interp.sinks import ABS_THRESHOLD, EPSILON, REL_THRESHOLD, SINK_RATIO, sink_scores, validate_sink_scores
 from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "sinks"
@@ -90,6 +91,12 @@ def check(args: argparse.Namespace) -> None:
     if args.probe == "random" and args.dataset:
         raise UsageError("--dataset needs --probe text")
     check_dataset(args.dataset)
+    validate_sink_scores(
+        epsilon=args.epsilon,
+        abs_threshold=args.abs_threshold,
+        rel_threshold=args.rel_threshold,
+        sink_ratio=args.sink_ratio,
+    )
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -115,10 +122,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         abs_threshold=args.abs_threshold,
         rel_threshold=args.rel_threshold,
         sink_ratio=args.sink_ratio,
-        seed=args.seed,
-        minibatch=args.minibatch,
-        progress=args.progress,
-        engine=args.engine,
+        config=RunConfig(seed=args.seed, minibatch=args.minibatch, progress=args.progress, engine=args.engine),
     )
     elapsed = time.perf_counter() - t0
     report.meta["model_spec"] = report.heads.meta["model_spec"] = args.model

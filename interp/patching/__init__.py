@@ -11,25 +11,37 @@ patching and EAP-IG (a few forwards and backwards). The result is a :class:`Patc
 al.'s exact path patching, sender x receiver) and :func:`faithfulness_curves` (the top ``n`` heads of
 a ranking alone) sit beside it.
 
+Each entry point ``foo`` has a model-free ``validate_foo`` (the checks it makes first, which a
+command makes before it loads the model); every choice is a registry (:data:`METHODS`,
+:data:`METRICS`, :data:`BY`, :data:`DIRECTIONS`, :data:`PATH_SITES`, :data:`FAITHFUL_TO`).
+
 Modules: :mod:`~interp.patching.metrics` (:data:`METRICS`), :mod:`~interp.patching.core` (the run
 set up, the result pooled: :data:`BY`), :mod:`~interp.patching.exact`,
 :mod:`~interp.patching.attribution`, :mod:`~interp.patching.heads` (:func:`patch_heads`,
 :data:`METHODS`), :mod:`~interp.patching.result` (:class:`PatchScores`).
 """
 
-from interp.patching.core import BY, DIRECTION_HELP, baselines
-from interp.patching.faithfulness import FaithfulnessCurves, faithfulness_curves
-from interp.patching.heads import METHODS, agreement, patch_heads
+from interp.patching.core import BY, baselines, validate_setup
+from interp.patching.faithfulness import (
+    FAITHFUL_TO,
+    FaithfulnessCurves,
+    faithfulness_curves,
+    validate_faithfulness_curves,
+)
+from interp.patching.heads import METHODS, agreement, patch_heads, validate_patch_heads
 from interp.patching.metrics import METRICS, task_metric
-from interp.patching.paths import PathScores, path_patch
+from interp.patching.paths import PATH_SITES, PathScores, path_patch, validate_path_patch
 from interp.patching.result import PatchScores
+from interp.probes.task import DIRECTIONS
 
 __all__ = [
     "BY",
-    "DIRECTION_HELP",
+    "DIRECTIONS",
+    "FAITHFUL_TO",
     "FaithfulnessCurves",
     "METHODS",
     "METRICS",
+    "PATH_SITES",
     "PatchScores",
     "PathScores",
     "agreement",
@@ -38,4 +50,8 @@ __all__ = [
     "patch_heads",
     "path_patch",
     "task_metric",
+    "validate_faithfulness_curves",
+    "validate_patch_heads",
+    "validate_path_patch",
+    "validate_setup",
 ]

@@ -9,6 +9,7 @@ it over pairs into a :class:`~interp.patching.result.PatchScores`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,29 +24,24 @@ from interp import memory
 from interp.ablation.metrics import Metric
 from interp.ablation.modes import SITES, refuse_site
 from interp.ablation.replay import read_out
-from interp.ablation.settings import run_config
+from interp.ablation.settings import checked
 from interp.ablation.sweep import ablation_header
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import AblationError
 from interp.hooks import k_hook
 from interp.models import ModelInfo, describe
-from interp.patching.metrics import task_metric
+from interp.patching.metrics import METRICS, task_metric
 from interp.patching.result import PatchScores
 from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio, plural
 from interp.texts import token_label
 
-FEWER_PAIRS = "use fewer pairs (command line: --batch)"
+FEWER_PAIRS = "use fewer pairs (n_pairs=)"
 BY: Registry[str] = Registry("patching granularity")
 BY.add("head", "each head at every position at once: a layer x head grid")
 BY.add("position", "each head at each position alone: a (layer, head) x position grid")
-
-DIRECTION_HELP = {
-    "denoise": "run the corrupted prompt, patch in the clean run's head output (what restores the answer)",
-    "noise": "run the clean prompt, patch in the corrupted run's head output (what destroys it)",
-}
 
 
 @dataclass
@@ -78,6 +74,29 @@ class Setup:
         return float(self.clean.mean() - self.corrupted.mean())
 
 
+def validate_setup(
+    *,
+    metric: str | Metric | Callable | None = None,
+    direction: str = DEFAULT_DIRECTION,
+    by: str = "head",
+    site: str = "z",
+) -> None:
+    """What :func:`setup` checks before any forward, without a model: the names chosen (a metric
+    named by a string among :data:`~interp.patching.METRICS`, a direction of :data:`~interp.probes.task.DIRECTIONS`, a
+    granularity of :data:`BY`, a site of :data:`~interp.ablation.modes.SITES`)."""
+    check_direction(direction)
+    BY.check(by)
+    SITES.check(site)
+    if isinstance(metric, str):
+        checked(METRICS, metric)
+
+
+def own_metric(task: TaskProbe | str | Path, metric: str | Metric | Callable | None) -> str | Metric | Callable | None:
+    """The metric a run on ``task`` reads, for a check before any forward: ``metric``, else a
+    :class:`~interp.probes.task.TaskProbe`'s own (a task still to be built: ``None``, its own)."""
+    return task.metric if metric is None and isinstance(task, TaskProbe) else metric
+
+
 def setup(
     model: HookedModel,
     task: TaskProbe | str | Path,
@@ -93,15 +112,15 @@ def setup(
     """The run: names checked, the task built, its metric and baselines (refused when they agree).
     ``measured=False`` leaves the baselines (``clean``, ``corrupted``) to the method, which reads them
     off passes it runs anyway (attribution: the donor capture and the gated forward)."""
-    check_direction(direction)
-    BY.check(by)
-    SITES.check(site)
-    config = run_config(config)
+    validate_setup(metric=metric, direction=direction, by=by, site=site)
+    config = RunConfig.of(config)
     if not isinstance(task, TaskProbe):
         task = task_probe(model, task, n_pairs=n_pairs, seed=config.seed)
     info = describe(model)
     task = task.to(info.device)
     metric_, normalised = task_metric(task, metric)
+    if metric_.needs_clean:  # before the baselines: they compare with the clean prompts too
+        metric_ = against_clean(model, task, metric_, config.minibatch)
     clean, corrupted = (
         baselines(model, task, metric_, normalised=normalised, minibatch=config.minibatch) if measured else (None, None)
     )
@@ -232,13 +251,37 @@ def baselines(
 ) -> tuple[Float[Tensor, " pair"], Float[Tensor, " pair"]]:
     """The metric per pair on the clean and on the corrupted prompts (plain forwards). A normalised
     metric whose two means agree (the normalisation would divide by 0) is refused with both."""
-    info = describe(model)
-    estimate = memory.forward_memory(model, info, task.n_pairs, task.seq_len, metric, "the baseline pass")
-    memory.check(estimate, minibatch or task.n_pairs, info.device, fewer=FEWER_PAIRS)  # before any forward
+    _check_forwards(model, task, metric, minibatch, "the baseline pass")
     clean = _metric_of(model, task.clean, metric, minibatch)
     corrupted = _metric_of(model, task.corrupted, metric, minibatch)
     refuse_equal(clean, corrupted, metric, normalised)
     return clean, corrupted
+
+
+def against_clean(model: HookedModel, task: TaskProbe, metric: Metric, minibatch: int | None = None) -> Metric:
+    """``metric`` (one that compares with a reference, :attr:`~interp.ablation.Metric.needs_clean`)
+    bound to each pair's clean prompt: in patching its ``clean`` argument is the read-out of the
+    clean prompt of the pair (``rows``), in either direction and in every pass (the baselines, the
+    replay, attribution's gated forwards, path patching's frozen runs), whatever the pass hands it.
+    The clean prompts' read-outs come from one plain forward of them, made here."""
+    _check_forwards(model, task, metric, minibatch, "the clean prompts' reference pass")
+    L, n = describe(model).n_layers, task.n_pairs
+    step = minibatch or n
+    with torch.no_grad():
+        reference = torch.cat([read_out(model, task.clean[s : s + step], metric, [], L) for s in range(0, n, step)])
+
+    def fn(out: Tensor, tokens: Tensor, clean: Tensor | None, rows: Tensor | None) -> Tensor:
+        pairs = torch.arange(out.shape[0]) if rows is None else rows
+        return metric.fn(out, tokens, reference[pairs.to(reference.device)].to(out.device), rows)
+
+    return dataclasses.replace(metric, fn=fn)
+
+
+def _check_forwards(model: HookedModel, task: TaskProbe, metric: Metric, minibatch: int | None, what: str) -> None:
+    """Refuse, before any forward, plain forwards of the task's prompts that would not fit in memory."""
+    info = describe(model)
+    estimate = memory.forward_memory(model, info, task.n_pairs, task.seq_len, metric, what)
+    memory.check(estimate, minibatch or task.n_pairs, info.device, fewer=FEWER_PAIRS)
 
 
 def gap_meta(run: Setup) -> dict[str, Any]:

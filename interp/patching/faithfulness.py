@@ -24,9 +24,11 @@ from interp.ablation.replay import Sweeper
 from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.patching.core import gap_meta, pooled_ratio, setup
+from interp.patching.core import gap_meta, own_metric, pooled_ratio, setup, validate_setup
+from interp.patching.metrics import refuse_raw
 from interp.patching.result import PatchScores, warned
 from interp.probes.task import TaskProbe
+from interp.registry import Registry
 from interp.scores import Shown, load_table, save_table
 
 if TYPE_CHECKING:
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
 
 TARGETS = (0.8, 0.9)
 STEM = "faithfulness"
+FAITHFUL_TO: Registry[str] = Registry("faithfulness replacement")  # what the heads outside the top n are patched to
+FAITHFUL_TO.add("corrupted", "each pair's corrupted run", printed="its pair's corrupted run")
+FAITHFUL_TO.add("mean", "the mean over the corrupted prompts", printed="its mean over the corrupted prompts")
 
 
 @dataclass(repr=False)
@@ -103,19 +108,16 @@ def faithfulness_curves(
     """The faithfulness of the top ``n`` heads of each ranking (per-head results of
     :func:`~interp.patching.patch_heads`, any method, ranked by ``effect``), for ``n`` in ``ns``
     (default every ``n`` from 0 to the number of heads). See the module docstring."""
-    if to not in ("corrupted", "mean"):
-        raise UsageError(f"to={to!r}: the other heads go to the 'corrupted' run or to its 'mean'")
+    validate_faithfulness_curves(to=to, metric=own_metric(task, metric), ns=ns)
     if not rankings:
-        raise UsageError("give at least one ranking (a per-head result of patch_heads)")
+        raise UsageError("give at least one ranking (a per-head result of patch_heads)", params="rankings")
     run = setup(model, task, metric=metric, direction="noise", by="head", config=config)
-    if not run.normalised:
-        raise UsageError("a faithfulness curve is a normalised metric: use logit-diff, prob-diff or an as_metric")
     info = run.info
     orders = {name: _order(name, scores, run.heads) for name, scores in rankings.items()}
     total = len(run.heads)
     ns = list(range(total + 1)) if ns is None else sorted({int(n) for n in ns})
-    if any(n < 0 or n > total for n in ns):
-        raise UsageError(f"ns must lie in 0..{total} (the model's heads)")
+    if any(n > total for n in ns):
+        raise UsageError(f"ns= must lie in 0..{total} (the model's heads)", params="ns")
     if to == "corrupted":
         ablation = PatchAblation.fit(model, run.probe, minibatch=run.config.minibatch)
     else:
@@ -162,6 +164,23 @@ def faithfulness_curves(
     curves = FaithfulnessCurves(pd.DataFrame(rows), meta)
     curves.meta["smallest_n"] = {f"{t:g}": curves.smallest(t) for t in TARGETS}
     return curves
+
+
+def validate_faithfulness_curves(
+    *, to: str = "corrupted", metric: str | Metric | Callable | None = None, ns: list[int] | None = None
+) -> None:
+    """What :func:`faithfulness_curves` refuses before any forward, without a model: ``to`` not one
+    of :data:`FAITHFUL_TO`, a raw ``metric`` (a faithfulness curve is a fraction of the gap), a
+    negative ``n`` in ``ns``, a metric name :func:`~interp.patching.core.setup` refuses."""
+    if to not in FAITHFUL_TO:
+        raise UsageError(
+            f"to={to!r}: the other heads go to " + " or ".join(f"{n!r} ({FAITHFUL_TO.doc(n)})" for n in FAITHFUL_TO),
+            params="to",
+        )
+    refuse_raw(metric, "a faithfulness curve")
+    validate_setup(metric=metric)
+    if ns is not None and any(int(n) < 0 for n in ns):
+        raise UsageError("ns= must lie in 0..the number of the model's heads: no n is negative", params="ns")
 
 
 def _order(name: str, scores: PatchScores, heads: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -15,12 +15,14 @@ import numpy as np
 
 from interp.ablation.metrics import Metric
 from interp.ablation.pruning import spearman
+from interp.ablation.replay import REPLAYS
+from interp.ablation.settings import checked
 from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.journal import Journal
 from interp.patching.attribution import attribution_values
-from interp.patching.core import result, setup
+from interp.patching.core import result, setup, validate_setup
 from interp.patching.exact import exact_values
 from interp.patching.result import PatchScores
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
@@ -38,8 +40,47 @@ METHODS.add(
     "EAP-IG: the gradient averaged over steps between the two activations (default 5); signed, approximate",
     attribution_values,
 )
-EXACT_ONLY = ("replay", "chunk", "journal")
 EAP_IG_STEPS = 5
+
+
+def validate_patch_heads(
+    *,
+    method: str = "exact",
+    metric: str | Metric | Callable | None = None,
+    direction: str = DEFAULT_DIRECTION,
+    by: str = "head",
+    replay: str | None = None,
+    journal: Journal | None = None,
+    site: str | None = "z",
+    steps: int | None = None,
+) -> None:
+    """What :func:`patch_heads` refuses before any forward, without a model: an unknown name, a
+    setting of the exact method (``replay``, ``journal``, a ``site`` other than ``z``) given to
+    another method, ``steps`` given to a method other than ``eap-ig`` or not an integer >= 1.
+    ``site=None`` is the default site, ``z``."""
+    METHODS.check(method)
+    if replay is not None:
+        checked(REPLAYS, replay)
+    validate_setup(metric=metric, direction=direction, by=by, site=site or "z")
+    if method != "exact":
+        given = [
+            name
+            for name, value in (("replay", replay), ("journal", journal), ("site", site))
+            if value not in (None, "z")
+        ]
+        if given:
+            gates = " gates the head outputs (site z) and" if "site" in given else ""
+            raise UsageError(
+                f"method={method}{gates} does not read {' or '.join(f'{n}=' for n in given)} (it applies to "
+                f"method=exact): drop {'it' if len(given) == 1 else 'them'}",
+                params=("method", *given),
+            )
+    if steps is not None and method != "eap-ig":
+        raise UsageError(
+            f"method={method} does not read steps= (it applies to method=eap-ig): drop it", params=("method", "steps")
+        )
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UsageError(f"steps={steps!r}: the number of integration steps is an integer >= 1", params="steps")
 
 
 def patch_heads(
@@ -52,7 +93,6 @@ def patch_heads(
     by: str = "head",
     n_pairs: int | None = None,
     replay: str | None = None,
-    chunk: int | None = None,
     config: RunConfig | None = None,
     journal: Journal | None = None,
     site: str = "z",
@@ -63,8 +103,8 @@ def patch_heads(
     ``task``: a :class:`~interp.probes.task.TaskProbe`, a bundled task name (``repeat``, ``ioi``,
     ``greater-than``: ``n_pairs`` pairs, default 20, seeded by ``config.seed``) or a JSONL/CSV file
     (its first ``n_pairs`` pairs, default every pair).
-    ``method``: ``exact`` (every patch run, on the ablation replay; ``replay``, ``chunk`` and
-    ``journal`` are its settings), ``attribution`` (the first-order estimate from one forward and
+    ``method``: ``exact`` (every patch run, on the ablation replay; ``replay`` and ``journal`` are its
+    settings), ``attribution`` (the first-order estimate from one forward and
     backward) or ``eap-ig`` (the gradient averaged over ``steps`` points between the donor's and the
     run's own head outputs, default 5). ``metric``: a name of :data:`interp.patching.METRICS` (default: the task's own), a
     :class:`~interp.ablation.Metric` or an :func:`interp.as_metric`. ``direction``: ``denoise`` (run
@@ -82,23 +122,9 @@ def patch_heads(
     For a raw metric it is the change ``patched - unpatched``. ``metric_patched`` is the raw metric,
     ``delta`` its change. :attr:`PatchScores.pairs` has the effect per pair.
     """
-    METHODS.check(method)
-    if steps is not None and (method != "eap-ig" or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise UsageError(
-            f"steps={steps!r}: the number of integration steps is an integer >= 1, read by method='eap-ig' only"
-        )
-    if method != "exact":
-        given = [name for name, value in zip(EXACT_ONLY, (replay, chunk, journal)) if value is not None]
-        if given:
-            raise UsageError(
-                f"method {method!r} does not read {', '.join(given)} (settings of method='exact'): drop "
-                f"{'it' if len(given) == 1 else 'them'}"
-            )
-        if site != "z":
-            raise UsageError(
-                f"method {method!r} gates the head outputs (site z): it does not patch site {site!r}; "
-                "use method='exact' for queries, keys, values and patterns"
-            )
+    validate_patch_heads(
+        method=method, metric=metric, direction=direction, by=by, replay=replay, journal=journal, site=site, steps=steps
+    )
     run = setup(
         model,
         task,
@@ -111,7 +137,7 @@ def patch_heads(
         measured=method == "exact",  # attribution reads the baselines off its own passes
     )
     if method == "exact":
-        values, facts = exact_values(run, replay=replay or "auto", chunk=chunk, journal=journal)
+        values, facts = exact_values(run, replay=replay or "auto", journal=journal)
     elif method == "eap-ig":
         values, facts = attribution_values(run, steps=steps or EAP_IG_STEPS)
     else:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from interp.ablation.metrics import Metric, as_metric
 from interp.ablation.settings import checked
+from interp.errors import UsageError
 from interp.probes.task import TaskProbe
 from interp.registry import Registry
 
@@ -100,3 +101,16 @@ def task_metric(task: TaskProbe, metric: str | Metric | Callable | None = None) 
         name = checked(METRICS, metric)
         return METRICS.get(name)(task), bool(METRICS.info(name, "normalised"))
     return as_metric(metric), True
+
+
+def refuse_raw(metric: str | Metric | Callable | None, what: str) -> None:
+    """Refuse a metric named by a raw entry of :data:`METRICS` where ``what`` reports a fraction of the
+    clean-corrupted gap (a :class:`Metric` or an :func:`interp.as_metric` is normalised, ``None`` is
+    the task's own): a check without a model, made before any forward."""
+    if isinstance(metric, str) and metric in METRICS and not METRICS.info(metric, "normalised"):
+        normalised = " or ".join(METRICS.select(lambda e: e.info.get("normalised", False)))
+        raise UsageError(
+            f"{what} reports a fraction of the clean-corrupted gap, a normalised metric: metric={metric} is raw; "
+            f"use {normalised}",
+            params="metric",
+        )

@@ -24,15 +24,26 @@ from torch import Tensor
 
 from interp import memory
 from interp.ablation.metrics import Metric
-from interp.ablation.modes import SITES, clean_site, head_mask
+from interp.ablation.modes import SITES, capture_site, head_mask, parse_heads
 from interp.ablation.replay import read_out
 from interp.adapters import HookedModel, run_with_reducers
 from interp.config import RunConfig
-from interp.errors import UsageError
+from interp.errors import InterpError, UsageError
 from interp.models import ModelInfo, describe
-from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, gap_moved, pooled_ratio, setup
+from interp.patching.core import (
+    FEWER_PAIRS,
+    Setup,
+    gap_meta,
+    gap_moved,
+    own_metric,
+    pooled_ratio,
+    setup,
+    validate_setup,
+)
+from interp.patching.metrics import refuse_raw
 from interp.patching.result import effect_scale, warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
+from interp.registry import Registry
 from interp.scores import NOISE_FLOOR_FRACTION, Shown, load_table, save_table
 
 if TYPE_CHECKING:
@@ -40,6 +51,9 @@ if TYPE_CHECKING:
 
 LOGITS = "logits"
 STEM = "path_patching"
+PATH_SITES: Registry[str] = Registry("path patching site")  # a receiver head's input the path reaches
+for _site in ("q", "k", "v"):
+    PATH_SITES.add(_site, SITES.doc(_site))
 
 
 @dataclass(repr=False)
@@ -115,19 +129,20 @@ def path_patch(
     heads, whose ``site`` (``q``, ``k`` or ``v``) receives the path. A sender must sit in an earlier
     layer than every receiver head it is paired with: named explicitly, a later one is refused; by
     default, such pairs are left out of the grid (NaN)."""
-    if site not in ("q", "k", "v"):
-        raise UsageError(
-            f"site={site!r}: a receiver head receives a path through its queries, keys or values (q, k, v)"
-        )
+    validate_path_patch(
+        senders=senders,
+        receivers=receivers,
+        site=site,
+        direction=direction,
+        metric=own_metric(task, metric),
+    )
     info = describe(model)
     every = [(l, h) for l in info.attention_layers for h in range(info.n_heads)]
     send = _heads(info, senders) if senders is not None else every
-    recv = LOGITS if receivers == LOGITS else _heads(info, receivers)
-    if recv != LOGITS:  # before any forward
-        (refuse_late_senders if senders is not None else refuse_pathless)(send, recv)
+    recv = LOGITS if _to_logits(receivers) else _heads(info, receivers)
+    if recv != LOGITS:  # heads named any way, now read against the model: before any forward
+        _refuse_unreached(send, recv, receivers, named_senders=senders is not None)
     run = setup(model, task, metric=metric, direction=direction, by="head", config=config)
-    if not run.normalised:
-        raise UsageError("path patching reports the fraction of the clean-corrupted gap: use a normalised metric")
     tokens, donor = run.probe.tokens, run.probe.donor
     mb = run.config.minibatch
     B, T = tokens.shape
@@ -137,7 +152,7 @@ def path_patch(
     # its frozen forwards run every pair at once: the estimate is the whole batch's, whatever the minibatch
     whole = memory.forward_memory(model, info, B, T, run.metric, "path patching", kept=z, kept_is=kept)(B)
     memory.check(lambda _: whole, B, info.device, fewer=FEWER_PAIRS)
-    own_z, donor_z = clean_site(model, tokens, mb, "z"), clean_site(model, donor, mb, "z")
+    own_z, donor_z = capture_site(model, tokens, mb, "z"), capture_site(model, donor, mb, "z")
     columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
     values = torch.full((len(send), len(columns), tokens.shape[0]), float("nan"))
     for i, (sl, sh) in enumerate(send):
@@ -158,26 +173,77 @@ def path_patch(
     return _scores(run, send, columns, values, site if recv != LOGITS else LOGITS)
 
 
-def refuse_late_senders(senders: Sequence[tuple[int, int]], receivers: Sequence[tuple[int, int]]) -> None:
-    """A :class:`UsageError` naming the first sender that is not in an earlier layer than a receiver."""
-    late = [(s, r) for s in senders for r in receivers if s[0] >= r[0]]
-    if late:
-        (sl, sh), (rl, rh) = late[0]
+def validate_path_patch(
+    *,
+    senders: Any = None,
+    receivers: Any = LOGITS,
+    site: str = "q",
+    direction: str = DEFAULT_DIRECTION,
+    metric: str | Metric | Callable | None = None,
+) -> None:
+    """What :func:`path_patch` refuses before any forward, without a model: a ``site`` that is not a
+    receiver's input (:data:`PATH_SITES`), a raw ``metric`` (a path's effect is a fraction of the
+    gap), a name :func:`~interp.patching.core.setup` refuses, and, among heads named as
+    ``"layer.head"`` strings, a named sender not in an earlier layer than a
+    named receiver, or a receiver in layer 0 when every head sends (no path reaches it)."""
+    if site not in PATH_SITES:
         raise UsageError(
-            f"sender {sl}.{sh} is not in an earlier layer than receiver {rl}.{rh}: a path runs from a head to "
-            "the heads of later layers"
+            f"site={site!r}: a receiver head receives a path through its queries, keys or values: "
+            f"site={', '.join(PATH_SITES.names()[:-1])} or {PATH_SITES.names()[-1]}, not {site}",
+            params="site",
         )
+    refuse_raw(metric, "path patching")
+    validate_setup(metric=metric, direction=direction)
+    send = [(0, 0)] if senders is None else _named(senders, "senders")  # every head sends: the first in layer 0
+    recv = None if _to_logits(receivers) else _named(receivers, "receivers")
+    if send is not None and recv is not None:
+        _refuse_unreached(send, recv, receivers, named_senders=senders is not None)
 
 
-def refuse_pathless(senders: Sequence[tuple[int, int]], receivers: Sequence[tuple[int, int]]) -> None:
-    """A :class:`UsageError` naming the first receiver that no sender is in an earlier layer than: no
-    path reaches it (a receiver in the first layer, when every head sends)."""
+def _to_logits(receivers: Any) -> bool:
+    return isinstance(receivers, str) and receivers.strip() == LOGITS
+
+
+def _named(heads: Any, param: str) -> list[tuple[int, int]] | None:
+    """The heads of a ``"layer.head,..."`` string, read without a model (``None``: heads named
+    another way, read once the model is loaded)."""
+    if not isinstance(heads, str):
+        return None
+    try:
+        named = parse_heads(heads)
+    except InterpError as e:
+        raise UsageError(f"{param}=: {e}", params=param) from None
+    if not named:
+        raise UsageError(
+            f"{param}= names no head: write heads as layer.head, comma-separated (e.g. 0.1,1.3)", params=param
+        )
+    return named
+
+
+def _refuse_unreached(
+    senders: Sequence[tuple[int, int]], receivers: Sequence[tuple[int, int]], given: Any, *, named_senders: bool
+) -> None:
+    """Refuse the first named sender that is not in an earlier layer than a receiver; when every head
+    sends (``named_senders`` false), the first receiver no sender is in an earlier layer than."""
+    if named_senders:
+        late = [(s, r) for s in senders for r in receivers if s[0] >= r[0]]
+        if late:
+            (sl, sh), (rl, rh) = late[0]
+            raise UsageError(
+                f"sender {sl}.{sh} is not in an earlier layer than receiver {rl}.{rh}: a path runs from a head "
+                "to the heads of later layers: choose senders= in earlier layers than receivers=",
+                params=("senders", "receivers"),
+            )
+        return
     first = min(l for l, _ in senders)
     alone = [r for r in receivers if r[0] <= first]
     if alone:
         rl, rh = alone[0]
+        named = given.strip() if isinstance(given, str) else ",".join(f"{l}.{h}" for l, h in receivers)
         raise UsageError(
-            f"receiver {rl}.{rh} is in layer {rl}, and no sender is in an earlier layer: no path reaches it"
+            f"receivers={named}: receiver {rl}.{rh} is in layer {rl}, and no sender is in an earlier layer: no path "
+            f"reaches it; choose receivers in layer 1 or later, or receivers={LOGITS}",
+            params="receivers",
         )
 
 

@@ -91,8 +91,10 @@ def repeated_tokens(
         block_len * n_repeats,
         f"{n_repeats} x {block_len}",
         lambda room: (
-            f"the longest block for {n_repeats} repeats is {room // n_repeats}; lower block_len or n_repeats (command line: --seq-len, --repeats)"
+            f"the longest block for {n_repeats} repeats is {room // n_repeats}; pass block_len={room // n_repeats} "
+            "or less (or lower n_repeats=)"
         ),
+        params=("block_len", "n_repeats"),
     )
     block = draw_blocks(model, info, batch, block_len, seed)
     body = block.repeat(1, n_repeats)
@@ -122,7 +124,11 @@ def random_tokens(model: HookedModel, *, batch: int = 16, seq_len: int = 64, see
     check_positive(batch=batch, seq_len=seq_len)
     info = describe(model)
     check_fits(
-        info, seq_len, str(seq_len), lambda room: f"the longest body is {room}; lower seq_len (command line: --seq-len)"
+        info,
+        seq_len,
+        str(seq_len),
+        lambda room: f"the longest body is {room}; pass seq_len={room} or less",
+        params="seq_len",
     )
     body = draw_blocks(model, info, batch, seq_len, seed)
     return framed_probe(
@@ -139,14 +145,18 @@ def random_tokens(model: HookedModel, *, batch: int = 16, seq_len: int = 64, see
     )
 
 
-def check_fits(info: ModelInfo, n_body: int, body: str, longest: Callable[[int], str]) -> None:
-    """Raise when ``n_body`` tokens plus the framing exceed the context; ``longest(room)`` is the hint."""
+def check_fits(
+    info: ModelInfo, n_body: int, body: str, longest: Callable[[int], str], params: Sequence[str] = ()
+) -> None:
+    """Raise when ``n_body`` tokens plus the framing exceed the context; ``longest(room)`` is the hint,
+    ``params`` the parameters it names."""
     prefix, suffix, framing = frame_tokens(info)
     total = len(prefix) + n_body + len(suffix)
     if total > info.n_ctx:
         raise UsageError(
             f"probe of {total} tokens ({' + '.join(framing + [body])}) is longer than the model's "
-            f"context of {info.n_ctx} tokens: {longest(info.n_ctx - len(prefix) - len(suffix))}"
+            f"context of {info.n_ctx} tokens: {longest(info.n_ctx - len(prefix) - len(suffix))}",
+            params=params,
         )
 
 

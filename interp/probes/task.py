@@ -42,8 +42,10 @@ from interp.registry import Registry
 from interp.texts import decode_file, token_list
 
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
-FRAMED_HINT = "pass framed=True (command line: --framed) if the prompts carry all of the model's framing"
-DIRECTIONS = ("denoise", "noise")
+FRAMED_HINT = "pass framed=True if the prompts carry all of the model's framing"
+DIRECTIONS: Registry[str] = Registry("direction")  # which prompt of a pair runs, and which one donates
+DIRECTIONS.add("denoise", "run the corrupted prompt, patch in the clean run's head output (what restores the answer)")
+DIRECTIONS.add("noise", "run the clean prompt, patch in the corrupted run's head output (what destroys it)")
 DEFAULT_DIRECTION = "denoise"  # every patching entry point (library and command line) reads this one default
 
 

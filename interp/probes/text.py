@@ -56,7 +56,8 @@ def text_probe(
         info,
         seq_len,
         str(seq_len),
-        lambda room: f"the longest window is {room}; lower seq_len (command line: --seq-len)",
+        lambda room: f"the longest window is {room}; pass seq_len={room} or less",
+        params="seq_len",
     )
     rows, source = text_rows(dataset, split, text_column, encoding)
     tokenizer = getattr(model, "tokenizer", None)
@@ -75,7 +76,8 @@ def text_probe(
     if len(stream) < seq_len:
         raise UsageError(
             f"the text from {source} has only {len(stream)} tokens, fewer than "
-            f"seq_len={seq_len}: lower seq_len or use a larger data set (command line: --seq-len, --dataset)"
+            f"seq_len={seq_len}: pass seq_len={len(stream)} or less, or a larger data set (dataset=)",
+            params=("seq_len", "dataset"),
         )
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(len(stream) - seq_len + 1, (batch,), generator=gen)

@@ -20,6 +20,7 @@ __getattr__, __dir__, __all__ = lazy(
     {
         "Atlas": "interp.report.atlas",
         "PARTS": "interp.report.build",
+        "atlas_sizes": "interp.report.build",
         "head_atlas": "interp.report.build",
         "render_atlas": "interp.report.page",
         "attention_patterns": "interp.report.patterns",
@@ -32,6 +33,7 @@ __getattr__, __dir__, __all__ = lazy(
 if TYPE_CHECKING:
     from interp.report.atlas import Atlas as Atlas
     from interp.report.build import PARTS as PARTS
+    from interp.report.build import atlas_sizes as atlas_sizes
     from interp.report.build import head_atlas as head_atlas
     from interp.report.page import render_atlas as render_atlas
     from interp.report.patterns import attention_patterns as attention_patterns

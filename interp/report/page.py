@@ -67,8 +67,8 @@ def render_atlas(atlas: Atlas) -> str:
     ]
     if "task" in m:
         sections.append(("task", f"Which heads matter for the task: {m['task']['name']}", _task_section(atlas)))
-    if _has_roles(atlas):
-        sections.append(("circuits", "What heads write and read", _roles_section(atlas)))
+    if _has_writes(atlas):
+        sections.append(("circuits", "What heads write and read", _writes_section(atlas)))
     sections.append(("heatmaps", "Scores of every head", _heatmaps_section(atlas)))
     if atlas.sinks is not None:
         sections.append(("sinks", "Attention sinks", _sinks_section(atlas)))
@@ -145,7 +145,7 @@ def _roles_section(atlas: Atlas) -> str:
     return f'<div class="glance">{"".join(cards)}</div><p class="note">{rule}</p>{_role_html(atlas, cols)}{card}'
 
 
-def _has_roles(atlas: Atlas) -> bool:
+def _has_writes(atlas: Atlas) -> bool:
     return any(c in atlas.roles for c in CIRCUIT_COLS) or bool(_circuit_notes(atlas)) or atlas.head_map is not None
 
 
@@ -153,7 +153,7 @@ def _circuit_notes(atlas: Atlas) -> list[str]:
     return [n for n in atlas.meta.get("notes", []) if not n.startswith(("retrieval:", "task:"))]
 
 
-def _roles_section(atlas: Atlas) -> str:
+def _writes_section(atlas: Atlas) -> str:
     """What heads write and read: OV roles, encoder heads and entropy, composition in and out."""
     m = atlas.meta
     text = (
@@ -357,7 +357,7 @@ def _sinks_section(atlas: Atlas) -> str:
 
     rep = atlas.sinks
     m = rep.meta
-    fig = sink_rate_bars(rep)
+    fig = sink_rate_bars(rep.layers, rep.meta)
     fig.update_layout(title=f"Sink^eps per layer (eps = {m['epsilon']}); model: {rep.sink_rate:.0%} of heads")
     text = (
         f"Sink^eps: the share of a layer's heads that put more than eps = {m['epsilon']} of their attention on the "

@@ -21,6 +21,7 @@ from interp.retrieval.scores import (
     retrieval_counts,
     retrieval_scores,
     stream_window_share,
+    validate_retrieval_scores,
     window_share,
 )
 
@@ -38,5 +39,6 @@ __all__ = [
     "retrieval_counts",
     "retrieval_scores",
     "stream_window_share",
+    "validate_retrieval_scores",
     "window_share",
 ]

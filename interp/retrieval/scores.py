@@ -40,6 +40,7 @@ tokens; the stream engine (row argmax in the blockwise passes) is what reaches 3
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -53,6 +54,7 @@ from torch import Tensor
 
 import interp.distributed as distributed
 from interp.adapters import AttentionInputs, HookedModel, run_with_reducers
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook
 from interp.models import describe
@@ -60,7 +62,7 @@ from interp.probes.needle import NeedleProbe, needle_probe
 from interp.progress import tqdm
 from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 from interp.stream.blockwise import logits_tile
-from interp.stream.budget import ENGINES, PATTERN_BUDGET, choose_engine
+from interp.stream.budget import choose_engine
 from interp.stream.driver import check_finite, row_pass, run_streamed
 from interp.stream.passes import argmax_pass, gather_pass
 
@@ -101,22 +103,23 @@ def retrieval_counts(
     *,
     sink: int = DEFAULT_SINK,
     window: int | None = 1024,
-    minibatch: int | None = None,
-    engine: str = "pattern",
-    progress: bool = False,
+    config: RunConfig | None = None,
 ) -> RetrievalCounts:
     """One pass over ``probe``: every head's retrieval hits and masses per needle and, unless
     ``window`` is None, its sink + window share per sequence (see the module docstring).
 
-    ``engine``: ``"pattern"`` (reduce each layer's pattern in its hook), ``"stream"`` (never form
-    it) or ``"auto"`` (:func:`interp.stream.budget.choose_engine`). Under ``torchrun`` each rank
-    counts its block of sequences (:func:`interp.distributed.map_sequences`); every rank gets all.
+    ``config.engine``: ``"pattern"`` (reduce each layer's pattern in its hook), ``"stream"`` (never
+    form it) or ``"auto"`` (:func:`interp.stream.budget.choose_engine`); ``config`` also gives the
+    minibatch and progress. Under ``torchrun`` each rank counts its block of sequences
+    (:func:`interp.distributed.map_sequences`); every rank gets all.
     """
-    info = _check(model, probe, engine)
+    cfg = RunConfig.of(config)
+    minibatch, progress = cfg.minibatch, cfg.progress
+    validate_retrieval_scores(sink=sink, window=window)
+    info = _check(model, probe)
     if window is not None:
         _check_window(probe, sink, window)
-    if engine == "auto":
-        engine, _ = choose_engine("auto", model, min(minibatch or probe.batch, probe.batch), probe.seq_len)
+    engine, _ = choose_engine(cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget)
     count = _pattern_counts if engine == "pattern" else _stream_counts
 
     def one_block(p: NeedleProbe) -> dict[str, Tensor]:
@@ -346,33 +349,29 @@ def retrieval_scores(
     *,
     sink: int = DEFAULT_SINK,
     window: int | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-    minibatch: int | None = None,
-    engine: str = "auto",
-    budget: int = PATTERN_BUDGET,
-    progress: bool = False,
+    config: RunConfig | None = None,
 ) -> HeadScores:
     """Score every head as retrieval / streaming head on a needle probe (see the module docstring).
 
-    ``probe`` defaults to ``needle_probe(model, seed=seed)``. Columns: ``retrieval`` (with
+    ``probe`` defaults to ``needle_probe(model, seed=config.seed)``. Columns: ``retrieval`` (with
     ``_lo``/``_hi``, bootstrap over needles), ``retrieval_mass``, ``streaming`` (with ``_lo``/``_hi``,
     bootstrap over sequences) and ``role`` (``"retrieval"``, ``"streaming"`` or ``"neither"``).
-    ``window`` defaults to :func:`default_window` of the probe's length. ``engine``: ``"pattern"``,
-    ``"stream"`` or ``"auto"`` (stream when one layer's pattern for a forward pass exceeds
-    ``budget`` bytes); ``meta["engine"]`` says which ran and why. ``meta`` also records the
-    thresholds, ``sink``, ``window`` and the probe.
+    ``window`` defaults to :func:`default_window` of the probe's length. ``config`` (a
+    :class:`~interp.config.RunConfig`, by default ``RunConfig()``) holds the run settings; its
+    ``engine``: ``"pattern"``, ``"stream"`` or ``"auto"`` (stream when one layer's pattern for a
+    forward pass exceeds ``config.budget`` bytes); ``meta["engine"]`` says which ran and why.
+    ``meta`` also records the thresholds, ``sink``, ``window`` and the probe.
     """
+    validate_retrieval_scores(sink=sink, window=window)
+    cfg = RunConfig.of(config)
+    n_boot, level, seed = cfg.n_boot, cfg.level, cfg.seed
     if probe is None:
         probe = needle_probe(model, seed=seed)
-    info = _check(model, probe, engine)
+    info = _check(model, probe)
     window = default_window(probe.seq_len) if window is None else window
-    n_seqs = min(minibatch or probe.batch, probe.batch)
-    engine, why = choose_engine(engine, model, n_seqs, probe.seq_len, budget)
-    counts = retrieval_counts(
-        model, probe, sink=sink, window=window, minibatch=minibatch, engine=engine, progress=progress
-    )
+    n_seqs = min(cfg.minibatch or probe.batch, probe.batch)
+    engine, why = choose_engine(cfg.engine, model, n_seqs, probe.seq_len, cfg.budget)
+    counts = retrieval_counts(model, probe, sink=sink, window=window, config=dataclasses.replace(cfg, engine=engine))
     steps = counts.steps[:, None, None].expand_as(counts.hits)
     by_needle = bootstrap_ratio(counts.hits, steps, n_boot=n_boot, level=level, seed=seed)
     grids = {"retrieval": by_needle.point, "retrieval_lo": by_needle.lo, "retrieval_hi": by_needle.hi}
@@ -421,17 +420,15 @@ def copy_distance_scores(
     model: HookedModel,
     probe: NeedleProbe,
     *,
-    minibatch: int | None = None,
-    engine: str = "auto",
-    progress: bool = False,
+    config: RunConfig | None = None,
 ) -> pd.DataFrame:
     """Tidy ``(layer, head, distance)`` rows with ``induction``, ``retrieval``, ``retrieval_mass``,
     ``uniform`` (the induction mass of a uniform head) and ``n_needles``; see the module docstring.
 
     Any :class:`NeedleProbe` works; on a :func:`~interp.probes.needle.needle_probe` the distances are
-    those between each needle and its copy.
+    those between each needle and its copy. ``config`` gives the engine, the minibatch and progress.
     """
-    counts = retrieval_counts(model, probe, window=None, minibatch=minibatch, engine=engine, progress=progress)
+    counts = retrieval_counts(model, probe, window=None, config=config)
     distance = probe.needle_distance()
     L, H = counts.hits.shape[1:]
     queries = probe.copy_induction_pairs()[:, 1].double()
@@ -460,10 +457,12 @@ def copy_distance_scores(
     return pd.concat(frames, ignore_index=True).sort_values(["layer", "head", "distance"], ignore_index=True)
 
 
-def needle_copy_loss(model: HookedModel, probe: NeedleProbe, *, minibatch: int | None = None) -> float:
+def needle_copy_loss(model: HookedModel, probe: NeedleProbe, *, config: RunConfig | None = None) -> float:
     """Mean cross-entropy (nats) of the copy steps: at each retrieval pair's query ``p``, predicting
     the copied token ``tokens[p + 1]``, teacher-forced. The metric of the window-ablation check.
-    Under ``torchrun`` each rank runs its block of sequences; every rank gets the mean."""
+    ``config.minibatch``: sequences per forward. Under ``torchrun`` each rank runs its block of
+    sequences; every rank gets the mean."""
+    minibatch = RunConfig.of(config).minibatch
     n_pairs = len(probe.retrieval_pairs())
 
     def per_row(p: NeedleProbe) -> Tensor:
@@ -491,8 +490,20 @@ def needle_copy_loss(model: HookedModel, probe: NeedleProbe, *, minibatch: int |
 # checks
 
 
-def _check(model: HookedModel, probe: Any, engine: str) -> Any:
-    ENGINES.check(engine)
+def validate_retrieval_scores(*, sink: int = DEFAULT_SINK, window: int | None = None) -> None:
+    """:func:`retrieval_scores`'s options checked without a model: ``sink`` an integer >= 0 and
+    ``window`` one >= 1 (or None: :func:`default_window`). Whether the probe is longer than sink +
+    window is checked against the probe (:func:`retrieval_counts`)."""
+    for name, value, low in (("sink", sink, 0), ("window", window, 1)):
+        if value is None and name == "window":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{name}= must be an integer, got {value!r}", params=name)
+        if value < low:
+            raise UsageError(f"{name}= must be >= {low}, got {value!r}", params=name)
+
+
+def _check(model: HookedModel, probe: Any) -> Any:
     if not isinstance(probe, NeedleProbe):
         raise UsageError(
             "retrieval scores need a needle probe: interp.probes.needle.needle_probe or copy_distance_probe"
@@ -504,9 +515,6 @@ def _check(model: HookedModel, probe: Any, engine: str) -> Any:
 
 
 def _check_window(probe: NeedleProbe, sink: int, window: int) -> None:
-    for name, value in (("sink", sink), ("window", window)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "sink" else 1):
-            raise UsageError(f"{name} must be an integer >= {0 if name == 'sink' else 1}, got {value!r}")
     if probe.seq_len <= sink + window:
         raise UsageError(
             f"probe of {probe.seq_len} tokens is too short for sink {sink} + window {window}: every query "
@@ -527,5 +535,6 @@ __all__ = [
     "needle_copy_loss",
     "retrieval_scores",
     "stream_window_share",
+    "validate_retrieval_scores",
     "window_share",
 ]

@@ -25,11 +25,11 @@ from torch import Tensor
 
 from interp.adapters import HookedModel, describe, run_with_reducers
 from interp.adapters.weights import read_head_weights
-from interp.roles.composition import Compositions
-from interp.roles.ov import effective_embedding
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes import TokenProbe, ordinary_vocab
+from interp.roles.composition import Compositions
+from interp.roles.ov import effective_embedding
 from interp.texts import token_label
 
 

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from interp.adapters import HookedModel, ModelInfo, describe
 from interp.adapters.weights import HeadWeights, read_head_weights
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.progress import tqdm
 from interp.registry import Registry
@@ -183,12 +184,13 @@ def composition_scores(
     *,
     kinds: Sequence[str] = ("Q", "K", "V"),
     n_random: int = N_RANDOM,
-    seed: int = 0,
-    progress: bool = False,
+    config: RunConfig | None = None,
 ) -> Compositions:
     """Q-, K- and V-composition of every pair of heads in different layers, each with its z-score
     against random heads of the same shapes (see the module docstring). ``progress``: say the
-    sizes on stderr and show the progress a kind at a time."""
+    sizes on stderr and show the progress a kind at a time (``config``: the seed and progress)."""
+    cfg = RunConfig.of(config)
+    seed, progress = cfg.seed, cfg.progress
     kinds = KINDS.check_all(kinds)
     if n_random < 2:
         raise UsageError(f"n_random must be at least 2 (a baseline needs a spread), got {n_random}")

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from interp._io import atomic_write_json
 from interp.adapters import HookedModel, ModelInfo, describe, run_with_reducers
-from interp.config import run_header
+from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.heads import HeadScore, attention_scores
 from interp.hooks import layer_of, pattern_hook
@@ -230,16 +230,17 @@ def encoder_scores(
     *,
     scores: Sequence[str] = KEY_SCORES,
     frequencies: Float[Tensor, " d_vocab"] | Mapping[int, float] | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    config: RunConfig | None = None,
 ) -> HeadScores:
     """Clark et al.'s key scores, attention entropy, and Voita et al.'s positional and rare-word
     scores of every head (see the module docstring), each with a bootstrap CI over sequences and
     its uniform baseline in ``meta["baselines"]``.
 
     ``probe`` defaults to 8 windows of 32 tokens of the bundled text; ``frequencies`` (a
-    ``[d_vocab]`` count tensor or ``{token id: count}``) defaults to :func:`bundled_frequencies`."""
+    ``[d_vocab]`` count tensor or ``{token id: count}``) defaults to :func:`bundled_frequencies`;
+    ``config``: the bootstrap and seed."""
+    cfg = RunConfig.of(config)
+    n_boot, level, seed = cfg.n_boot, cfg.level, cfg.seed
     scores = ENCODER_SCORES.check_all(scores)
     info = describe(model)
     if probe is None:
@@ -276,17 +277,8 @@ def encoder_scores(
     grids.update({"entropy": ci.point, "entropy_lo": ci.lo, "entropy_hi": ci.hi})
     baselines["entropy"] = float(torch.log(n_keys)[real].mean())
 
-    pooled = sums.offsets.sum(0) / queries.sum(0)[..., None]  # [layer, head, offset]
-    best = torch.nan_to_num(pooled, nan=-1).argmax(-1)
-    chosen = sums.offsets.gather(-1, best[None, ..., None].expand(probe.batch, -1, -1, 1))[..., 0]
-    chosen[:, list(info.absent_layers)] = float("nan")  # no pattern: no score
-    ci = bootstrap_ratio(chosen, queries, n_boot=n_boot, level=level, seed=seed)
-    offset = torch.tensor(OFFSETS, dtype=torch.float)[best]
-    offset[list(info.absent_layers)] = float("nan")
-    grids.update({"positional": ci.point, "positional_lo": ci.lo, "positional_hi": ci.hi, "positional_offset": offset})
-    idx = torch.arange(probe.seq_len)
-    shares = [((idx[None, :] - idx[:, None] == r) & seen).sum(-1) / n_keys for r in OFFSETS]
-    baselines["positional"] = max(float(s[real].mean()) for s in shares)
+    positional, baselines["positional"] = _positional(sums, probe, info, queries, n_keys, (n_boot, level, seed))
+    grids.update(positional)
 
     has_rare = rare.any(-1) & real
     rare_den = has_rare.sum(-1).double()[:, None, None].expand(-1, info.n_layers, info.n_heads)
@@ -304,6 +296,26 @@ def encoder_scores(
     if notes:
         meta["notes"] = notes
     return HeadScores.from_grids(grids, meta)
+
+
+def _positional(
+    sums: _Sums, probe: TokenProbe, info: ModelInfo, queries: Tensor, n_keys: Tensor, boot: tuple[int, float, int]
+) -> tuple[dict[str, Tensor], float]:
+    """Voita et al.'s positional score (the share of queries whose largest weight falls on the
+    head's most frequent relative position) with its CI and offset, and its uniform baseline."""
+    n_boot, level, seed = boot
+    pooled = sums.offsets.sum(0) / queries.sum(0)[..., None]  # [layer, head, offset]
+    best = torch.nan_to_num(pooled, nan=-1).argmax(-1)
+    chosen = sums.offsets.gather(-1, best[None, ..., None].expand(probe.batch, -1, -1, 1))[..., 0]
+    chosen[:, list(info.absent_layers)] = float("nan")  # no pattern: no score
+    ci = bootstrap_ratio(chosen, queries, n_boot=n_boot, level=level, seed=seed)
+    offset = torch.tensor(OFFSETS, dtype=torch.float)[best]
+    offset[list(info.absent_layers)] = float("nan")
+    idx = torch.arange(probe.seq_len)
+    real, seen = probe.real_mask().cpu(), visible(probe)
+    shares = [((idx[None, :] - idx[:, None] == r) & seen).sum(-1) / n_keys for r in OFFSETS]
+    grids = {"positional": ci.point, "positional_lo": ci.lo, "positional_hi": ci.hi, "positional_offset": offset}
+    return grids, max(float(s[real].mean()) for s in shares)
 
 
 def _why_none(name: str, keys: KeyTokens, info: ModelInfo) -> str:
@@ -478,9 +490,11 @@ def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
     return vecs[:, order] * np.sqrt(np.clip(vals[order], 0, None))
 
 
-def head_map(model: HookedModel, probe: TokenProbe | None = None, *, seed: int = 0) -> HeadMap:
+def head_map(model: HookedModel, probe: TokenProbe | None = None, *, config: RunConfig | None = None) -> HeadMap:
     """Every pair of heads' Jensen-Shannon distance, averaged over the probe's real queries, and its
-    2-D classical-MDS embedding (any model; heads of layers without softmax attention are NaN)."""
+    2-D classical-MDS embedding (any model; heads of layers without softmax attention are NaN);
+    ``config``: the seed (of the default probe)."""
+    seed = RunConfig.of(config).seed
     info = describe(model)
     if probe is None:
         from interp.probes import text_probe

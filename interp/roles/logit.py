@@ -64,7 +64,7 @@ from interp.adapters.weights import (
     post_attention_norm_site,
     read_head_weights,
 )
-from interp.config import run_header
+from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
@@ -170,9 +170,7 @@ def logit_attribution(
     wrongs: Int[Tensor, " batch"] | Int[Tensor, "batch k"] | Sequence[int] | None = None,
     *,
     positions: Int[Tensor, " batch"] | Sequence[int] | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    config: RunConfig | None = None,
 ) -> LogitAttribution:
     """Direct logit attribution of every head (and every other part of the residual) to each
     prompt's ``logit[answer] - logit[wrong]`` at ``positions`` (default: each prompt's last), see
@@ -205,20 +203,7 @@ def logit_attribution(
         )
     if int(lengths.max()) > info.n_ctx:
         raise UsageError(f"a prompt of {int(lengths.max())} tokens is longer than the model's context of {info.n_ctx}")
-    if info.is_encoder:
-        raise UsageError(
-            f"direct logit attribution splits a decoder's residual stream into terms of the logits, and {info.name} "
-            "is an encoder: its blocks normalise after adding (post-LayerNorm) and its masked-LM head has a dense "
-            "layer and an activation before the unembedding, so a head's write is not a term of the logits: refused"
-        )
-    w = read_head_weights(model, info, "direct logit attribution")
-    gated = sorted(gated_attention_modules(model))
-    if gated:
-        raise UsageError(
-            f"direct logit attribution reads each head's output as its pattern times its values through W_O, and "
-            f"{info.name}'s attention in layers {gated} multiplies each head's output by a sigmoid gate first, "
-            "which it does not read: refused"
-        )
+    w = _weights(model, info)
     T = int(lengths.max())
     per_pos = torch.full((B, info.n_layers, info.n_heads, T), float("nan"), dtype=torch.float64)
     columns: dict[str, Tensor] = {}
@@ -234,6 +219,8 @@ def logit_attribution(
     frame = pd.DataFrame({k: v.numpy() for k, v in columns.items()})
     frame.insert(0, "prompt", np.arange(B))
     softcap = final_softcap(model)
+    cfg = RunConfig.of(config)
+    n_boot, level, seed = cfg.n_boot, cfg.level, cfg.seed
     point, lo, hi = bootstrap_mean(head_terms, n_boot=n_boot, level=level, seed=seed)
     final = final_norm_site(model)
     meta = run_header(info, kind="logit_attribution", n_boot=n_boot, ci_level=level, seed=seed)
@@ -271,29 +258,8 @@ def _attribute(
     posts = {l: post_attention_norm_site(model, l) for l in info.attention_layers}
     L, H = info.n_layers, info.n_heads
     batch = torch.arange(B)
-    grabbed: dict[str, Tensor] = {}
-
-    def grab(name: str) -> Any:  # keyed by the name asked for: a bridge's hook may carry its alias's
-        def keep(t: Tensor, hook: Any) -> None:
-            grabbed[name] = t.detach().double().cpu()
-
-        return keep
-
     parallel = "blocks.0.hook_resid_mid" not in model.hook_dict  # attention and MLP read the same input
-    names = ["blocks.0.hook_resid_pre"]
-    for l in range(L):
-        names += [
-            f"blocks.{l}.hook_attn_out" if parallel else f"blocks.{l}.hook_resid_mid",
-            f"blocks.{l}.hook_resid_post",
-        ]
-    for l in info.attention_layers:
-        names += [pattern_hook(l), f"blocks.{l}.attn.hook_v"]
-        if posts[l] is not None:
-            names += [posts[l].input, posts[l].scale, posts[l].output]
-    if final is not None:
-        names += [final.input, final.scale, final.output]
-    logits = run_with_reducers(model, tokens.to(info.device), [(n, grab(n)) for n in dict.fromkeys(names)])
-    logits = logits.detach().double().cpu()
+    logits, grabbed = _capture(model, info, tokens, posts, final, parallel)
 
     # the direction on the final residual, pulled back through the frozen final norm
     mix = _mean_weights(answers, info.d_vocab)  # [batch, vocab]: the mean over each prompt's answers
@@ -341,6 +307,55 @@ def _attribute(
         parts["model_capped"] = (own * mix).sum(-1)
     parts["per_position"] = per_pos
     return parts
+
+
+def _weights(model: HookedModel, info: Any) -> Any:
+    """The head weights the attribution reads, or a refusal of a model whose heads' writes are not
+    terms of the logits (an encoder) or that it cannot read (gated attention)."""
+    if info.is_encoder:
+        raise UsageError(
+            f"direct logit attribution splits a decoder's residual stream into terms of the logits, and {info.name} "
+            "is an encoder: its blocks normalise after adding (post-LayerNorm) and its masked-LM head has a dense "
+            "layer and an activation before the unembedding, so a head's write is not a term of the logits: refused"
+        )
+    w = read_head_weights(model, info, "direct logit attribution")
+    gated = sorted(gated_attention_modules(model))
+    if gated:
+        raise UsageError(
+            f"direct logit attribution reads each head's output as its pattern times its values through W_O, and "
+            f"{info.name}'s attention in layers {gated} multiplies each head's output by a sigmoid gate first, "
+            "which it does not read: refused"
+        )
+    return w
+
+
+def _capture(
+    model: HookedModel, info: Any, tokens: Tensor, posts: dict, final: Any, parallel: bool
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """One forward of ``tokens``: its logits, and the residual stream, patterns, values and norm
+    sites the attribution reads (float64, on the CPU), by hook name."""
+    grabbed: dict[str, Tensor] = {}
+
+    def grab(name: str) -> Any:  # keyed by the name asked for: a bridge's hook may carry its alias's
+        def keep(t: Tensor, hook: Any) -> None:
+            grabbed[name] = t.detach().double().cpu()
+
+        return keep
+
+    names = ["blocks.0.hook_resid_pre"]
+    for l in range(info.n_layers):
+        names += [
+            f"blocks.{l}.hook_attn_out" if parallel else f"blocks.{l}.hook_resid_mid",
+            f"blocks.{l}.hook_resid_post",
+        ]
+    for l in info.attention_layers:
+        names += [pattern_hook(l), f"blocks.{l}.attn.hook_v"]
+        if posts[l] is not None:
+            names += [posts[l].input, posts[l].scale, posts[l].output]
+    if final is not None:
+        names += [final.input, final.scale, final.output]
+    logits = run_with_reducers(model, tokens.to(info.device), [(n, grab(n)) for n in dict.fromkeys(names)])
+    return logits.detach().double().cpu(), grabbed
 
 
 def _rows(tokens: Any, vocab: int) -> list[list[int]]:

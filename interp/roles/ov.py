@@ -40,7 +40,7 @@ from torch import Tensor
 
 from interp.adapters import HookedModel, ModelInfo, describe
 from interp.adapters.weights import HeadWeights, first_mlp, read_head_weights
-from interp.config import run_header
+from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.probes import ordinary_vocab
 from interp.progress import forward_work, tqdm
@@ -241,24 +241,34 @@ def successor_pairs(
     return torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long), cands
 
 
-def _successor_setup(ctx: OVContext) -> tuple[Tensor, Tensor, list[list[int]]]:
-    if ctx.sequences is not None:
-        sequences = ctx.sequences
-    elif ctx.tokenizer is None:
-        raise UsageError(
-            f"the successor score needs ordinal sequences of tokens, and {ctx.info.name} has no tokenizer: "
-            "pass sequences={name: [token ids in order]} (command line: --sequences)"
-        )
-    else:
-        sequences = ordinal_sequences(ctx.tokenizer, ctx.info.d_vocab)
-    src, dst, cands = successor_pairs(sequences)
+SEQUENCES_REMEDY = "pass sequences={name: [token ids in order]}"
+
+
+def successor_refusal(
+    info: ModelInfo, tokenizer: Any, sequences: Mapping[str, Sequence[int]] | None = None
+) -> tuple[str, str] | None:
+    """Why the successor score cannot be read here, and what would let it (None: it can): a model
+    without a tokenizer and no ``sequences``, or a tokenizer with too few ordinal pairs. No weights
+    are read."""
+    if sequences is None and tokenizer is None:
+        why = f"the successor score needs ordinal sequences of tokens, and {info.name} has no tokenizer"
+        return why, SEQUENCES_REMEDY
+    src, _, _ = successor_pairs(sequences if sequences is not None else ordinal_sequences(tokenizer, info.d_vocab))
     if len(src) < MIN_SUCCESSOR_PAIRS:
-        raise UsageError(
+        why = (
             f"the successor score needs at least {MIN_SUCCESSOR_PAIRS} ordinal tokens whose successor is also a "
-            f"single token (numbers 1-100, days, months, letters), and this tokenizer holds {len(src)}: "
-            "pass sequences={name: [token ids in order]} of your own (command line: --sequences FILE.json)"
+            f"single token (numbers 1-100, days, months, letters), and this tokenizer holds {len(src)}"
         )
-    return src, dst, cands
+        return why, f"{SEQUENCES_REMEDY} of your own"
+    return None
+
+
+def _successor_setup(ctx: OVContext) -> tuple[Tensor, Tensor, list[list[int]]]:
+    refused = successor_refusal(ctx.info, ctx.tokenizer, ctx.sequences)
+    if refused is not None:
+        raise UsageError(": ".join(refused), params="sequences")
+    sequences = ctx.sequences if ctx.sequences is not None else ordinal_sequences(ctx.tokenizer, ctx.info.d_vocab)
+    return successor_pairs(sequences)
 
 
 def _successor_hits(ctx: OVContext) -> Tensor:
@@ -307,17 +317,17 @@ def ov_scores(
     k: int = K_LOWEST,
     max_tokens: int = MAX_TOKENS,
     sequences: Mapping[str, Sequence[int]] | None = None,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-    progress: bool = False,
+    config: RunConfig | None = None,
 ) -> HeadScores:
     """The registered OV scores of every head, each with a bootstrap CI over its units (tokens,
     ordinal pairs) and its chance level in ``meta["baselines"]`` (see the module docstring).
 
     ``sequences``: ``{name: [token ids in order]}`` to score successors on instead of the
     tokenizer's ordinals (``-1`` marks an item that is not one token). ``progress``: copy
-    suppression says its sizes on stderr and shows its progress a layer at a time."""
+    suppression says its sizes on stderr and shows its progress a layer at a time (``config``: the
+    bootstrap, seed and progress)."""
+    cfg = RunConfig.of(config)
+    n_boot, level, seed, progress = cfg.n_boot, cfg.level, cfg.seed, cfg.progress
     scores = OV_SCORES.check_all(scores)
     info = describe(model)
     if not 1 <= k < info.d_vocab:
@@ -359,4 +369,5 @@ __all__ = [
     "ov_scores",
     "ov_work",
     "successor_pairs",
+    "successor_refusal",
 ]

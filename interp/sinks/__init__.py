@@ -63,6 +63,7 @@ __getattr__, __dir__, __all__ = lazy(
         "sink_rate_bars": "interp.sinks.figures",
         "SinkReport": "interp.sinks.report",
         "sink_scores": "interp.sinks.report",
+        "validate_sink_scores": "interp.sinks.report",
         "ABS_THRESHOLD": "interp.sinks.stats",
         "EPSILON": "interp.sinks.stats",
         "MAX_MASSIVE_PER_LAYER": "interp.sinks.stats",
@@ -84,6 +85,7 @@ if TYPE_CHECKING:  # what editors and type checkers see
     from interp.sinks.figures import sink_rate_bars as sink_rate_bars
     from interp.sinks.report import SinkReport as SinkReport
     from interp.sinks.report import sink_scores as sink_scores
+    from interp.sinks.report import validate_sink_scores as validate_sink_scores
     from interp.sinks.stats import ABS_THRESHOLD as ABS_THRESHOLD
     from interp.sinks.stats import EPSILON as EPSILON
     from interp.sinks.stats import MAX_MASSIVE_PER_LAYER as MAX_MASSIVE_PER_LAYER

@@ -20,10 +20,12 @@ from torch import Tensor
 
 from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
 from interp.adapters.bridge import output_gate_means
+from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook
 from interp.probes import TokenProbe
 from interp.progress import tqdm
+from interp.stream.budget import choose_engine
 from interp.stream.driver import check_finite, column_pass, row_pass, run_streamed
 
 EPSILON = 0.3
@@ -64,22 +66,22 @@ def sink_statistics(
     abs_threshold: float = ABS_THRESHOLD,
     rel_threshold: float = REL_THRESHOLD,
     max_massive: int = MAX_MASSIVE_PER_LAYER,
-    minibatch: int | None = None,
-    progress: bool = False,
-    engine: str = "pattern",
+    config: RunConfig | None = None,
 ) -> SinkStatistics:
     """Run ``probe`` through ``model`` once, reducing patterns, values and residuals in their hooks.
 
     Hooks: ``blocks.{l}.attn.hook_v``, ``blocks.{l}.attn.hook_pattern`` and
     ``blocks.{l}.hook_resid_post``; the pass stops after the last layer's residual output.
-    ``engine="stream"`` computes the same statistics without forming any pattern
-    (:mod:`interp.stream`).
+    ``config.engine="stream"`` computes the same statistics without forming any pattern
+    (:mod:`interp.stream`); ``"auto"`` (the default) chooses by the pattern's size
+    (:func:`~interp.stream.budget.choose_engine`). ``config`` also gives the minibatch and progress.
     """
+    cfg = RunConfig.of(config)
+    minibatch, progress = cfg.minibatch, cfg.progress
     info = describe(model)
     if probe.seq_len > info.n_ctx:
         raise UsageError(f"probe of {probe.seq_len} tokens is longer than the model's context of {info.n_ctx}")
-    if engine not in ("pattern", "stream"):
-        raise UsageError(f"unknown engine {engine!r}: use 'pattern' or 'stream'")
+    engine, _ = choose_engine(cfg.engine, model, min(minibatch or probe.batch, probe.batch), probe.seq_len, cfg.budget)
     if engine == "stream":
         return stream_sink_statistics(
             model,
@@ -87,8 +89,7 @@ def sink_statistics(
             abs_threshold=abs_threshold,
             rel_threshold=rel_threshold,
             max_massive=max_massive,
-            minibatch=minibatch,
-            progress=progress,
+            config=cfg,
         )
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     scored = scored_queries(T, info.is_causal)
@@ -206,8 +207,7 @@ def stream_sink_statistics(
     abs_threshold: float,
     rel_threshold: float,
     max_massive: int,
-    minibatch: int | None = None,
-    progress: bool = False,
+    config: RunConfig | None = None,
 ) -> SinkStatistics:
     """:func:`sink_statistics`, pattern-free: the same fields, the same meaning.
 
@@ -215,7 +215,9 @@ def stream_sink_statistics(
     real tokens first) with its mask, so the statistics come out *aligned* exactly as the pattern
     engine stores them: slot ``p`` of each row is its text's position ``p``, padded slots hold 0
     (received mass) or NaN (value norms, residual magnitudes), padded queries are left out of every
-    reduction, and a row's first real key is key 0 (the confidence without it)."""
+    reduction, and a row's first real key is key 0 (the confidence without it). ``config`` gives the
+    minibatch and progress."""
+    cfg = RunConfig.of(config)
     info = describe(model)
     B, L, H, T = probe.batch, info.n_layers, info.n_heads, probe.seq_len
     if probe.padded:
@@ -268,8 +270,8 @@ def stream_sink_statistics(
         run_streamed(
             model,
             probe.tokens,
-            minibatch,
-            progress,
+            cfg.minibatch,
+            cfg.progress,
             "sink pass (stream)",
             on_chunk,
             attention_mask=probe.attention_mask,

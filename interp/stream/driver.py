@@ -77,7 +77,8 @@ def run_streamed(
             missing = sorted(expected - seen)
             raise UsageError(
                 f"the stream engine saw no attention inputs for layer(s) {missing}: this architecture's "
-                "attention does not call the registered attention function; use engine='pattern' (command line: --engine pattern)"
+                "attention does not call the registered attention function; use engine='pattern'",
+                params="engine",
             )
     bar.close()
 

@@ -54,10 +54,10 @@ def attention_layers(model: HookedModel) -> list[int]:
 def architecture(model: HookedModel, layer: int) -> str:
     """``model_type (AttentionClass)`` of a bridge's layer, or the model's class name."""
     hf = getattr(model, "original_model", None)
-    kind = getattr(getattr(hf, "config", None), "model_type", None) or type(model).__name__
+    model_type = getattr(getattr(hf, "config", None), "model_type", None) or type(model).__name__
     attn = getattr(model.blocks[layer], "attn", None)
     inner = getattr(attn, "original_component", attn)
-    return f"{kind} ({type(inner).__name__})"
+    return f"{model_type} ({type(inner).__name__})"
 
 
 def check_stream_conformance(
@@ -99,7 +99,8 @@ def check_stream_conformance(
     if missing:
         raise UsageError(
             f"the stream engine cannot run {architecture(model, missing[0])}: its attention does not call "
-            f"Hugging Face's attention interface (no q and k from layer(s) {missing}); use engine='pattern' (command line: --engine pattern)"
+            f"Hugging Face's attention interface (no q and k from layer(s) {missing}); use engine='pattern'",
+            params="engine",
         ) from failed
     if failed is not None:
         raise failed
@@ -119,7 +120,8 @@ def check_stream_conformance(
     if not worst <= tolerance(dtype):
         raise UsageError(
             f"the stream engine does not reproduce {architecture(model, where)}'s own attention on a "
-            f"{n}-token prefix (max weight error {worst:.2g} in layer {where}): use engine='pattern' (command line: --engine pattern)"
+            f"{n}-token prefix (max weight error {worst:.2g} in layer {where}): use engine='pattern'",
+            params="engine",
         )
     _PASSED.add(model)
     return worst

@@ -28,7 +28,8 @@ def check_finite(rows: Tensor, layer: int, model_name: str) -> None:
     if not torch.isfinite(rows).all():
         raise NonFiniteAttentionError(
             f"layer {layer}: the attention pattern holds NaN or inf; the model is unstable "
-            f"in {model_name}'s dtype on this input: load it in float32 (command line: --dtype float32)"
+            f"in {model_name}'s dtype on this input: load it with dtype='float32'",
+            params="dtype",
         )
 
 

@@ -17,7 +17,7 @@ reach them; nothing outside :mod:`interp.adapters` calls a block or an unembeddi
 - :func:`trimmed_mlp`: the last block's MLP sees only the positions the metric reads (an MLP is
   positionwise); elsewhere its output is 0, and those positions of the final residual are never read.
 
-Both are exact up to rounding for the usual pre-norm and parallel blocks; the engine's self-check
+Both are exact up to rounding for the usual pre-norm and parallel blocks; the replay's self-check
 (replays under ablation against plain hooked runs) decides whether a model may use them.
 """
 
