@@ -5,7 +5,8 @@ For each length: the peak resident-set growth (``VmHWM`` above the resident set 
 call, :func:`analyses._common.peak_growth`) and the wall time of (1) the Hugging Face model's own
 forward (SDPA attention, ``no_grad``, no cache: the least a user's forward costs) and (2)
 ``qk_attribution(bridge, needle probe, heads="1.0", at="retrieval")`` (its clean run, the replays of
-layer 1's attention on each component, the key side's prefix sums, the bootstrap), and their ratios.
+layer 1's attention on each component at the targets and on each block of keys, the bootstrap), and
+their ratios.
 Each length runs in a fresh process, so one length's peak is not another's.
 
     python analyses/bench_qk.py                 # 32K (32768 body tokens), one thread
@@ -20,6 +21,11 @@ import sys
 import time
 
 from _common import ROOT, child_env, llama_model, peak_growth, word_tokenizer
+
+# glibc raises its mmap threshold as large blocks are freed, after which freed tensors stay resident
+# and the second call's peak hides in the first's leftovers; a fixed threshold makes each tensor over
+# 64 KB its own mapping, returned on free, so the forward's and the attribution's peaks are their own
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def worker(T: int, threads: int) -> dict:
@@ -72,7 +78,7 @@ def main() -> None:
     for T in lengths:
         done = subprocess.run(
             [sys.executable, __file__, "--worker", str(T), str(threads)],
-            capture_output=True, text=True, env=child_env(OMP_NUM_THREADS=str(threads)), cwd=ROOT,
+            capture_output=True, text=True, env=child_env(OMP_NUM_THREADS=str(threads), **FIXED_MMAP), cwd=ROOT,
         )  # fmt: skip
         if done.returncode != 0:
             print(f"T={T}: failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")

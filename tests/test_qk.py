@@ -132,3 +132,23 @@ def test_a_head_outside_the_model_and_a_probe_without_repeats_are_refused(toy):
         qk_attribution(toy, tokens, heads="5.0", at="previous")
     with pytest.raises(UsageError, match="reads the structure of a probe"):
         qk_attribution(toy, tokens, heads="1.2", at="induction")
+
+
+def test_frozen_norm_fitted_on_a_sample_of_positions_is_the_norm_itself():
+    """A long run's norm is fitted on a few thousand positions, not copied to float64 whole: a
+    LayerNorm's own gain and bias come back from 7 of its 2 x 300 rows."""
+    from interp.adapters.weights import NormSite
+    from interp.roles.frozen import gain_and_bias
+
+    gen = torch.Generator().manual_seed(0)
+    norm = torch.nn.LayerNorm(8)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8, generator=gen)), norm.bias.copy_(torch.randn(8, generator=gen))
+    x = torch.randn(2, 300, 8, generator=gen)
+    grabbed = {
+        "in": x,
+        "scale": (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt(),
+        "out": norm(x).detach(),
+    }
+    w, b = gain_and_bias(NormSite("in", "scale", "out", centered=True), grabbed, max_rows=7)
+    assert torch.allclose(w, norm.weight.double(), atol=1e-5) and torch.allclose(b, norm.bias.double(), atol=1e-5)

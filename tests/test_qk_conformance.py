@@ -93,6 +93,40 @@ def test_terms_add_up_to_the_score_and_give_the_models_own_pattern(family):
         assert ref_row.max() > 0.2  # attention far from uniform
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_key_side_streamed_in_blocks_gives_the_contrast_of_every_key(family, monkeypatch):
+    """Keys read 4 positions at a time, queries only where the targets are: no replay sees the
+    whole sequence, and each target's contrast equals its score minus the mean of the model's own
+    scores of the other keys its query sees (each key's score decomposed on its own)."""
+    import interp.roles.qk_parts as qk_parts
+    from interp.models import from_hf_model
+
+    fam = FAMILIES[family]
+    hf, tok = build(fam)
+    model = from_hf_model(hf, tok, name=family)
+    tokens, mask = _batch()
+    layer = fam.n_layers - 1
+    targets = torch.tensor([[0, 20, 3], [1, 22, 21], [1, 17, PAD]])
+    seen, replayer = [], qk_parts.replayer
+
+    def spy(*args):
+        replay = replayer(*args)
+        return lambda x, pos: (seen.append(x.shape[1]), replay(x, pos))[1]
+
+    monkeypatch.setattr(qk_parts, "replayer", spy)
+    monkeypatch.setattr(qk_parts, "KEY_BLOCK", 4)
+    terms = qk_terms(model, tokens, layer, targets, attention_mask=mask)
+    assert seen and max(seen) <= 2 * len(targets) < T  # the targets' positions, or a block of keys
+    every = _rows(mask, fam.windows[layer], [(int(b), int(i)) for b, i, _ in targets])
+    scores = qk_terms(model, tokens, layer, every, attention_mask=mask).model_score
+    for n, (b, i, j) in enumerate(targets.tolist()):
+        row = (every[:, 0] == b) & (every[:, 1] == i)
+        own = row & (every[:, 2] == j)
+        want = scores[own][0] - scores[row & ~own].mean(0)
+        assert torch.allclose(terms.model_contrast[n], want, atol=1e-6), (family, n)
+        assert torch.allclose(terms.contrast[n].sum((-1, -2)), want, atol=1e-4 * (1 + float(want.abs().max())))
+
+
 def _sinks(model, layer: int) -> torch.Tensor | None:
     attn = model.blocks[layer].attn.original_component
     sinks = getattr(attn, "sinks", None)

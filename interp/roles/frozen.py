@@ -31,12 +31,17 @@ def centered(x: Float[Tensor, "... d_model"], site: NormSite) -> Float[Tensor, "
 
 
 def gain_and_bias(
-    site: NormSite, grabbed: dict[str, Tensor]
+    site: NormSite, grabbed: dict[str, Tensor], *, max_rows: int | None = None
 ) -> tuple[Float[Tensor, " d_model"], Float[Tensor, " d_model"]]:
-    """The norm's ``w`` and ``b`` (float64), fitted on the run's input, scale and output at ``site``."""
-    x, s, y = (grabbed[n].double() for n in (site.input, site.scale, site.output))
-    xhat = centered(x, site) / s
-    return affine_fit(xhat.reshape(-1, xhat.shape[-1]), y.reshape(-1, y.shape[-1]))
+    """The norm's ``w`` and ``b`` (float64), fitted on the run's input, scale and output at ``site``:
+    every position, or ``max_rows`` of them evenly spaced (the map is elementwise affine, so any
+    rows that vary fit it exactly; a long run need not be copied to float64 whole)."""
+    x, s, y = (grabbed[n].reshape(-1, grabbed[n].shape[-1]) for n in (site.input, site.scale, site.output))
+    if max_rows is not None and len(x) > max_rows:
+        rows = torch.linspace(0, len(x) - 1, max_rows, device=x.device).round().long()
+        x, s, y = x[rows], s[rows], y[rows]
+    xhat = centered(x.double(), site) / s.double()
+    return affine_fit(xhat, y.double())
 
 
 __all__ = ["affine_fit", "centered", "gain_and_bias"]

@@ -15,8 +15,10 @@ What is averaged, per head, over the targets ``(sequence, query i, key j)`` of a
 
 - ``score``: each pair's term of the score at ``(i, j)``;
 - ``contrast``: each pair's term of the score at ``j`` minus the mean score over the other keys the
-  query may see (causal, in its window, not padding): "why this key wins". The key side's means
-  come from prefix sums over positions, so no ``[T, T]`` tensor is formed at any length.
+  query may see (causal, in its window, not padding): "why this key wins". The query side is read
+  at the targets' queries only, and the key side's window sums are streamed in blocks of keys
+  (each part's keys for a block of positions at a time), so no ``[T, T]`` tensor is formed at any
+  length, nor any part at every position.
 
 Each mean comes with a bootstrap CI over sequences (:func:`interp.scores.bootstrap_ratio`: the
 targets of a sequence pooled). The targets (``at``, :data:`TARGETS`): the induction targets of a
@@ -53,10 +55,13 @@ from interp.roles.qk_parts import (
     CleanRun,
     Component,
     LayerParts,
+    Sides,
+    Windows,
     check_decomposable,
     check_interface,
     clean_run,
     qk_parts,
+    window_key_sums,
 )
 from interp.roles.qk_result import STEM, VALUES, QKAttribution, head_totals
 from interp.scores import bootstrap_ratio
@@ -211,7 +216,8 @@ def _window_sums(
     x: Float[Tensor, "batch kv pos d"], real: Tensor, b: Tensor, g: Tensor, lo: Tensor, hi: Tensor
 ) -> Tensor:
     """``sum over keys lo..hi`` of ``x`` (padding left out) at each target's batch and key head: one
-    prefix sum over positions (``O(T)``, never ``[T, T]``)."""
+    prefix sum over positions (``O(T)``, never ``[T, T]``; for the key counts and positions, one
+    value a position)."""
     prefix = torch.cumsum(x * real[:, None, :, None], dim=2)
     prefix = torch.cat([torch.zeros_like(prefix[:, :, :1]), prefix], dim=2)
     return prefix[b[:, None], g, (hi + 1)[:, None]] - prefix[b[:, None], g, lo[:, None]]
@@ -234,35 +240,45 @@ class QKTerms:
 
 
 def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads: list[int], pairs: Tensor) -> QKTerms:
-    """Every component pair's term of the score and the contrast of ``heads`` of ``layer`` at ``pairs``."""
+    """Every component pair's term of the score and the contrast of ``heads`` of ``layer`` at ``pairs``:
+    the query side read at the targets' queries only, the key side's window sums streamed in blocks
+    of keys (:func:`~interp.roles.qk_parts.window_key_sums`)."""
     a = run.inputs[layer]
     dev = a.q.device
     b, i, j = pairs.to(dev).unbind(-1)
     lo, hi, _ = _visible(a, pairs)
-    lo, hi = lo.to(dev), hi.to(dev)
     h = torch.tensor(heads, device=dev)
     g = h // (a.q.shape[1] // a.k.shape[1])  # the key/value head each query head reads
     real = torch.ones(a.k.shape[0], a.k.shape[2], dtype=torch.float64, device=dev)
     if a.key_mask is not None:
         real = a.key_mask.to(dev).double()
-    n_other = _window_sums(real[:, None, :, None], real, b, torch.zeros_like(g), lo, hi)[..., 0] - 1  # [n, 1]
+    windows = Windows(b, lo.to(dev), hi.to(dev), real)
+    points = torch.unique(torch.cat([i, j])).contiguous()  # sorted: where the targets' queries and keys are
+    at_i, at_j = torch.searchsorted(points, i.contiguous()), torch.searchsorted(points, j.contiguous())
+    n = torch.arange(len(pairs), device=dev)
+    n_other = _window_sums(real[:, None, :, None], real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - 1
 
-    def sides(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        qi = q[b[:, None], h[None], i[:, None]]  # [n, head, d]
-        kj = k[b[:, None], g[None], j[:, None]]
-        mean = (_window_sums(k, real, b, g, lo, hi) - kj) / n_other[..., None]
+    def sides(s: Sides) -> tuple[Tensor, Tensor, Tensor]:
+        qi = s.q[b[:, None], h[None], at_i[:, None]]  # [n, head, d]
+        kj = s.k[b[:, None], g[None], at_j[:, None]]
+        mean = (s.k_sums[n[:, None], g[None]] - kj) / n_other[..., None]
         return qi, kj, mean
 
     comps, Q, K, M = [], [], [], []
     report = LayerParts(layer, "none")
-    for comp, q, k in qk_parts(model, info, run, layer, report):
-        qi, kj, mean = sides(q, k)
+    for comp, part in qk_parts(model, info, run, layer, report, points, windows):
+        qi, kj, mean = sides(part)
         comps.append(comp)
         Q.append(qi), K.append(kj), M.append(mean)
     Qs, Ks, Ms = torch.stack(Q), torch.stack(K), torch.stack(M)
     value = a.scale * torch.einsum("cnhd,enhd->nhce", Qs, Ks)
     contrast = a.scale * torch.einsum("cnhd,enhd->nhce", Qs, Ks - Ms)
-    qi, kj, mean = sides(a.q.double(), a.k.double())
+    own = Sides(
+        a.q[:, :, points].double(),
+        a.k[:, :, points].double(),
+        window_key_sums(lambda pos: a.k[:, :, pos].double(), windows),
+    )
+    qi, kj, mean = sides(own)
     model_score = a.scale * (qi * kj).sum(-1)
     model_contrast = a.scale * (qi * (kj - mean)).sum(-1)
     if a.bias_slopes is not None:  # ALiBi: a pair of its own
@@ -270,7 +286,9 @@ def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads
         pos = torch.arange(a.k.shape[2], device=dev, dtype=torch.float64)[None, None, :, None].expand(
             a.k.shape[0], 1, -1, 1
         )
-        mean_j = (_window_sums(pos, real, b, torch.zeros_like(g), lo, hi)[..., 0] - j[:, None]) / n_other
+        mean_j = (
+            _window_sums(pos, real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - j[:, None]
+        ) / n_other
         alibi_v, alibi_c = slope * (j - i)[:, None], slope * (j[:, None] - mean_j)
         value, contrast = _with_pair(value, alibi_v), _with_pair(contrast, alibi_c)
         model_score, model_contrast = model_score + alibi_v, model_contrast + alibi_c

@@ -15,7 +15,8 @@ layer:
 The query and key the model attends with (after rotary: :class:`~interp.adapters.AttentionInputs`)
 are affine in that normalized input at each position, whatever the architecture does in between.
 So each part's query and key are read by running the layer's own attention module again on that
-part alone (the call the run made, recorded, its hidden input replaced, in float64), minus a run on
+part alone (the call the run made, recorded, its hidden input replaced, in float64, at the positions
+asked: the targets' queries and keys, then one block of keys at a time), minus a run on
 zero input; the zero run itself is ``qk_bias``, the attention's own query/key biases (rotated).
 Nothing is assumed about the projections: the model's module computes every part, and the parts of
 every query and key add up to the model's own (checked by the caller).
@@ -26,7 +27,7 @@ Refused before any forward: latent attention, per-head output gates, query/key n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import chain
@@ -40,7 +41,7 @@ from torch import Tensor
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
 from interp.adapters.bridge import gated_attention_modules
 from interp.adapters.info import ModelInfo
-from interp.adapters.weights import input_norm_site, post_attention_norm_site, read_head_weights
+from interp.adapters.weights import NormSite, input_norm_site, post_attention_norm_site, read_head_weights
 from interp.errors import UsageError
 from interp.hooks import resid_post_hook
 from interp.roles.frozen import centered, gain_and_bias
@@ -49,6 +50,8 @@ from interp.stream.blockwise import attention_output, own_attention
 WHAT = "QK attribution"
 QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 CACHES = ("past_key_values", "past_key_value", "layer_past")
+KEY_BLOCK = 1024  # positions of keys read at once when summing a target's window
+FIT_ROWS = 4096  # positions a frozen norm's gain and bias are fitted on
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,8 @@ def clean_run(
             run.z[a.layer] = attention_output(a)
         if a.layer in layers:
             run.inputs[a.layer] = a
+        if a.layer == last:  # all it needs is in hand: the layer's attention and all after it are never run
+            raise _Caught
 
     def grab(name: str) -> Any:
         def keep(t: Tensor, hook: Any) -> None:
@@ -208,6 +213,8 @@ def clean_run(
                 stop_after=resid_post_hook(last),
                 attention_mask=None if attention_mask is None else attention_mask.to(info.device),
             )
+    except _Caught:
+        pass
     finally:
         for h in handles:
             h.remove()
@@ -225,42 +232,66 @@ def _learned_positions(model: HookedModel) -> bool:
     return kind == "standard" and "hook_pos_embed" in model.hook_dict
 
 
+Reader = Callable[[Tensor], Float[Tensor, "batch pos d_model"]]  # positions -> a part at them (float64)
+
+
+def _rows(x: Tensor) -> Reader:
+    return lambda pos: x[:, pos].double()
+
+
+def _difference(after: Reader, before: Reader) -> Reader:
+    return lambda pos: after(pos) - before(pos)
+
+
 def residual_parts(
     model: HookedModel, info: ModelInfo, run: CleanRun, layer: int, W_O: Tensor
-) -> Iterator[tuple[Component, Float[Tensor, "batch pos d_model"]]]:
-    """The parts of the residual stream entering ``layer``, one at a time (float64): they add up to
-    ``blocks.{layer}.hook_resid_pre``."""
+) -> Iterator[tuple[Component, Reader]]:
+    """The parts of the residual stream entering ``layer``, one at a time, each as a reader: given
+    positions, the part at them in float64 (the run's reads stay in the model's dtype, so no part is
+    ever held at every position). They add up to ``blocks.{layer}.hook_resid_pre``."""
     g = run.grabbed
-    pre0 = g["blocks.0.hook_resid_pre"].double()
+    pre0 = g["blocks.0.hook_resid_pre"]
     pos = g.get("hook_pos_embed")
     if pos is not None and pos.shape[-1] == pre0.shape[-1]:
-        pos = pos.double().expand_as(pre0)
-        yield Component("embed", "embed"), pre0 - pos
-        yield Component("pos_embed", "pos_embed"), pos
+        at = _rows(pos.expand_as(pre0))
+        yield Component("embed", "embed"), _difference(_rows(pre0), at)
+        yield Component("pos_embed", "pos_embed"), at
     else:
-        yield Component("embed", "embed"), pre0
+        yield Component("embed", "embed"), _rows(pre0)
     for l in range(layer):
-        before, after = g[f"blocks.{l}.hook_resid_pre"].double(), g[f"blocks.{l}.hook_resid_post"].double()
+        delta = _difference(_rows(g[f"blocks.{l}.hook_resid_post"]), _rows(g[f"blocks.{l}.hook_resid_pre"]))
         if l not in run.z:
-            yield Component(f"block.{l}", "block", l), after - before
+            yield Component(f"block.{l}", "block", l), delta
             continue
         post = post_attention_norm_site(model, l)
-        write = run.attn_out[l].double() if post is None else g[post.output].double()
-        if post is not None:
-            w_post, _ = gain_and_bias(post, g)
-            s_post = g[post.scale].double()
-        heads = torch.zeros_like(write)
-        z = run.z[l]
-        for h in range(info.n_heads):
-            part = einsum(z[:, h].double(), W_O[l, h].to(z.device), "b p d, d m -> b p m")
-            if post is not None:
-                part = centered(part, post) / s_post * w_post
-            heads += part
+        write = _rows(run.attn_out[l] if post is None else g[post.output])
+        w_post = None if post is None else gain_and_bias(post, g, max_rows=FIT_ROWS)[0]
+        heads = [_head_part(run.z[l][:, h], W_O[l, h], post, w_post, g) for h in range(info.n_heads)]
+        for h, part in enumerate(heads):
             yield Component(f"{l}.{h}", "head", l), part
         has_mlp = isinstance(getattr(model.blocks[l], "mlp", None), torch.nn.Module)
-        yield Component(f"attn_other.{l}", "attn_other", l), (write if has_mlp else after - before) - heads
+        other = write if has_mlp else delta
+        yield Component(f"attn_other.{l}", "attn_other", l), lambda p, o=other, hs=heads: o(p) - sum(h(p) for h in hs)
         if has_mlp:
-            yield Component(f"mlp.{l}", "mlp", l), after - before - write
+            yield Component(f"mlp.{l}", "mlp", l), _difference(delta, write)
+
+
+def _head_part(
+    z: Float[Tensor, "batch pos d_head"],
+    W_O: Tensor,
+    post: NormSite | None,
+    w_post: Tensor | None,
+    g: dict[str, Tensor],
+) -> Reader:
+    """One head's write ``z W_O`` (through a post-attention norm frozen at the run's scale)."""
+
+    def read(pos: Tensor) -> Tensor:
+        part = einsum(z[:, pos].double(), W_O.to(z.device).double(), "b p d, d m -> b p m")
+        if post is None:
+            return part
+        return centered(part, post) / g[post.scale][:, pos].double() * w_post.to(part.device)
+
+    return read
 
 
 @contextmanager
@@ -285,6 +316,8 @@ def _as_float64(x: Any) -> Any:
         return x.double() if x.is_floating_point() else x
     if isinstance(x, (tuple, list)):
         return type(x)(_as_float64(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _as_float64(v) for k, v in x.items()}
     return x
 
 
@@ -297,10 +330,32 @@ class _Caught(Exception):
     """Raised from the capture once the replayed layer's query and key are in hand."""
 
 
+def _at_positions(x: Any, pos: Tensor, T: int) -> Any:
+    """An argument of a recorded call read at positions ``pos`` of its ``T``: a position axis (the
+    first of a vector, both last of a ``[batch, head, T, T]`` mask, else the second: hidden states,
+    position ids, rotary tables) is indexed, anything else kept."""
+    if isinstance(x, Tensor):
+        p = pos.to(x.device)
+        if x.ndim == 1 and x.shape[0] == T:
+            return x[p]
+        if x.ndim == 4 and x.shape[-2:] == (T, T):
+            return x[..., p[:, None], p]
+        if x.ndim >= 2 and x.shape[1] == T:
+            return x[:, p]
+        return x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_at_positions(v, pos, T) for v in x)
+    if isinstance(x, dict):
+        return {k: _at_positions(v, pos, T) for k, v in x.items()}
+    return x
+
+
 def replayer(model: HookedModel, layer: int, call: tuple[tuple, dict]) -> Any:
-    """``replay(x)``: the query and key (float64, as the model attends) of layer ``layer``'s attention
-    run again on the normalized input ``x`` ``[batch, pos, d_model]``, with every other argument of
-    the recorded ``call``. The attention itself is never computed."""
+    """``replay(x, pos)``: the query and key (float64, as the model attends) of layer ``layer``'s
+    attention run again on the normalized input ``x`` ``[batch, len(pos), d_model]`` at positions
+    ``pos`` of the recorded ``call``, every other argument of it read at those positions (rotary
+    tables, position ids, a mask). A query or key depends on its own position's input alone, so a
+    block of positions gives what the whole run would there. The attention itself is never computed."""
     adapter = adapter_for(model)
     attn = model.blocks[layer].attn
     modules = [attn] + (
@@ -308,14 +363,14 @@ def replayer(model: HookedModel, layer: int, call: tuple[tuple, dict]) -> Any:
     )
     args, kwargs = call
     kwargs = {k: (None if _is_cache(k, v) else False if k == "use_cache" else v) for k, v in kwargs.items()}
-    args, kwargs = _as_float64(args), _as_float64(kwargs)
     positional = bool(args) and isinstance(args[0], Tensor)
     if not positional and not isinstance(kwargs.get("hidden_states"), Tensor):
         raise UsageError(
             f"{WHAT}: layer {layer}'s attention was called without a hidden-state input it can replace: refused"
         )
+    T = (args[0] if positional else kwargs["hidden_states"]).shape[1]
 
-    def replay(x: Tensor) -> tuple[Tensor, Tensor]:
+    def replay(x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         got: dict[str, Tensor] = {}
 
         def on_attention(a: AttentionInputs) -> None:
@@ -327,7 +382,9 @@ def replayer(model: HookedModel, layer: int, call: tuple[tuple, dict]) -> Any:
             callback(seen)
             raise _Caught
 
-        call_args, call_kwargs = ((x, *args[1:]), kwargs) if positional else (args, {**kwargs, "hidden_states": x})
+        at_args, at_kwargs = _as_float64(_at_positions((args[1:] if positional else args, kwargs), pos, T))
+        call_args = (x, *at_args) if positional else at_args
+        call_kwargs = at_kwargs if positional else {**at_kwargs, "hidden_states": x}
         with torch.no_grad(), _in_float64(modules), adapter.capture_attention(on_attention, attend) as hooks:
             with model.hooks(fwd_hooks=hooks) if hooks else nullcontext():
                 try:
@@ -347,8 +404,50 @@ class LayerParts:
 
     layer: int
     norm: str  # "LayerNorm", "RMSNorm" or "none"
-    residual_error: float = 0.0  # largest |sum of parts - the layer's input| (float64 against the run)
-    norm_error: float = 0.0  # largest |sum of normalized parts - the norm's output|
+    residual_error: float = 0.0  # largest |sum of parts - the layer's input| at the targets' positions
+    norm_error: float = 0.0  # largest |sum of normalized parts - the norm's output| there
+
+
+@dataclass
+class Windows:
+    """The keys each target's query may see: its sequence ``b``, first key ``lo`` and last ``hi``
+    (each ``[n]``), and ``real`` ``[batch, pos]`` (float64, 0 at padded keys)."""
+
+    b: Int[Tensor, " n"]
+    lo: Int[Tensor, " n"]
+    hi: Int[Tensor, " n"]
+    real: Float[Tensor, "batch pos"]
+
+
+def window_key_sums(
+    read: Callable[[Tensor], Float[Tensor, "batch kv_head block d"]], w: Windows, block: int | None = None
+) -> Float[Tensor, "n kv_head d"]:
+    """Per target, the sum of the keys ``lo..hi`` it may see (padding left out), the keys read a
+    block of positions at a time (``read(positions)``): never a ``[T, T]`` tensor, nor a key at
+    every position at once. ``block``: positions a read, default :data:`KEY_BLOCK`."""
+    block = block or KEY_BLOCK
+    out = None
+    for start in range(int(w.lo.min()), int(w.hi.max()) + 1, block):
+        pos = torch.arange(start, min(start + block, int(w.hi.max()) + 1), device=w.real.device)
+        k = read(pos) * w.real[:, None, pos, None]
+        prefix = torch.nn.functional.pad(torch.cumsum(k, dim=2), (0, 0, 1, 0))
+        first, last = (w.lo - start).clamp(0, len(pos)), (w.hi + 1 - start).clamp(0, len(pos))
+        part = prefix[w.b, :, last] - prefix[w.b, :, first]  # [n, kv_head, d]
+        out = part if out is None else out + part
+    return out
+
+
+@dataclass
+class Sides:
+    """One component's query and key at the targets' positions ``[batch, head, len(points), d]``,
+    and the sum of its keys over each target's window ``[n, kv_head, d]`` (float64)."""
+
+    q: Tensor
+    k: Tensor
+    k_sums: Tensor
+
+    def __sub__(self, other: Sides) -> Sides:
+        return Sides(self.q - other.q, self.k - other.k, self.k_sums - other.k_sums)
 
 
 def qk_parts(
@@ -357,43 +456,55 @@ def qk_parts(
     run: CleanRun,
     layer: int,
     report: LayerParts,
-) -> Iterator[tuple[Component, Float[Tensor, "batch head pos d"], Float[Tensor, "batch kv_head pos d"]]]:
-    """Each component's query and key at every position of ``layer`` (float64), one at a time; the
-    last are ``norm_bias`` (a LayerNorm's) and ``qk_bias`` (the zero-input run, when not zero).
-    ``report`` gets the residual and norm errors once every part has been seen."""
+    points: Int[Tensor, " p"],
+    windows: Windows,
+) -> Iterator[tuple[Component, Sides]]:
+    """Each component's query and key at ``points`` (the targets' queries and keys) and its keys
+    summed over each target's window, one component at a time; the last are ``norm_bias`` (a
+    LayerNorm's) and ``qk_bias`` (the zero-input run, when not zero). ``report`` gets the residual
+    and norm errors at ``points`` once every part has been seen."""
     W_O = read_head_weights(model, info, WHAT).W_O
     site = input_norm_site(model, layer)
     g = run.grabbed
-    resid = g[f"blocks.{layer}.hook_resid_pre"].double()
+    resid = g[f"blocks.{layer}.hook_resid_pre"]
     if site is not None:
-        w, b = gain_and_bias(site, g)
+        w, b = gain_and_bias(site, g, max_rows=FIT_ROWS)
         w, b = w.to(resid.device), b.to(resid.device)
-        scale = g[site.scale].double()
         report.norm = "LayerNorm" if site.centered else "RMSNorm"
     replay = replayer(model, layer, run.calls[layer])
-    zero_q, zero_k = replay(torch.zeros_like(resid))
-    total, normalized = torch.zeros_like(resid), torch.zeros_like(resid)
+
+    def sides(normalized: Reader) -> Sides:
+        q, k = replay(normalized(points), points)
+        return Sides(q, k, window_key_sums(lambda pos: replay(normalized(pos), pos)[1], windows))
+
+    def frozen(part: Reader) -> Reader:
+        return part if site is None else lambda pos: centered(part(pos), site) / g[site.scale][:, pos].double() * w
+
+    zero = sides(
+        lambda pos: torch.zeros(resid.shape[0], len(pos), resid.shape[-1], dtype=torch.float64, device=resid.device)
+    )
+    total = torch.zeros(resid.shape[0], len(points), resid.shape[-1], dtype=torch.float64, device=resid.device)
+    normalized = total.clone()
     for comp, part in residual_parts(model, info, run, layer, W_O):
-        total += part
-        x = part if site is None else centered(part, site) / scale * w
-        normalized += x
-        q, k = replay(x)
-        yield comp, q - zero_q, k - zero_k
-    report.residual_error = float((total - resid).abs().max())
+        total += part(points)
+        normalized += frozen(part)(points)
+        yield comp, sides(frozen(part)) - zero
+    report.residual_error = float((total - resid[:, points].double()).abs().max())
     if site is not None:
         if site.centered:
-            q, k = replay(b.expand_as(resid).contiguous())
-            yield Component("norm_bias", "bias"), q - zero_q, k - zero_k
+            yield Component("norm_bias", "bias"), sides(lambda pos: b.expand(resid.shape[0], len(pos), -1)) - zero
             normalized += b
-        report.norm_error = float((normalized - g[site.output].double()).abs().max())
-    if bool(zero_q.any()) or bool(zero_k.any()):
-        yield Component("qk_bias", "bias"), zero_q, zero_k
+        report.norm_error = float((normalized - g[site.output][:, points].double()).abs().max())
+    if bool(zero.q.any()) or bool(zero.k.any()) or bool(zero.k_sums.any()):
+        yield Component("qk_bias", "bias"), zero
 
 
 __all__ = [
     "CleanRun",
     "Component",
     "LayerParts",
+    "Sides",
+    "Windows",
     "check_decomposable",
     "check_interface",
     "clean_run",
@@ -401,4 +512,5 @@ __all__ = [
     "refusal",
     "replayer",
     "residual_parts",
+    "window_key_sums",
 ]
