@@ -66,10 +66,16 @@ from interp.roles.qk_parts import (
 from interp.roles.qk_result import STEM, VALUES, QKAttribution, head_totals
 from interp.scores import bootstrap_ratio
 
+# ``role``: the head role (:data:`interp.report.roles.ROLES`) whose attention the target is, read on a
+# repeated-token probe (the atlas's head card shows each named head's pairs at its role's targets)
 TARGETS: Registry[str] = Registry("target")
-TARGETS.add("induction", "the induction targets of a repeated-token probe: the token after the previous occurrence")
-TARGETS.add("previous", "the previous token, from every query after the first")
-TARGETS.add("sink", "the first token, from every query after it")
+TARGETS.add(
+    "induction",
+    "the induction targets of a repeated-token probe: the token after the previous occurrence",
+    role="induction",
+)
+TARGETS.add("previous", "the previous token, from every query after the first", role="previous-token")
+TARGETS.add("sink", "the first token, from every query after it", role="sink")
 TARGETS.add("retrieval", "the needle token a needle probe's copy is generating")
 TARGETS.add("task", "the positions of a task's answer token in its prompt, from its read position")
 
