@@ -106,6 +106,7 @@ def test_explicit_rows_decompose_one_target(toy):
     "kwargs, message",
     [
         ({"heads": "x"}, "heads= names each head as layer.head (1.2) or (layer, head), got 'x'"),
+        ({"heads": "1.2", "keep": ["9"]}, "keep= names each head as layer.head (1.2) or (layer, head), got '9'"),
         (
             {"heads": "1.2", "at": "nope"},
             "unknown target at='nope': choose from ['induction', 'previous', 'sink', 'retrieval', 'task'], or pass (batch, query, key) rows",

@@ -85,8 +85,9 @@ GROUPS.add("layer", "the embeddings, then one group per earlier layer, then the 
 GROUPS.add("kind", "the embeddings, all heads, all MLPs, the rest of the attention writes, the biases")
 
 
-def parse_heads(heads: str | Sequence[Any]) -> list[tuple[int, int]]:
-    """``"1.2"``, ``(1, 2)``, ``"1.2,0.1"`` or a list of either, as ``(layer, head)`` pairs."""
+def parse_heads(heads: str | Sequence[Any], param: str = "heads") -> list[tuple[int, int]]:
+    """``"1.2"``, ``(1, 2)``, ``"1.2,0.1"`` or a list of either, as ``(layer, head)`` pairs (a
+    refusal names the parameter ``param`` they came as)."""
     items: list[Any] = heads.split(",") if isinstance(heads, str) else list(heads)
     if items and isinstance(items[0], int):
         items = [tuple(items)]
@@ -96,11 +97,11 @@ def parse_heads(heads: str | Sequence[Any]) -> list[tuple[int, int]]:
             layer, head = (int(x) for x in (item.strip().split(".") if isinstance(item, str) else item))
         except (TypeError, ValueError):
             raise UsageError(
-                f"heads= names each head as layer.head (1.2) or (layer, head), got {item!r}", params="heads"
+                f"{param}= names each head as layer.head (1.2) or (layer, head), got {item!r}", params=param
             ) from None
         out.append((layer, head))
     if not out:
-        raise UsageError("heads= must name at least one head, e.g. heads='1.2'", params="heads")
+        raise UsageError(f"{param}= must name at least one head, e.g. {param}='1.2'", params=param)
     return list(dict.fromkeys(out))
 
 
@@ -124,7 +125,7 @@ def validate_qk_attribution(
     if group not in GROUPS:
         raise UsageError(f"unknown grouping group={group!r}: choose from {list(GROUPS)}", params="group")
     if keep:
-        parse_heads(list(keep))
+        parse_heads(list(keep), "keep")
 
 
 # ---- targets ----------------------------------------------------------------------------------
