@@ -70,6 +70,12 @@ def test_trained_toy_induction_heads_read_the_previous_token_head_on_the_key_sid
         assert grid["0.1"].sum() > 0.6 * total
         assert grid.loc[["embed", "0.3"]].sum().sum() > 0.7 * total
         assert (grid.loc["embed", "0.1"] > 0.2 * total) and grid.loc["embed", "0.1"] == grid.loc["embed"].max()
+        assert r.top(2, head=head)[["query", "key"]].values.tolist() == [["0.3", "0.1"], ["embed", "0.1"]]
+    # why 0.3 stands for the current token on the query side: it attends to its own position
+    from interp.report import attention_patterns
+
+    own = torch.stack([attention_patterns(toy, t)[0, 3].diagonal()[1:].mean() for t in probe.tokens])
+    assert own.mean() > 0.75  # 0.797 measured; a uniform head gives about 1/20 here
     grouped = qk_attribution(toy, probe, heads="1.2", at="induction", group="kind", keep=["0.1"], config=FAST)
     assert grouped.top(1).iloc[0][["query", "key"]].tolist() == ["heads", "0.1"]
 
