@@ -43,7 +43,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.adapters import AttentionInputs, HookedModel, describe
+from interp.adapters import HookedModel, describe
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.probes import TokenProbe
@@ -61,7 +61,9 @@ from interp.roles.qk_parts import (
     check_interface,
     clean_run,
     qk_parts,
+    visible_keys,
     window_key_sums,
+    window_sums,
 )
 from interp.roles.qk_result import STEM, VALUES, QKAttribution, head_totals
 from interp.scores import bootstrap_ratio
@@ -205,31 +207,6 @@ def _task_targets(task: TaskProbe) -> _Input:
     return _Input(clean, None, torch.tensor(rows, dtype=torch.long), meta)
 
 
-def _visible(a: AttentionInputs, pairs: Int[Tensor, "n 3"]) -> tuple[Tensor, Tensor, Tensor]:
-    """Per target: the first and last key its query may see, and whether the target is one of them
-    with another key beside it (a contrast needs two)."""
-    b, i, j = pairs.unbind(-1)
-    T = a.k.shape[2]
-    lo = (i - a.window + 1).clamp_min(0) if a.window is not None else torch.zeros_like(i)
-    hi = i.clone() if a.causal else torch.full_like(i, T - 1)
-    ok = (j >= lo) & (j <= hi) & (i < T) & (j < T) & (hi - lo >= 1)
-    if a.key_mask is not None:
-        real = a.key_mask.cpu().bool()
-        ok &= real[b, j.clamp_max(T - 1)] & real[b, i.clamp_max(T - 1)]
-    return lo, hi, ok
-
-
-def _window_sums(
-    x: Float[Tensor, "batch kv pos d"], real: Tensor, b: Tensor, g: Tensor, lo: Tensor, hi: Tensor
-) -> Tensor:
-    """``sum over keys lo..hi`` of ``x`` (padding left out) at each target's batch and key head: one
-    prefix sum over positions (``O(T)``, never ``[T, T]``; for the key counts and positions, one
-    value a position)."""
-    prefix = torch.cumsum(x * real[:, None, :, None], dim=2)
-    prefix = torch.cat([torch.zeros_like(prefix[:, :, :1]), prefix], dim=2)
-    return prefix[b[:, None], g, (hi + 1)[:, None]] - prefix[b[:, None], g, lo[:, None]]
-
-
 # ---- one layer --------------------------------------------------------------------------------
 
 
@@ -253,7 +230,7 @@ def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads
     a = run.inputs[layer]
     dev = a.q.device
     b, i, j = pairs.to(dev).unbind(-1)
-    lo, hi, _ = _visible(a, pairs)
+    lo, hi, _ = visible_keys(a, pairs)
     h = torch.tensor(heads, device=dev)
     g = h // (a.q.shape[1] // a.k.shape[1])  # the key/value head each query head reads
     real = torch.ones(a.k.shape[0], a.k.shape[2], dtype=torch.float64, device=dev)
@@ -263,7 +240,7 @@ def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads
     points = torch.unique(torch.cat([i, j])).contiguous()  # sorted: where the targets' queries and keys are
     at_i, at_j = torch.searchsorted(points, i.contiguous()), torch.searchsorted(points, j.contiguous())
     n = torch.arange(len(pairs), device=dev)
-    n_other = _window_sums(real[:, None, :, None], real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - 1
+    n_other = window_sums(real[:, None, :, None], real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - 1
 
     def sides(s: Sides) -> tuple[Tensor, Tensor, Tensor]:
         qi = s.q[b[:, None], h[None], at_i[:, None]]  # [n, head, d]
@@ -293,9 +270,7 @@ def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads
         pos = torch.arange(a.k.shape[2], device=dev, dtype=torch.float64)[None, None, :, None].expand(
             a.k.shape[0], 1, -1, 1
         )
-        mean_j = (
-            _window_sums(pos, real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - j[:, None]
-        ) / n_other
+        mean_j = (window_sums(pos, real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - j[:, None]) / n_other
         alibi_v, alibi_c = slope * (j - i)[:, None], slope * (j[:, None] - mean_j)
         value, contrast = _with_pair(value, alibi_v), _with_pair(contrast, alibi_c)
         model_score, model_contrast = model_score + alibi_v, model_contrast + alibi_c
@@ -319,7 +294,7 @@ def qk_terms(
     pairs = torch.as_tensor(pairs).long().cpu()
     check_interface(model, tokens, [layer])
     run = clean_run(model, tokens, [layer], attention_mask)
-    _, _, ok = _visible(run.inputs[layer], pairs)
+    _, _, ok = visible_keys(run.inputs[layer], pairs)
     if not bool(ok.all()):
         raise UsageError(f"target {pairs[~ok][0].tolist()} is not a key its query sees beside another", params="pairs")
     return _layer_terms(model, info, run, layer, heads, pairs)
@@ -399,7 +374,7 @@ def qk_attribution(
     rows, totals, notes, dropped, worst = [], {}, [], 0, 0.0
     for layer in layers:
         a = run.inputs[layer]
-        _, _, ok = _visible(a, src.pairs)
+        _, _, ok = visible_keys(a, src.pairs)
         pairs = src.pairs[ok]
         dropped = max(dropped, int((~ok).sum()))
         if not len(pairs):

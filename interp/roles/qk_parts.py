@@ -408,6 +408,31 @@ class LayerParts:
     norm_error: float = 0.0  # largest |sum of normalized parts - the norm's output| there
 
 
+def visible_keys(a: AttentionInputs, pairs: Int[Tensor, "n 3"]) -> tuple[Tensor, Tensor, Tensor]:
+    """Per target: the first and last key its query may see, and whether the target is one of them
+    with another key beside it (a contrast needs two)."""
+    b, i, j = pairs.unbind(-1)
+    T = a.k.shape[2]
+    lo = (i - a.window + 1).clamp_min(0) if a.window is not None else torch.zeros_like(i)
+    hi = i.clone() if a.causal else torch.full_like(i, T - 1)
+    ok = (j >= lo) & (j <= hi) & (i < T) & (j < T) & (hi - lo >= 1)
+    if a.key_mask is not None:
+        real = a.key_mask.cpu().bool()
+        ok &= real[b, j.clamp_max(T - 1)] & real[b, i.clamp_max(T - 1)]
+    return lo, hi, ok
+
+
+def window_sums(
+    x: Float[Tensor, "batch kv pos d"], real: Tensor, b: Tensor, g: Tensor, lo: Tensor, hi: Tensor
+) -> Tensor:
+    """``sum over keys lo..hi`` of ``x`` (padding left out) at each target's batch and key head: one
+    prefix sum over positions (``O(T)``, never ``[T, T]``; for the key counts and positions, one
+    value a position)."""
+    prefix = torch.cumsum(x * real[:, None, :, None], dim=2)
+    prefix = torch.cat([torch.zeros_like(prefix[:, :, :1]), prefix], dim=2)
+    return prefix[b[:, None], g, (hi + 1)[:, None]] - prefix[b[:, None], g, lo[:, None]]
+
+
 @dataclass
 class Windows:
     """The keys each target's query may see: its sequence ``b``, first key ``lo`` and last ``hi``
@@ -512,5 +537,7 @@ __all__ = [
     "refusal",
     "replayer",
     "residual_parts",
+    "visible_keys",
     "window_key_sums",
+    "window_sums",
 ]
