@@ -54,6 +54,7 @@ _API = {
     "encoder_scores": "interp.roles",
     "head_map": "interp.roles",
     "logit_attribution": "interp.roles",
+    "qk_attribution": "interp.roles",
     # ablation
     "ablated": "interp.ablation",
     "exact_sweep": "interp.ablation",
@@ -145,6 +146,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.roles import head_map as head_map
     from interp.roles import logit_attribution as logit_attribution
     from interp.roles import ov_scores as ov_scores
+    from interp.roles import qk_attribution as qk_attribution
     from interp.scores import HeadScores as HeadScores
     from interp.sinks import SinkReport as SinkReport
     from interp.sinks import sink_scores as sink_scores

@@ -403,3 +403,38 @@ def test_the_ticks_plotly_draws_on_every_head_axis_are_the_head_labels(chromium,
         (drawn,) = visit.value.values()
         for axis, labels in axes.items():
             assert drawn[axis] == list(labels), f"{name} {axis}: plotly drew {drawn[axis]}"
+
+
+WHY_ATTENDS = """new Promise(done => setTimeout(() => { const c = document.getElementById('card-why');
+  done(c && {text: c.innerText, roles: Array.from(c.querySelectorAll('p.why-role')).map(p => p.innerText),
+        rows: Array.from(c.querySelectorAll('table.why-pairs')).map(t =>
+          Array.from(t.tBodies[0].rows).map(r => Array.from(r.cells).map(x => x.innerText)))}); }, 100))"""
+
+
+def test_the_head_card_shows_why_it_attends(chromium, tmp_path):
+    """Clicking induction head 1.2 of the toy's atlas shows its top (query, key) pairs at its
+    induction targets with their CIs, as the card's data holds them; a head named for no such role
+    has no such section."""
+    from interp.config import RunConfig
+    from interp.models import load_model
+    from interp.report import head_atlas
+
+    skip = ["sinks", "exact", "gradient", "pruning", "patterns", "composition", "ov", "encoder", "headmap"]
+    with one_thread():
+        atlas = head_atlas(load_model("toy"), skip=skip, config=RunConfig(seed=0, n_boot=200))
+    atlas.save(tmp_path)
+    steps = [("click", "tr[data-head='1.2']"), ("eval", "why", WHY_ATTENDS)]
+    steps += [("click", "tr[data-head='0.0']"), ("eval", "none", WHY_ATTENDS)]
+    visit = chromium.visit((tmp_path / "atlas.html").as_uri(), width=1280, height=900, steps=steps)
+    assert not visit.errors
+    why, want = visit.values["why"], atlas.cards["1.2"]["why_attends"]
+    assert why["text"].startswith("Why it attends")
+    assert why["roles"] == [f"induction (at induction targets): contrast {want[0]['total']:.3f}"]
+    assert why["rows"] == [
+        [
+            [r["query"], r["key"], f"{r['contrast']:.3f}", f"[{r['contrast_lo']:.3f}, {r['contrast_hi']:.3f}]"]
+            for r in want
+        ]
+    ]
+    assert why["rows"][0][0][:2] == ["0.3", "0.1"]  # the toy's mechanism on top (see the README)
+    assert visit.values["none"] is None

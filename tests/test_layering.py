@@ -33,6 +33,7 @@ LAYERS: dict[str, float] = {
     "induction": 13,
     "patterns": 13,
     "roles.__main__": 13,
+    "qk": 13,
     "report.__main__": 13,
     "sinks.__main__": 13,
     "retrieval.__main__": 13,

@@ -24,7 +24,7 @@ from interp.toy.planted import planted_model
 from tests.helpers import GPT2_SMALL, gpt2_model, one_thread, word_tokenizer
 
 NO_ABLATION = ["exact", "gradient", "pruning"]
-CIRCUIT_PARTS = ["ov", "encoder", "composition", "cards", "headmap"]  # what heads write and read
+CIRCUIT_PARTS = ["ov", "encoder", "composition", "qk", "cards", "headmap"]  # what heads write and read
 
 
 def _gpt2_info(**change) -> ModelInfo:
@@ -65,8 +65,9 @@ def test_forward_work_counts_weights_attention_and_unembedding():
 def test_atlas_on_gpt2_small_names_the_exact_sweep_and_pruning_up_front():
     plan = atlas_work(_gpt2_info())
     assert list(plan) == ["scores", "sinks", "exact", "gradient", "pruning", "ov", "encoder", "composition",
-                          "retrieval", "patterns", "headmap", "cards"]  # fmt: skip
+                          "retrieval", "patterns", "headmap", "qk", "cards"]  # fmt: skip
     assert plan["headmap"][0] == "the map of heads (144 heads' patterns on 8 x 33 tokens of text)"
+    assert plan["qk"][0] == "why heads attend (QK attribution, 8 x 41 tokens per role)"
     assert "task" not in plan and list(atlas_work(_gpt2_info(), task=(20, 18)))[:2] == ["scores", "task"]
     assert plan["retrieval"][0] == "the retrieval part (needle probe 2 x 1023 tokens, copy distances)"
     assert long_work_note(plan) == (

@@ -138,8 +138,8 @@ def test_roles_and_parts_are_registries():
     assert list(role_columns().items())[:5] == [("induction", "induction"), ("prev_token", "previous-token"),
         ("current", "current-token"), ("duplicate", "duplicate-token"), ("first_mass", "sink")]  # fmt: skip
     assert PARTS.names() == (
-        "sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "composition", "ov", "encoder", "cards",
-        "headmap", "task",
+        "sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "composition", "ov", "encoder", "qk",
+        "cards", "headmap", "task",
     )  # fmt: skip
     with pytest.raises(UsageError, match="unknown role 'nope'"):
         ROLES.check("nope")
@@ -171,6 +171,36 @@ def test_toy_atlas_reads_what_heads_write_and_read(toy_atlas):
     assert len(card["writes"]) == len(card["suppresses"]) == 8
 
 
+def test_the_head_card_says_why_each_named_head_attends(toy, toy_atlas):
+    """The qk part's pairs on each named head's card: the same numbers qk_attribution gives on the
+    part's probe, the toy's known mechanism on top (see the README's QK section)."""
+    from interp.parts.roles import QKSizes
+    from interp.roles.qk import head_totals, qk_attribution
+
+    sizes = QKSizes()
+    probe = repeated_tokens(toy, batch=sizes.batch, block_len=sizes.block_len, n_repeats=2, seed=0)
+    for head in toy_atlas.named("induction"):
+        why = [r for r in toy_atlas.cards[head]["why_attends"] if r["role"] == "induction"]
+        assert [r["rank"] for r in why] == [1, 2, 3] and all(r["at"] == "induction" for r in why)
+        assert (why[0]["query"], why[0]["key"]) == ("0.3", "0.1") and (why[1]["query"], why[1]["key"]) == (
+            "embed",
+            "0.1",
+        )
+        assert all(r["contrast_lo"] <= r["contrast"] <= r["contrast_hi"] for r in why)
+    own = qk_attribution(toy, probe, heads="1.2", at="induction", config=RunConfig(seed=0))
+    top = own.top(3)
+    got = [r for r in toy_atlas.cards["1.2"]["why_attends"] if r["role"] == "induction"]
+    assert [(r["query"], r["key"]) for r in got] == list(zip(top["query"], top["key"]))
+    assert [r["contrast"] for r in got] == pytest.approx(top["contrast"].tolist(), rel=1e-9)
+    assert got[0]["total"] == pytest.approx(head_totals(own, "1.2")["contrast"], rel=1e-9)
+    previous = toy_atlas.cards["0.1"]["why_attends"]
+    assert previous[0]["role"] == "previous-token" and (previous[0]["query"], previous[0]["key"]) == (
+        "pos_embed",
+        "pos_embed",
+    )
+    assert toy_atlas.cards["0.0"]["why_attends"] == []  # named for no role a target reads
+
+
 def test_each_new_part_can_be_skipped(toy):
     with one_thread():
         atlas = head_atlas(
@@ -181,6 +211,10 @@ def test_each_new_part_can_be_skipped(toy):
     with one_thread():
         only = head_atlas(toy, skip=["sinks", "exact", "gradient", "pruning", "patterns", "ov", "encoder"])
     assert "comp_in" in only.roles and "copy_suppression" not in only.roles and only.cards["0.0"]["writes"]
+    assert only.cards["1.2"]["why_attends"]
+    with one_thread():
+        without = head_atlas(toy, skip=["sinks", "exact", "gradient", "pruning", "patterns", "ov", "encoder", "qk"])
+    assert "why_attends" not in without.cards["1.2"] and without.cards["1.2"]["writes"]
 
 
 def test_a_model_without_composition_scores_gets_the_rest_and_a_note():

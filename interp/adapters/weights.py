@@ -155,6 +155,17 @@ def final_norm_site(model: Any) -> NormSite | None:
     return NormSite(f"blocks.{last}.hook_resid_post", "ln_final.hook_scale", "ln_final.hook_normalized", centered)
 
 
+def input_norm_site(model: Any, layer: int) -> NormSite | None:
+    """The norm layer ``layer``'s attention reads its input through (``ln1``), ``None`` without one."""
+    prefix = f"blocks.{layer}.ln1"
+    centered = str(getattr(model.cfg, "normalization_type", None)).startswith("LN")
+    if f"{prefix}.hook_in" in model.hook_dict:  # a bridge
+        return NormSite(f"{prefix}.hook_in", f"{prefix}.hook_scale", f"{prefix}.hook_out", centered)
+    if f"{prefix}.hook_scale" in model.hook_dict:  # the toy
+        return NormSite(f"blocks.{layer}.hook_resid_pre", f"{prefix}.hook_scale", f"{prefix}.hook_normalized", centered)
+    return None
+
+
 def post_attention_norm_site(model: Any, layer: int) -> NormSite | None:
     """The norm between layer ``layer``'s attention output and the residual (Gemma 2's
     ``post_attention_layernorm``), ``None`` where the attention output is added as it is."""
@@ -180,6 +191,7 @@ __all__ = [
     "NormSite",
     "final_norm_site",
     "first_mlp",
+    "input_norm_site",
     "latent_refusal",
     "per_query_head",
     "post_attention_norm_site",

@@ -26,6 +26,9 @@ COMMANDS.add("patterns", "every head's attention on your own text, as one self-c
 COMMANDS.add("retrieval", "retrieval heads, streaming heads and copy distance on needle probes", "interp.cli.retrieval")
 COMMANDS.add("patch", "which heads matter for a task: activation patching on clean/corrupted pairs", "interp.cli.patch")
 COMMANDS.add(
+    "qk", "why a head attends where it does: its score split into (query, key) component pairs", "interp.cli.qk"
+)
+COMMANDS.add(
     "roles",
     "what heads write and read: composition, copy suppression, successor and encoder heads, logit attribution",
     "interp.cli.roles",

@@ -191,6 +191,77 @@ def _encoder(model: HookedModel, sizes: EncoderSizes, cfg: RunConfig, given: Giv
     return PartResult(t.drop(columns=drop), baselines, notes, {"encoder_probe": probe.meta}, result=got)
 
 
+# ---- why heads attend (QK attribution) ------------------------------------------------------------
+
+QK_COLUMNS = ("head", "role", "at", "rank", "query", "key", "contrast", "contrast_lo", "contrast_hi", "total")
+
+
+@dataclass(frozen=True)
+class QKSizes:
+    """The repeated probe the pairs are read on (``batch`` sequences of a ``block_len``-token block,
+    repeated twice: shorter where the context holds less), and the ``top`` pairs kept per head."""
+
+    batch: int = 8
+    block_len: int = 20
+    top: int = 3
+
+    def block(self, info: ModelInfo) -> int:
+        return min(self.block_len, body_room(info) // 2)
+
+
+def _validate_qk(sizes: QKSizes) -> None:
+    for name in ("batch", "block_len", "top"):
+        if getattr(sizes, name) < 1:
+            raise UsageError(f"{name} must be at least 1, got {getattr(sizes, name)}", params=name)
+
+
+def _qk_work(info: ModelInfo, sizes: QKSizes) -> tuple[str, float]:
+    n = sizes.batch * (2 * sizes.block(info) + frame(info))
+    replays = info.n_layers * (info.n_heads + 3)  # each earlier component through the layer's attention, per layer
+    what = f"why heads attend (QK attribution, {sizes.batch} x {2 * sizes.block(info) + frame(info)} tokens per role)"
+    return what, 3 * forward_work(n, info.n_layers + replays / 4, info.d_model)
+
+
+@part(
+    "qk",
+    "why each induction, previous-token and sink head attends where it does: its top (query component, key "
+    "component) pairs at its role's targets (exact QK attribution, on the card)",
+    QKSizes,
+    work=_qk_work,
+    validate=_validate_qk,
+    order=12,
+    reads_roles=True,
+)
+def _qk(model: HookedModel, sizes: QKSizes, cfg: RunConfig, given: Given) -> Any:
+    """Each head named for a role a QK target reads (:data:`interp.roles.qk.TARGETS`: induction,
+    previous-token, sink) gets its ``top`` pairs of the contrast at that role's targets, with CIs
+    over sequences, on one repeated probe: a tidy table (:data:`QK_COLUMNS`, ``total`` the head's
+    own mean contrast) for the head cards."""
+    from interp.probes import repeated_tokens
+    from interp.roles.qk import TARGETS, qk_attribution
+
+    roles, rows = given.roles(), []
+    named = {TARGETS.info(t, "role"): t for t in TARGETS if TARGETS.info(t, "role") is not None}
+    probe = repeated_tokens(model, batch=sizes.batch, block_len=sizes.block(info_of(model)), n_repeats=2, seed=cfg.seed)
+    for role, at in named.items():
+        heads = [h for h, r in zip(roles["label"], roles["role"]) if role in r.split(", ")]
+        if not heads:
+            continue
+        try:
+            got = qk_attribution(model, probe, heads=",".join(heads), at=at, config=cfg)
+        except UsageError as e:
+            return _reason(e)
+        for head, top in got.top(sizes.top).groupby("head", sort=False):
+            total = got.meta["totals"][head]["contrast"]
+            for rank, r in enumerate(top.to_dict("records"), 1):
+                rows.append(
+                    {**{c: r[c] for c in QK_COLUMNS if c in r}, "role": role, "at": at, "rank": rank, "total": total}
+                )
+    notes = [] if rows else [f"qk: no head is named {', '.join(named)}: no pair to show"]
+    meta = {"qk": {"probe": probe.meta, "top": sizes.top, "roles": named}}
+    return PartResult(notes=notes, meta=meta, result=pd.DataFrame(rows, columns=list(QK_COLUMNS)))
+
+
 # ---- the head cards -------------------------------------------------------------------------------
 
 
@@ -211,15 +282,15 @@ def _cards_work(info: ModelInfo, sizes: CardSizes) -> tuple[str, float]:
     "a card per head (click a head): scores, the tokens its OV writes and suppresses, compositions",
     CardSizes,
     work=_cards_work,
-    order=12,
+    order=13,
     atlas="cards",
     reads_roles=True,
 )
 def _cards(model: HookedModel, sizes: CardSizes, cfg: RunConfig, given: Given) -> PartResult:
     """A card per head (:func:`~interp.roles.card.head_card`): its role-table row, the tokens its
     mean OV write raises and lowers most (where the weights can be read), its strongest compositions
-    in and out (with the composition part). The page draws each card's pattern thumbnail from the
-    viewer's sequence (the patterns part), which it already holds."""
+    in and out (with the composition part), why it attends (with the qk part). The page draws each
+    card's pattern thumbnail from the viewer's sequence (the patterns part), which it already holds."""
     from interp.roles.card import head_card, mean_writes
 
     info, roles, notes = info_of(model), given.roles(), []
@@ -238,6 +309,7 @@ def _cards(model: HookedModel, sizes: CardSizes, cfg: RunConfig, given: Given) -
             roles=roles,
             model=model if write is not None else None,
             compositions=given.result("composition"),
+            why=given.result("qk"),
             write=write,
             top=sizes.top,
         )
@@ -267,4 +339,14 @@ def _head_map(model: HookedModel, sizes: TextSizes, cfg: RunConfig, given: Given
         return _reason(e)
 
 
-__all__ = ["CARD_TOP", "ENCODER_DROP", "CardSizes", "CompositionSizes", "EncoderSizes", "OVSizes", "TextSizes"]
+__all__ = [
+    "CARD_TOP",
+    "ENCODER_DROP",
+    "QK_COLUMNS",
+    "CardSizes",
+    "CompositionSizes",
+    "EncoderSizes",
+    "OVSizes",
+    "QKSizes",
+    "TextSizes",
+]

@@ -9,7 +9,9 @@ head's attention pattern on one short repeated sequence. What heads write and re
 z against random heads), the OV roles copy suppression and successor (weights), Clark et al.'s
 encoder-head scores with entropy and Voita et al.'s positional and rare-word heads (a text probe),
 a map of heads by the Jensen-Shannon distance between their patterns (:func:`interp.roles.head_map`,
-on the encoder part's text probe), and a card per head (:func:`interp.roles.card.head_card`). Given
+on the encoder part's text probe), why each induction, previous-token and sink head attends where it
+does (:func:`interp.roles.qk.qk_attribution`, its top pairs at its role's targets), and a card per
+head (:func:`interp.roles.card.head_card`). Given
 a task (``task=``: :mod:`interp.probes.task`), the task part patches every head exactly
 (:func:`interp.patching.patch_heads`, denoising, the task's normalised metric) and attributes the
 logit difference to each head directly (:func:`interp.roles.logit_attribution`), both on the

@@ -20,6 +20,7 @@ from interp.parts.table import ROLES, THRESHOLD, role_columns
 from interp.plots import DIVERGING, EFFECT, PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
 from interp.report.viewer import CARD_JS, VIEWER_JS
+from interp.roles.qk import TARGETS
 from interp.scores import HeadScores
 
 STYLE = """
@@ -296,6 +297,7 @@ def _card_html(atlas: Atlas) -> str:
         "baselines": plain(atlas.baselines),
         "names": {**{c: PRETTY.get(c, c) for c in role_columns()}, **PRETTY, **NAMES},
         "ci": f"{atlas.meta['ci_level']:.0%}",
+        "targets": {t: TARGETS.doc(t) for t in TARGETS},
     }
     blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     return (

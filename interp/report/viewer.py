@@ -72,7 +72,8 @@ VIEWER_JS = r"""
 CARD_JS = r"""
 // The atlas's head card: click a head in the role table (or a cell of a heatmap, a point of the map) to show
 // its scores with their CIs, the tokens its OV circuit writes and suppresses, its strongest
-// compositions in and out, and a thumbnail of its pattern on the viewer's sequence.
+// compositions in and out, why it attends (its top query x key component pairs at its role's
+// targets), and a thumbnail of its pattern on the viewer's sequence.
 (function () {
   "use strict";
   var source = document.getElementById("atlas-cards");
@@ -121,6 +122,22 @@ CARD_JS = r"""
                num(c.score) + "</td><td>" + c.z.toFixed(1) + "</td></tr>";
       }).join("") + "</tbody></table>";
   }
+  function why(list) {
+    // the pairs of each role the head is named for, the role's own contrast beside them
+    var roles = [];
+    list.forEach(function (r) { if (roles.indexOf(r.role) < 0) { roles.push(r.role); } });
+    return "<h4>Why it attends</h4>" + roles.map(function (role) {
+      var rows = list.filter(function (r) { return r.role === role; });
+      var at = rows[0].at;
+      return "<p class='why-role' title='" + esc(data.targets[at] || at) + "'>" + esc(role) + " (at " + esc(at) +
+        " targets): contrast " + num(rows[0].total) + "</p>" +
+        "<table class='why-pairs'><thead><tr><th>query side</th><th>key side</th><th>contrast</th><th>" +
+        esc(data.ci) + " CI</th></tr></thead><tbody>" + rows.map(function (r) {
+          return "<tr><td>" + esc(r.query) + "</td><td>" + esc(r.key) + "</td><td>" + num(r.contrast) +
+                 "</td><td>[" + num(r.contrast_lo) + ", " + num(r.contrast_hi) + "]</td></tr>";
+        }).join("") + "</tbody></table>";
+    }).join("");
+  }
   function thumbnail(label) {
     if (patterns === undefined) {
       var source = document.getElementById("atlas-patterns");
@@ -156,6 +173,9 @@ CARD_JS = r"""
     if (c.composes_in) {
       parts.push("<div class='card-block'>" + compositions("Strongest compositions in", c.composes_in, "from") +
                  compositions("Strongest compositions out", c.composes_out, "into") + "</div>");
+    }
+    if (c.why_attends && c.why_attends.length) {
+      parts.push("<div class='card-block' id='card-why'>" + why(c.why_attends) + "</div>");
     }
     parts.push("<div class='card-block' id='card-pattern'><h4>Pattern</h4></div>");
     box.innerHTML = "<h3>Head " + esc(label) + (s.role ? " <span class='card-role'>" + esc(s.role) + "</span>" : "") +

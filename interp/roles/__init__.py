@@ -10,6 +10,8 @@ encoder-head and entropy scores (patterns), and direct logit attribution (one cl
   and a Jensen-Shannon map of heads;
 - :mod:`interp.roles.logit`: direct logit attribution per head and per head x position, through
   the final norm with its scale frozen, the parts adding up to the model's logit difference;
+- :mod:`interp.roles.qk`: QK attribution, each head's score split exactly into (query component,
+  key component) pairs at a probe's targets, with CIs (:mod:`interp.roles.qk_parts` splits them);
 - :mod:`interp.roles.card`: one head's card (scores, the tokens it writes and suppresses, its
   strongest compositions in and out, a pattern thumbnail) as plain data, for a page to show.
 """
@@ -21,6 +23,7 @@ from interp.roles.composition import KINDS, Compositions, composition_scores
 from interp.roles.encoder import ENCODER_SCORES, HeadMap, encoder_scores, head_map
 from interp.roles.logit import LogitAttribution, logit_attribution
 from interp.roles.ov import OV_SCORES, ov_scores
+from interp.roles.qk import QKAttribution, qk_attribution
 
 __all__ = [
     "ENCODER_SCORES",
@@ -35,4 +38,6 @@ __all__ = [
     "head_map",
     "logit_attribution",
     "ov_scores",
+    "QKAttribution",
+    "qk_attribution",
 ]

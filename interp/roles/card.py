@@ -74,13 +74,17 @@ def head_card(
     compositions: Compositions | None = None,
     probe: TokenProbe | None = None,
     write: Float[Tensor, " d_vocab"] | None = None,
+    why: pd.DataFrame | None = None,
     top: int = 10,
 ) -> dict[str, Any]:
     """The card of head ``layer.head`` (see the module docstring): ``scores`` (its row of ``roles``,
     a role table or any per-head table), ``writes`` / ``suppresses`` (``[(token, logit)]``, with
     ``model``), ``composes_in`` / ``composes_out`` (the ``top`` pairs by z, with ``compositions``) and
     ``pattern`` (``[q][k]`` on the probe's first sequence, with ``model`` and ``probe``). ``write``:
-    the head's :func:`mean_write` when already computed (:func:`mean_writes` for many heads)."""
+    the head's :func:`mean_write` when already computed (:func:`mean_writes` for many heads).
+    ``why``: a table of (query component, key component) pairs per head and role (the atlas's qk
+    part: ``head``, ``role``, ``at``, ``query``, ``key``, ``contrast`` with its CI, ``total``); the
+    head's rows become ``why_attends``."""
     card: dict[str, Any] = {"head": f"{layer}.{head}", "layer": layer, "head_index": head}
     if roles is not None:
         row = roles[(roles["layer"] == layer) & (roles["head"] == head)]
@@ -100,6 +104,9 @@ def head_card(
         cols = ["kind", "src", "dst", "score", "z"]
         card["composes_in"] = into[cols].to_dict("records")
         card["composes_out"] = out[cols].to_dict("records")
+    if why is not None:
+        rows = why[why["head"] == f"{layer}.{head}"].drop(columns="head")
+        card["why_attends"] = [{k: _plain(v) for k, v in r.items()} for r in rows.to_dict("records")]
     if model is not None and probe is not None:
         card["pattern"] = _thumbnail(model, probe, layer, head)
     return card

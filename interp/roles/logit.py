@@ -68,6 +68,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
+from interp.roles.frozen import gain_and_bias
 from interp.scores import HeadScores, Shown, bootstrap_mean, read_csv
 
 if TYPE_CHECKING:
@@ -141,14 +142,6 @@ class LogitAttribution(Shown):
         return files
 
 
-def _affine_fit(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """Per column, ``w`` and ``b`` with ``y = x * w + b`` over the rows (least squares)."""
-    xm, ym = x.mean(0), y.mean(0)
-    var = ((x - xm) ** 2).sum(0)
-    w = torch.where(var > 0, ((x - xm) * (y - ym)).sum(0) / var.clamp_min(1e-300), torch.ones_like(var))
-    return w, ym - w * xm
-
-
 @dataclass
 class _FrozenNorm:
     """A norm with its scale frozen at each prompt's answer position: ``x -> P(x) / s * w + b``."""
@@ -165,11 +158,9 @@ class _FrozenNorm:
 
 
 def _frozen(site: NormSite, grabbed: dict[str, Tensor], at: Tensor) -> _FrozenNorm:
-    x, s, y = (grabbed[n].double() for n in (site.input, site.scale, site.output))
-    xhat = (x - x.mean(-1, keepdim=True) if site.centered else x) / s
-    w, b = _affine_fit(xhat.reshape(-1, xhat.shape[-1]), y.reshape(-1, y.shape[-1]))
-    batch = torch.arange(x.shape[0])
-    return _FrozenNorm(s[batch, at, 0], w, b, site.centered)
+    w, b = gain_and_bias(site, grabbed)
+    s = grabbed[site.scale].double()
+    return _FrozenNorm(s[torch.arange(s.shape[0]), at, 0], w, b, site.centered)
 
 
 def logit_attribution(

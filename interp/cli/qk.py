@@ -1,0 +1,140 @@
+"""``interp qk`` / ``python -m interp.qk``: why a head attends where it does.
+
+A thin layer over :func:`interp.roles.qk.qk_attribution`: it builds the probe ``--at`` names (a
+repeated-token probe for ``induction``, ``previous`` and ``sink``, a needle probe for ``retrieval``,
+``--task`` for ``task``) or reads ``--text`` with one ``--query`` and ``--key`` position, prints each
+head's top (query component, key component) pairs of the contrast with their CIs, and writes
+``qk_attribution.csv/json`` and one heatmap page per head under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from interp.adapters import HookedModel
+from interp.cli import flags
+from interp.cli.common import Unread, run_cli
+from interp.config import RunConfig
+from interp.errors import UsageError
+from interp.roles.qk import GROUPS, STEM, TARGETS, QKAttribution, head_totals, qk_attribution, validate_qk_attribution
+from interp.scores import plural, with_interval
+
+DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4, "task": 20}
+
+
+def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
+    p = flags.base_parser(prog, "Why a head attends where it does: its score split into (query, key) component pairs.")
+    flags.set_help(
+        p, "batch", "probe sequences (default: 10; 4 needle sequences for --at retrieval; 20 task pairs)", batch=None
+    )
+    heads = p.add_mutually_exclusive_group(required=True)
+    heads.add_argument("--head", dest="heads", help="the head LAYER.HEAD, e.g. 1.2")
+    heads.add_argument("--heads", dest="heads", help="comma-separated heads LAYER.HEAD")
+    p.add_argument("--at", choices=TARGETS.names(), default=None, help=TARGETS.help() + " (default: induction)")
+    flags.add_task_flag(p, None, "with --at task: ")
+    p.add_argument("--text", default=None, help="your own text, read at --query and --key (token positions)")
+    p.add_argument("--query", type=int, default=None, help="with --text: the query position (default: the last)")
+    p.add_argument("--key", type=int, default=None, help="with --text: the key position")
+    p.add_argument("--group", choices=GROUPS.names(), default="component", help=GROUPS.help())
+    p.add_argument("--keep", default="", help="with --group layer or kind: heads that stay themselves")
+    p.add_argument(
+        "--seq-len",
+        type=flags.positive_int,
+        default=None,
+        help="body tokens per sequence (default: 20 per repeat, 1024 for needles)",
+    )
+    p.add_argument("--n-boot", type=flags.positive_int, default=1000, help="bootstrap resamples over sequences")
+    return p
+
+
+UNREAD = (
+    Unread("--query", "it applies to --text", lambda args: args.text is None),
+    Unread("--key", "it applies to --text", lambda args: args.text is None),
+    Unread("--framed", "it applies to a task file, --task FILE", lambda args: args.task is None),
+)
+
+
+def check(args: argparse.Namespace) -> None:
+    if args.text is not None and (args.at is not None or args.task is not None):
+        raise UsageError("--text is read at --query and --key: drop --at and --task")
+    if args.text is not None and args.key is None:
+        raise UsageError("--text needs the key position to decompose: pass --key")
+    if args.task is not None:
+        if args.at not in (None, "task"):
+            raise UsageError(f"--task is read at its read position: drop --at {args.at}")
+        args.at = "task"
+        flags.check_task(args.task, args.batch)
+    elif args.at == "task":
+        raise UsageError("--at task needs --task (a bundled task or a task file)")
+    args.at = args.at or ("induction" if args.text is None else None)
+    keep = [h for h in args.keep.split(",") if h]
+    validate_qk_attribution(heads=args.heads, at=args.at or "induction", group=args.group, keep=keep)
+
+
+def _source(args: argparse.Namespace, model: HookedModel):
+    """What the run reads, and its targets: a probe and a target name, or text ids and one row."""
+    import torch
+
+    from interp.probes import TokenProbe, repeated_tokens
+    from interp.probes.needle import needle_probe
+    from interp.probes.task import task_probe
+
+    batch = args.batch or DEFAULT_BATCH[args.at or "induction"]
+    if args.text is not None:
+        probe = TokenProbe.from_texts(model, args.text)
+        T = probe.seq_len
+        q = T - 1 if args.query is None else args.query % T
+        k = args.key % T
+        return probe, torch.tensor([[0, q, k]]), f"your text ({T} tokens), query {q}, key {k}"
+    if args.at == "task":
+        task = task_probe(model, args.task, n_pairs=batch, seed=args.seed, framed=args.framed)
+        return task, "task", f"the {task.name} task ({task.n_pairs} pairs), read at position {task.read_position}"
+    if args.at == "retrieval":
+        probe = needle_probe(model, seq_len=args.seq_len, batch=batch, seed=args.seed)
+        return probe, "retrieval", f"{batch} needle sequences of {probe.seq_len} tokens"
+    block = args.seq_len or 20
+    probe = repeated_tokens(model, batch=batch, block_len=block, n_repeats=2, seed=args.seed)
+    return probe, args.at, f"{batch} sequences of a {block}-token block repeated twice"
+
+
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
+    source, at, what = _source(args, model)
+    keep = [h for h in args.keep.split(",") if h]
+    config = RunConfig(n_boot=args.n_boot, seed=args.seed, progress=args.progress)
+    print(f"qk attribution at {args.at or 'your positions'}: {what}", flush=True)
+    result = qk_attribution(model, source, heads=args.heads, at=at, group=args.group, keep=keep, config=config)
+    level = int(round(100 * config.level))
+    for head in result.heads:
+        totals = head_totals(result, head)
+        print(
+            f"\nhead {head}: contrast {totals['contrast']:.4g} over {plural(totals['n_targets'], 'target')} "
+            f"(the terms sum to {totals['contrast_terms']:.4g}); top pairs, {level}% CI over sequences:"
+        )
+        top = result.top(args.top, head=head)
+        shown = pd.DataFrame({"query side": top["query"], "key side": top["key"]})
+        shown["contrast"] = [
+            with_interval(v, a, b, ".3g") for v, a, b in zip(top["contrast"], top["contrast_lo"], top["contrast_hi"])
+        ]
+        print(shown.to_string(index=False))
+    if result.meta.get("softcap"):
+        print(f"\n{result.meta['softcap']}")
+    return _write(result, out)
+
+
+def _write(result: QKAttribution, out: Path) -> list[Path]:
+    from interp._io import atomic_write
+
+    files = result.save(out)
+    for head in result.heads:
+        path = out / f"{STEM}_{head}.html"
+        html = result.figure(head).to_html(include_plotlyjs=True, full_html=True)
+        files.append(atomic_write(path, html))
+    return files
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.qk") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)

@@ -1,0 +1,486 @@
+"""Why a head attends where it does: its pre-softmax score split exactly into pairs of upstream
+components, one on the query side and one on the key side.
+
+Layer ``l``'s query at position ``i`` and key at position ``j`` are each a sum of one part per
+upstream component (:mod:`interp.roles.qk_parts`: the embeddings, every earlier head and MLP, the
+norm's bias and the attention's own query/key biases, with the input norm frozen at the run's
+scale). The score ``scale * q_i . k_j`` is then exactly ``sum over (c, c') of scale * q_i[c] . k_j[c']``
+(rotary acts linearly on each side, so the pairs stay exact; on grouped-query attention the key
+side is the head's key/value group). ALiBi's ``slope * (j - i)`` is a pair of its own, ``(alibi,
+alibi)``. Under a logit softcap (Gemma 2) the score decomposed is the one *before* the cap
+(``meta["softcap"]`` says so); learned sink logits (GPT-OSS) join the softmax's denominator and are
+no part of any score.
+
+What is averaged, per head, over the targets ``(sequence, query i, key j)`` of a probe:
+
+- ``score``: each pair's term of the score at ``(i, j)``;
+- ``contrast``: each pair's term of the score at ``j`` minus the mean score over the other keys the
+  query may see (causal, in its window, not padding): "why this key wins". The query side is read
+  at the targets' queries only, and the key side's window sums are streamed in blocks of keys
+  (each part's keys for a block of positions at a time), so no ``[T, T]`` tensor is formed at any
+  length, nor any part at every position.
+
+Each mean comes with a bootstrap CI over sequences (:func:`interp.scores.bootstrap_ratio`: the
+targets of a sequence pooled). The targets (``at``, :data:`TARGETS`): the induction targets of a
+repeated-token probe, the previous token, the first token (sinks), the needles of a needle probe
+(retrieval), the positions of a task's answer token seen from its read position, or your own
+``(batch, query, key)`` rows. Components can be grouped (:data:`GROUPS`) by layer or by kind, some
+heads kept by name.
+
+The terms of each target add up to the model's own score and contrast (from the query and key it
+attended with): ``meta["max_error"]`` holds the largest difference, and a difference above the
+float tolerance is refused as "not a sum of parts".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.adapters import HookedModel, describe
+from interp.config import RunConfig, run_header
+from interp.errors import UsageError
+from interp.probes import TokenProbe
+from interp.probes.needle import NeedleProbe
+from interp.probes.task import TaskProbe
+from interp.registry import Registry
+from interp.roles.qk_parts import (
+    WHAT,
+    CleanRun,
+    Component,
+    LayerParts,
+    Sides,
+    Windows,
+    check_decomposable,
+    check_interface,
+    clean_run,
+    qk_parts,
+    visible_keys,
+    window_key_sums,
+    window_sums,
+)
+from interp.roles.qk_result import STEM, VALUES, QKAttribution, head_totals
+from interp.scores import bootstrap_ratio
+
+# ``role``: the head role (:data:`interp.report.roles.ROLES`) whose attention the target is, read on a
+# repeated-token probe (the atlas's head card shows each named head's pairs at its role's targets)
+TARGETS: Registry[str] = Registry("target")
+TARGETS.add(
+    "induction",
+    "the induction targets of a repeated-token probe: the token after the previous occurrence",
+    role="induction",
+)
+TARGETS.add("previous", "the previous token, from every query after the first", role="previous-token")
+TARGETS.add("sink", "the first token, from every query after it", role="sink")
+TARGETS.add("retrieval", "the needle token a needle probe's copy is generating")
+TARGETS.add("task", "the positions of a task's answer token in its prompt, from its read position")
+
+GROUPS: Registry[str] = Registry("grouping")
+GROUPS.add("component", "every component on its own: embeddings, each head, each MLP, the biases")
+GROUPS.add("layer", "the embeddings, then one group per earlier layer, then the biases")
+GROUPS.add("kind", "the embeddings, all heads, all MLPs, the rest of the attention writes, the biases")
+
+
+def parse_heads(heads: str | Sequence[Any], param: str = "heads") -> list[tuple[int, int]]:
+    """``"1.2"``, ``(1, 2)``, ``"1.2,0.1"`` or a list of either, as ``(layer, head)`` pairs (a
+    refusal names the parameter ``param`` they came as)."""
+    items: list[Any] = heads.split(",") if isinstance(heads, str) else list(heads)
+    if items and isinstance(items[0], int):
+        items = [tuple(items)]
+    out = []
+    for item in items:
+        try:
+            layer, head = (int(x) for x in (item.strip().split(".") if isinstance(item, str) else item))
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"{param}= names each head as layer.head (1.2) or (layer, head), got {item!r}", params=param
+            ) from None
+        out.append((layer, head))
+    if not out:
+        raise UsageError(f"{param}= must name at least one head, e.g. {param}='1.2'", params=param)
+    return list(dict.fromkeys(out))
+
+
+def validate_qk_attribution(
+    *, heads: str | Sequence[Any], at: str | Tensor = "induction", group: str = "component", keep: Sequence[str] = ()
+) -> None:
+    """The model-free checks of :func:`qk_attribution`."""
+    parse_heads(heads)
+    if isinstance(at, str):
+        if at not in TARGETS:
+            raise UsageError(
+                f"unknown target at={at!r}: choose from {list(TARGETS)}, or pass (batch, query, key) rows", params="at"
+            )
+    else:
+        rows = torch.as_tensor(at)
+        if rows.ndim != 2 or rows.shape[1] != 3 or rows.shape[0] == 0 or bool((rows < 0).any()):
+            raise UsageError(
+                f"at= rows are (batch, query, key) positions, [n, 3] with n >= 1, got shape {list(rows.shape)}",
+                params="at",
+            )
+    if group not in GROUPS:
+        raise UsageError(f"unknown grouping group={group!r}: choose from {list(GROUPS)}", params="group")
+    if keep:
+        parse_heads(list(keep), "keep")
+
+
+# ---- targets ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Input:
+    tokens: Int[Tensor, "batch pos"]
+    attention_mask: Bool[Tensor, "batch pos"] | None
+    pairs: Int[Tensor, "n 3"]
+    meta: dict[str, Any]
+    probe: TokenProbe | None = None
+
+
+def _targets(model: HookedModel, source: Any, at: str | Tensor) -> _Input:
+    """Tokens, padding mask and ``(batch, query, key)`` targets from a probe (or tokens) and ``at``."""
+    if isinstance(source, TaskProbe):
+        if isinstance(at, str) and at != "task":
+            raise UsageError(f"a task probe is read at its read position (at='task'), got at={at!r}", params="at")
+        return (
+            _task_targets(source) if isinstance(at, str) else _Input(source.clean, None, torch.as_tensor(at).long(), {})
+        )
+    if isinstance(source, TokenProbe):
+        probe, tokens, mask = source, source.tokens, source.attention_mask
+    else:  # token ids as they are: no framing added
+        probe, tokens, mask = None, _token_rows(source), None
+    if not isinstance(at, str):
+        return _Input(tokens, mask, torch.as_tensor(at).long(), {}, probe)
+    if at in ("retrieval", "induction") and probe is None:
+        raise UsageError(
+            f"at={at!r} reads the structure of a probe: pass one, or (batch, query, key) rows as at=", params="at"
+        )
+    if at == "retrieval":
+        if not isinstance(probe, NeedleProbe):
+            raise UsageError(
+                "at='retrieval' reads a needle probe's needles: pass a NeedleProbe (interp.probes.needle_probe)",
+                params="at",
+            )
+        pairs = probe.retrieval_pairs()
+    elif at == "induction":
+        if probe.block_len is None:
+            raise UsageError(
+                "at='induction' reads the repeats of a repeated-token probe: pass one (interp.probes.repeated_tokens)",
+                params="at",
+            )
+        pairs = probe.induction_pairs()
+    else:  # previous, sink: from every real query after the first real token
+        real = (mask if mask is not None else torch.ones(tokens.shape, dtype=torch.bool)).cpu().bool()
+        first = real.long().argmax(-1)
+        b, q = (real & (torch.arange(real.shape[1])[None] > first[:, None])).nonzero().unbind(-1)
+        pairs = torch.stack([b, q, q - 1 if at == "previous" else first[b]], -1)
+    return _Input(tokens, mask, pairs.long().cpu(), {}, probe)
+
+
+def _token_rows(tokens: Any) -> Int[Tensor, "batch pos"]:
+    t = torch.as_tensor(tokens).long()
+    t = t[None] if t.ndim == 1 else t
+    if t.ndim != 2 or t.numel() == 0:
+        raise UsageError(f"tokens must be [batch, pos] ids, got shape {list(t.shape)}", params="probe_or_tokens")
+    return t
+
+
+def _task_targets(task: TaskProbe) -> _Input:
+    read = task.read_position
+    clean = task.clean.cpu()
+    rows = []
+    for b in range(task.n_pairs):
+        answers = [int(a) for a in task.answer[b].tolist() if a >= 0]
+        rows += [(b, read, k) for k in range(read) if int(clean[b, k]) in answers]
+    if not rows:
+        raise UsageError(
+            f"the {task.name} task's answer tokens never occur before its read position: no key to attribute; "
+            "pass (batch, query, key) rows as at=",
+            params="at",
+        )
+    meta = {"task": {"name": task.name, "read_position": read, **task.meta}}
+    return _Input(clean, None, torch.tensor(rows, dtype=torch.long), meta)
+
+
+# ---- one layer --------------------------------------------------------------------------------
+
+
+@dataclass
+class QKTerms:
+    """Per target and head, every (query component, key component) pair's term of the score and of
+    the contrast, and the model's own score and contrast (from the query and key it attended with)."""
+
+    components: list[Component]
+    score: Float[Tensor, "n head c c"]  # each pair's term of the score
+    contrast: Float[Tensor, "n head c c"]  # each pair's term of the contrast
+    model_score: Float[Tensor, "n head"]
+    model_contrast: Float[Tensor, "n head"]
+    report: LayerParts
+
+
+def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads: list[int], pairs: Tensor) -> QKTerms:
+    """Every component pair's term of the score and the contrast of ``heads`` of ``layer`` at ``pairs``:
+    the query side read at the targets' queries only, the key side's window sums streamed in blocks
+    of keys (:func:`~interp.roles.qk_parts.window_key_sums`)."""
+    a = run.inputs[layer]
+    dev = a.q.device
+    b, i, j = pairs.to(dev).unbind(-1)
+    lo, hi, _ = visible_keys(a, pairs)
+    h = torch.tensor(heads, device=dev)
+    g = h // (a.q.shape[1] // a.k.shape[1])  # the key/value head each query head reads
+    real = torch.ones(a.k.shape[0], a.k.shape[2], dtype=torch.float64, device=dev)
+    if a.key_mask is not None:
+        real = a.key_mask.to(dev).double()
+    windows = Windows(b, lo.to(dev), hi.to(dev), real)
+    points = torch.unique(torch.cat([i, j])).contiguous()  # sorted: where the targets' queries and keys are
+    at_i, at_j = torch.searchsorted(points, i.contiguous()), torch.searchsorted(points, j.contiguous())
+    n = torch.arange(len(pairs), device=dev)
+    n_other = window_sums(real[:, None, :, None], real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - 1
+
+    def sides(s: Sides) -> tuple[Tensor, Tensor, Tensor]:
+        qi = s.q[b[:, None], h[None], at_i[:, None]]  # [n, head, d]
+        kj = s.k[b[:, None], g[None], at_j[:, None]]
+        mean = (s.k_sums[n[:, None], g[None]] - kj) / n_other[..., None]
+        return qi, kj, mean
+
+    comps, Q, K, M = [], [], [], []
+    report = LayerParts(layer, "none")
+    for comp, part in qk_parts(model, info, run, layer, report, points, windows):
+        qi, kj, mean = sides(part)
+        comps.append(comp)
+        Q.append(qi), K.append(kj), M.append(mean)
+    Qs, Ks, Ms = torch.stack(Q), torch.stack(K), torch.stack(M)
+    value = a.scale * torch.einsum("cnhd,enhd->nhce", Qs, Ks)
+    contrast = a.scale * torch.einsum("cnhd,enhd->nhce", Qs, Ks - Ms)
+    own = Sides(
+        a.q[:, :, points].double(),
+        a.k[:, :, points].double(),
+        window_key_sums(lambda pos: a.k[:, :, pos].double(), windows),
+    )
+    qi, kj, mean = sides(own)
+    model_score = a.scale * (qi * kj).sum(-1)
+    model_contrast = a.scale * (qi * (kj - mean)).sum(-1)
+    if a.bias_slopes is not None:  # ALiBi: a pair of its own
+        slope = a.bias_slopes.to(dev).double()[h][None]
+        pos = torch.arange(a.k.shape[2], device=dev, dtype=torch.float64)[None, None, :, None].expand(
+            a.k.shape[0], 1, -1, 1
+        )
+        mean_j = (window_sums(pos, real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - j[:, None]) / n_other
+        alibi_v, alibi_c = slope * (j - i)[:, None], slope * (j[:, None] - mean_j)
+        value, contrast = _with_pair(value, alibi_v), _with_pair(contrast, alibi_c)
+        model_score, model_contrast = model_score + alibi_v, model_contrast + alibi_c
+        comps.append(Component("alibi", "bias"))
+    return QKTerms(comps, value.cpu(), contrast.cpu(), model_score.cpu(), model_contrast.cpu(), report)
+
+
+def qk_terms(
+    model: HookedModel,
+    tokens: Int[Tensor, "batch pos"],
+    layer: int,
+    pairs: Int[Tensor, "n 3"],
+    *,
+    heads: Sequence[int] | None = None,
+    attention_mask: Bool[Tensor, "batch pos"] | None = None,
+) -> QKTerms:
+    """The terms of single targets: ``pairs`` holds ``(batch, query, key)`` rows, each a key its query
+    sees (beside at least one other); ``heads`` are heads of ``layer`` (default: all)."""
+    info = check_decomposable(model, [layer])
+    heads = list(range(info.n_heads)) if heads is None else [int(h) for h in heads]
+    pairs = torch.as_tensor(pairs).long().cpu()
+    check_interface(model, tokens, [layer])
+    run = clean_run(model, tokens, [layer], attention_mask)
+    _, _, ok = visible_keys(run.inputs[layer], pairs)
+    if not bool(ok.all()):
+        raise UsageError(f"target {pairs[~ok][0].tolist()} is not a key its query sees beside another", params="pairs")
+    return _layer_terms(model, info, run, layer, heads, pairs)
+
+
+def _with_pair(terms: Tensor, diagonal: Tensor) -> Tensor:
+    """``terms`` with one more component whose only term is ``(it, it)``: ``diagonal`` ``[n, head]``."""
+    out = torch.nn.functional.pad(terms, (0, 1, 0, 1))
+    out[..., -1, -1] = diagonal
+    return out
+
+
+# ---- grouping ---------------------------------------------------------------------------------
+
+
+def group_of(comp: Component, group: str, keep: set[str]) -> str:
+    """The group a component falls in under ``group`` (heads in ``keep`` stay themselves)."""
+    if group == "component" or comp.name in keep or comp.kind in ("embed", "pos_embed", "bias"):
+        return comp.name
+    if group == "layer":
+        return f"layer.{comp.layer}"
+    return {"head": "heads", "mlp": "mlps", "attn_other": "attn_other", "block": "blocks"}[comp.kind]
+
+
+def _grouping(components: list[Component], group: str, keep: set[str]) -> tuple[list[str], list[str], Tensor]:
+    names = [group_of(c, group, keep) for c in components]
+    order = list(dict.fromkeys(names))
+    kinds = {n: c.kind if n == c.name else "group" for n, c in zip(names, components)}
+    matrix = torch.zeros(len(components), len(order), dtype=torch.float64)
+    for row, name in enumerate(names):
+        matrix[row, order.index(name)] = 1.0
+    return order, [kinds[n] for n in order], matrix
+
+
+# ---- the analysis -----------------------------------------------------------------------------
+
+
+def qk_attribution(
+    model: HookedModel,
+    probe_or_tokens: TokenProbe | TaskProbe | Tensor | Sequence[Sequence[int]],
+    *,
+    heads: str | Sequence[Any],
+    at: str | Tensor = "induction",
+    group: str = "component",
+    keep: Sequence[str] = (),
+    config: RunConfig | None = None,
+) -> QKAttribution:
+    """Each head's score and contrast at the targets ``at`` split into (query component, key
+    component) pairs, averaged over the targets with a CI over sequences (see the module docstring).
+
+    ``heads``: ``"1.2"``, ``"1.2,0.1"`` or ``[(1, 2), ...]``. ``probe_or_tokens``: a probe
+    (repeated tokens for ``at="induction"``, a needle probe for ``"retrieval"``, a
+    :class:`~interp.probes.task.TaskProbe` for ``"task"``) or token ids (framed as the model
+    expects), with ``at`` a target name or ``[n, 3]`` ``(batch, query, key)`` rows.
+    ``group``: :data:`GROUPS`; ``keep``: heads that stay themselves under a grouping."""
+    validate_qk_attribution(heads=heads, at=at, group=group, keep=keep)
+    cfg = RunConfig.of(config)
+    wanted = parse_heads(heads)
+    layers = sorted({l for l, _ in wanted})
+    info = describe(model)
+    bad = [f"{l}.{h}" for l, h in wanted if not (0 <= l < info.n_layers and 0 <= h < info.n_heads)]
+    if bad:
+        raise UsageError(
+            f"head(s) {bad} are not in {info.name} ({info.n_layers} layers x {info.n_heads} heads)", params="heads"
+        )
+    check_decomposable(model, layers)
+    src = _targets(model, probe_or_tokens, at)
+    B, T = src.tokens.shape
+    if T > info.n_ctx:
+        raise UsageError(f"sequences of {T} tokens are longer than {info.name}'s context of {info.n_ctx}")
+    bad_rows = src.pairs[(src.pairs[:, 0] >= B) | (src.pairs[:, 1] >= T) | (src.pairs[:, 2] >= T)]
+    if len(bad_rows):
+        raise UsageError(f"target {bad_rows[0].tolist()} is outside the {B} sequences of {T} tokens", params="at")
+    check_interface(model, src.tokens, layers)
+    run = clean_run(model, src.tokens, layers, src.attention_mask)
+    keep_set = {f"{l}.{h}" for l, h in parse_heads(list(keep))} if keep else set()
+    rows, totals, notes, dropped, worst = [], {}, [], 0, 0.0
+    for layer in layers:
+        a = run.inputs[layer]
+        _, _, ok = visible_keys(a, src.pairs)
+        pairs = src.pairs[ok]
+        dropped = max(dropped, int((~ok).sum()))
+        if not len(pairs):
+            raise UsageError(
+                f"no target of at={at!r} is a key its query sees beside another in layer {layer}", params="at"
+            )
+        hs = [h for l, h in wanted if l == layer]
+        terms = _layer_terms(model, info, run, layer, hs, pairs)
+        err, scale = _error(terms)
+        if not err <= 1e-4 * (1.0 + scale):
+            raise UsageError(
+                f"{WHAT}: layer {layer}'s scores are not the sum of their upstream parts here (off by {err:.2g}): "
+                f"{info.name}'s query/key inputs are not a sum of parts the adapter reads: refused"
+            )
+        worst = max(worst, err)
+        rows += _head_rows(terms, layer, hs, pairs, B, _grouping(terms.components, group, keep_set), cfg, totals)
+        notes.append(f"layer {layer}: input norm {terms.report.norm}, its scale frozen at the run's own")
+    a0 = run.inputs[layers[0]]
+    meta = run_header(info, src.probe, kind=STEM, n_boot=cfg.n_boot, ci_level=cfg.level, seed=cfg.seed, **src.meta)
+    meta.update(
+        at=at if isinstance(at, str) else "rows",
+        group=group,
+        keep=sorted(keep_set),
+        n_sequences=B,
+        seq_len=T,
+        n_targets=int(len(src.pairs)) - dropped,
+        dropped_targets=dropped,
+        totals=totals,
+        max_error=worst,
+        softcap=(
+            f"the scores are capped, {a0.softcap} * tanh(score / {a0.softcap}): what is decomposed is the score before the cap"
+            if a0.softcap
+            else None
+        ),
+        notes=notes,
+    )
+    return QKAttribution(pd.DataFrame(rows), meta)
+
+
+def _head_rows(
+    terms: QKTerms,
+    layer: int,
+    heads: list[int],
+    pairs: Tensor,
+    B: int,
+    grouping: tuple[list[str], list[str], Tensor],
+    cfg: RunConfig,
+    totals: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The table's rows for ``heads`` of ``layer`` (means over targets, CIs over sequences); each
+    head's own mean contrast and score go to ``totals``."""
+    names, kinds, matrix = grouping
+    count = torch.bincount(pairs[:, 0], minlength=B).double()
+    stats = {}
+    for v in VALUES:
+        num = _per_sequence(getattr(terms, v), matrix, pairs[:, 0], B)
+        den = count[:, None, None, None].expand_as(num)
+        stats[v] = bootstrap_ratio(num, den, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+    rows = []
+    for n_h, h in enumerate(heads):
+        label = f"{layer}.{h}"
+        totals[label] = {
+            "contrast": float(terms.model_contrast[:, n_h].mean()),
+            "score": float(terms.model_score[:, n_h].mean()),
+            "n_targets": len(pairs),
+        }
+        for x, qname in enumerate(names):
+            for y, kname in enumerate(names):
+                row = {"head": label, "layer": layer, "query": qname, "key": kname}
+                row.update(query_kind=kinds[x], key_kind=kinds[y])
+                for v in VALUES:
+                    point, lo, hi = stats[v]
+                    row.update(
+                        {v: float(point[n_h, x, y]), f"{v}_lo": float(lo[n_h, x, y]), f"{v}_hi": float(hi[n_h, x, y])}
+                    )
+                rows.append(row)
+    return rows
+
+
+def _error(terms: QKTerms) -> tuple[float, float]:
+    """The largest difference between the summed terms and the model's own score and contrast, and
+    the largest score (the scale the difference is judged on)."""
+    err = max(
+        float((terms.score.sum((-1, -2)) - terms.model_score).abs().max()),
+        float((terms.contrast.sum((-1, -2)) - terms.model_contrast).abs().max()),
+    )
+    return err, float(terms.model_score.abs().max())
+
+
+def _per_sequence(terms: Tensor, matrix: Tensor, batch: Tensor, B: int) -> Tensor:
+    """Grouped terms summed over each sequence's targets: ``[batch, head, group, group]``."""
+    grouped = torch.einsum("nhce,cf,eg->nhfg", terms, matrix, matrix)
+    out = torch.zeros(B, *grouped.shape[1:], dtype=torch.float64)
+    return out.index_add_(0, batch, grouped)
+
+
+__all__ = [
+    "GROUPS",
+    "STEM",
+    "TARGETS",
+    "QKAttribution",
+    "QKTerms",
+    "group_of",
+    "head_totals",
+    "parse_heads",
+    "qk_attribution",
+    "qk_terms",
+    "validate_qk_attribution",
+]

@@ -1,0 +1,98 @@
+"""The result of a QK attribution: a tidy table of (head, query component, key component) terms with
+CIs, and its grid, top pairs, figure, save and load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from interp._io import atomic_write, atomic_write_json
+from interp.errors import UsageError
+from interp.scores import Shown, read_csv
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+STEM = "qk_attribution"
+VALUES = ("contrast", "score")
+
+
+@dataclass(repr=False)
+class QKAttribution(Shown):
+    """A row per head x query component x key component: its mean term of the ``contrast`` and the
+    ``score`` at the targets, each with a CI (``_lo``, ``_hi``). ``meta["totals"]`` holds each head's
+    own mean contrast and score (what the terms add up to)."""
+
+    table: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    shown_by = "contrast"
+
+    @property
+    def heads(self) -> list[str]:
+        return list(dict.fromkeys(self.table["head"]))
+
+    def _head(self, head: str | None) -> str:
+        head = self.heads[0] if head is None else str(head)
+        if head not in self.heads:
+            raise UsageError(f"head {head!r} is not in this attribution: choose from {self.heads}", params="head")
+        return head
+
+    def grid(self, head: str | None = None, value: str = "contrast") -> pd.DataFrame:
+        """Query components (rows) x key components (columns) of one head's ``value`` terms."""
+        if value not in VALUES:
+            raise UsageError(f"value={value!r}: choose from {list(VALUES)}", params="value")
+        rows = self.table[self.table["head"] == self._head(head)]
+        order = list(dict.fromkeys(rows["query"]))
+        return rows.pivot(index="query", columns="key", values=value).loc[order, order]
+
+    def top(self, k: int = 10, head: str | None = None, value: str = "contrast") -> pd.DataFrame:
+        """The ``k`` pairs of largest ``|value|`` per head (of ``head`` alone, if given)."""
+        rows = self.table if head is None else self.table[self.table["head"] == self._head(head)]
+        ranked = rows.assign(_size=rows[value].abs()).sort_values(
+            ["head", "_size"], ascending=[True, False], kind="mergesort"
+        )
+        return ranked.groupby("head", sort=False).head(k).drop(columns="_size").reset_index(drop=True)
+
+    def figure(self, head: str | None = None, value: str = "contrast", title: str | None = None) -> go.Figure:
+        """The heatmap of query-side x key-side components, each margin the pair totals of its side."""
+        from interp.roles.qk_figure import pair_heatmap
+
+        head = self._head(head)
+        total = self.meta.get("totals", {}).get(head, {}).get(value)
+        title = title or f"why {head} attends ({value} at {self.meta.get('at', '')}): {self.meta.get('model', '')}"
+        return pair_heatmap(self.grid(head, value), title=title, total=total)
+
+    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
+        """``<stem>.csv`` (the table) and ``<stem>.json`` (the meta), each written atomically."""
+        from interp.saving import claim, provenance
+
+        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
+        files = [atomic_write(csv_path, self.table.to_csv(index=False))]
+        files.append(atomic_write_json(js_path, {"kind": STEM, **provenance(), "meta": self.meta}))
+        return files
+
+    @classmethod
+    def load(cls, path: str | Path, stem: str = STEM) -> QKAttribution:
+        """Read back what :meth:`save` wrote, from its ``<stem>.json`` or the folder holding it."""
+        path = Path(path)
+        path = path / f"{stem}.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"no saved QK attribution at {path}: pass the {stem}.json that save() wrote")
+        blob = json.loads(path.read_text(encoding="utf-8"))
+        table = read_csv(path.with_suffix(".csv"), dtype={"head": str, "query": str, "key": str})
+        return cls(table, blob["meta"])
+
+
+def head_totals(result: QKAttribution, head: str) -> dict[str, float]:
+    """The model's own mean contrast and score of ``head`` at the targets, and what its terms sum to."""
+    rows = result.table[result.table["head"] == head]
+    own = result.meta["totals"][head]
+    return {**own, "contrast_terms": float(np.sum(rows["contrast"])), "score_terms": float(np.sum(rows["score"]))}
+
+
+__all__ = ["STEM", "VALUES", "QKAttribution", "head_totals"]
