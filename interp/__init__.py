@@ -73,6 +73,9 @@ _API = {
     # activation patching on a task
     "patch_heads": "interp.patching",
     "PatchScores": "interp.patching",
+    # circuits: the graph of edges and their attribution scores
+    "edge_scores": "interp.circuits",
+    "EdgeScores": "interp.circuits",
     # heads over training
     "checkpoint_scores": "interp.checkpoints",
     "CheckpointScores": "interp.checkpoints",
@@ -110,11 +113,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.ablation import train_gates as train_gates
     from interp.checkpoints import CheckpointScores as CheckpointScores
     from interp.checkpoints import checkpoint_scores as checkpoint_scores
-    from interp.roles import composition_scores as composition_scores
-    from interp.roles import encoder_scores as encoder_scores
-    from interp.roles import head_map as head_map
-    from interp.roles import logit_attribution as logit_attribution
-    from interp.roles import ov_scores as ov_scores
+    from interp.circuits import EdgeScores as EdgeScores
+    from interp.circuits import edge_scores as edge_scores
     from interp.config import RunConfig as RunConfig
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores
@@ -140,6 +140,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.report.pattern_figure import pattern_heatmap as pattern_heatmap
     from interp.report.patterns_view import view_patterns as view_patterns
     from interp.retrieval import retrieval_scores as retrieval_scores
+    from interp.roles import composition_scores as composition_scores
+    from interp.roles import encoder_scores as encoder_scores
+    from interp.roles import head_map as head_map
+    from interp.roles import logit_attribution as logit_attribution
+    from interp.roles import ov_scores as ov_scores
     from interp.scores import HeadScores as HeadScores
     from interp.sinks import SinkReport as SinkReport
     from interp.sinks import sink_scores as sink_scores
