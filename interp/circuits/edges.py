@@ -273,27 +273,53 @@ class _Passes:
             hooks += [(f"blocks.{l}.attn.hook_{s}", _leaf(leaves, f"{s}{l}")) for s in "qkv"]
         norm_in: dict[str, Tensor] = {}
         blocks, handles = self.model.blocks, []
+        inputs = [(blocks[l].mlp, f"blocks.{l}.mlp.hook_in", f"m{l}") for l in self.graph.shape.mlp_layers]
         try:
             for l in range(self.info.n_layers):
                 handles.append(blocks[l].ln1.register_forward_pre_hook(_grab_input(norm_in, f"ln1.{l}")))
             for l, norm in self.mlp_norms.items():
                 if norm is not blocks[l].ln1:
                     handles.append(norm.register_forward_pre_hook(_grab_input(norm_in, f"norm.m{l}")))
-                handles.append(blocks[l].mlp.register_forward_pre_hook(_add_leaf(leaves, f"m{l}")))
+            for module, name, key in [*inputs, (self.model.unembed, "unembed.hook_in", "logits")]:
+                if name in self.model.hook_dict:  # a bridge: its hook, whether or not the module is called
+                    hooks.append((name, _leaf(leaves, key)))
+                else:
+                    handles.append(module.register_forward_pre_hook(_add_leaf(leaves, key)))
             handles.append(self.model.ln_final.register_forward_pre_hook(_grab_input(norm_in, "ln_final")))
-            handles.append(self.model.unembed.register_forward_pre_hook(_add_leaf(leaves, "logits")))
             out = read_out(self.model, tokens, self.run.metric, hooks, self.info.n_layers, grad=True)
             value = self.run.metric(out, tokens, None, rows)
         finally:
             for h in handles:
                 h.remove()
-        names = list(leaves)
+        names = self._expected(leaves, norm_in)
         grads = torch.autograd.grad(value.sum(), [leaves[k] for k in names], allow_unused=True)
-        found = {k: torch.zeros_like(leaves[k]) if g is None else g.detach() for k, g in zip(names, grads, strict=True)}
+        unreached = [k for k, g in zip(names, grads, strict=True) if g is None]
+        if unreached:
+            raise UsageError(
+                f"edge attribution cannot read {self.info.name}'s receiver inputs {unreached}: the metric does not "
+                "depend on them through the hooks where they were read; this architecture is not supported yet"
+            )
+        b, T = tokens.shape  # OPT's blocks run their MLP (and its norm) on [batch * pos, d_model]
+        found = {k: _by_position(g.detach(), b, T) for k, g in zip(names, grads, strict=True)}
+        norm_in = {k: _by_position(x, b, T) for k, x in norm_in.items()}
         for l in self.graph.shape.mlp_layers:
             key = f"ln1.{l}" if self.mlp_norms[l] is blocks[l].ln1 else f"norm.m{l}"
             norm_in[f"norm.m{l}"] = norm_in[key]
         return keep, value, found, norm_in
+
+    def _expected(self, leaves: dict[str, Tensor], norm_in: dict[str, Tensor]) -> list[str]:
+        """The receiver inputs a pass must have seen, refused by name where one never ran."""
+        L = self.info.n_layers
+        want = [f"{s}{l}" for l in range(L) for s in "qkv"] + [f"m{l}" for l in self.graph.shape.mlp_layers]
+        norms = [f"ln1.{l}" for l in range(L)] + ["ln_final"]
+        norms += [f"norm.m{l}" for l, n in self.mlp_norms.items() if n is not self.model.blocks[l].ln1]
+        missing = [k for k in [*want, "logits"] if k not in leaves] + [k for k in norms if k not in norm_in]
+        if missing:
+            raise UsageError(
+                f"edge attribution cannot read {self.info.name}'s receiver inputs: {missing} never ran in its "
+                "forward; this architecture is not supported yet"
+            )
+        return [*want, "logits"]
 
     def _contract(
         self, delta: dict[str, Tensor], grads: dict[str, Tensor], norm_in: dict[str, Tensor]
@@ -340,6 +366,11 @@ class _Passes:
         k = einsum(grads[f"k{l}"][:, c], self.W_K[l], "b c h e, h d e -> h b c d")
         v = einsum(grads[f"v{l}"][:, c], self.W_V[l], "b c h e, h d e -> h b c d")
         return torch.cat([q, k, v])
+
+
+def _by_position(x: Tensor, b: int, T: int) -> Tensor:
+    """``x`` as ``[batch, pos, ...]`` where a model flattened it to ``[batch * pos, d]``."""
+    return x.reshape(b, T, *x.shape[1:]) if x.ndim == 2 and x.shape[0] == b * T else x
 
 
 def _hook_name(key: str) -> str:
