@@ -257,3 +257,26 @@ def test_edge_scores_round_trip_and_stability_is_a_share_of_resamples(tmp_path):
     # exactly three edges score: each is in every resample's top 3, nothing else is
     assert sorted(r.table.stability.tolist())[-3:] == [1.0, 1.0, 1.0]
     assert r.table.stability.sum() == pytest.approx(3.0)
+
+
+def test_a_run_that_would_not_fit_is_refused_with_the_estimate_before_any_forward(monkeypatch):
+    from interp import memory
+    from interp.circuits import edges
+
+    model = planted_model(n_ctx=64)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 10_000)  # far below one pass's estimate
+    ran = []
+    monkeypatch.setattr(edges._Passes, "all_pairs", lambda *a: ran.append(1))
+    with pytest.raises(
+        UsageError,
+        match=r"edge attribution needs about .* for the per-pair edge scores, .* per forward of 20 .*: use fewer pairs \(n_pairs=\)",
+    ):
+        edge_scores(model, "repeat", config=FAST)
+    assert not ran
+
+
+def test_gpt2_config_sizes_give_its_edge_count_without_weights():
+    from transformers import GPT2Config
+
+    cfg = GPT2Config()  # GPT-2 small's sizes; no model built
+    assert count_edges(cfg.n_layer, cfg.n_head) == 32491

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 STEM = "edge_scores"
 DEFAULT_TOP = 20  # the stability's top-n
 IG_STEPS = 5  # EAP-IG's usual m
-CHUNK = 256  # positions per contraction
+CHUNK = 128  # positions per contraction
 
 METHODS: Registry[str] = Registry("edge attribution method")
 METHODS.add("eap", "the gradient at the run's own prompts: one forward of each prompt and one backward", steps=False)
@@ -268,9 +268,12 @@ class _Passes:
         if alpha is not None:  # move the input (or every sender's output) toward the donor's
             moved = ["input"] if self.method == "eap-ig-inputs" else list(donor)
             hooks = [*hooks, *[(_hook_name(k), _toward(donor[k], alpha)) for k in moved]]
-        leaves: dict[str, Tensor] = {}
+        start: list[Tensor] = []  # the stream entering block 0, where the backward stops
+        hooks.append(("blocks.0.hook_resid_pre", _start(start)))
+        grads: dict[str, Tensor] = {}
+        seen: set[str] = set()
         for l in range(self.info.n_layers):
-            hooks += [(f"blocks.{l}.attn.hook_{s}", _leaf(leaves, f"{s}{l}")) for s in "qkv"]
+            hooks += [(f"blocks.{l}.attn.hook_{s}", _watch(grads, seen, f"{s}{l}")) for s in "qkv"]
         norm_in: dict[str, Tensor] = {}
         blocks, handles = self.model.blocks, []
         inputs = [(blocks[l].mlp, f"blocks.{l}.mlp.hook_in", f"m{l}") for l in self.graph.shape.mlp_layers]
@@ -281,39 +284,40 @@ class _Passes:
                 if norm is not blocks[l].ln1:
                     handles.append(norm.register_forward_pre_hook(_grab_input(norm_in, f"norm.m{l}")))
             for module, name, key in [*inputs, (self.model.unembed, "unembed.hook_in", "logits")]:
+                watch = _watch(grads, seen, key)
                 if name in self.model.hook_dict:  # a bridge: its hook, whether or not the module is called
-                    hooks.append((name, _leaf(leaves, key)))
+                    hooks.append((name, watch))
                 else:
-                    handles.append(module.register_forward_pre_hook(_add_leaf(leaves, key)))
+                    handles.append(module.register_forward_pre_hook(_on_input(watch)))
             handles.append(self.model.ln_final.register_forward_pre_hook(_grab_input(norm_in, "ln_final")))
             out = read_out(self.model, tokens, self.run.metric, hooks, self.info.n_layers, grad=True)
             value = self.run.metric(out, tokens, None, rows)
         finally:
             for h in handles:
                 h.remove()
-        names = self._expected(leaves, norm_in)
-        grads = torch.autograd.grad(value.sum(), [leaves[k] for k in names], allow_unused=True)
-        unreached = [k for k, g in zip(names, grads, strict=True) if g is None]
+        names = self._expected(seen, norm_in)
+        torch.autograd.grad(value.sum(), start)  # the receivers' tensor hooks keep their gradients
+        unreached = [k for k in names if k not in grads]
         if unreached:
             raise UsageError(
                 f"edge attribution cannot read {self.info.name}'s receiver inputs {unreached}: the metric does not "
                 "depend on them through the hooks where they were read; this architecture is not supported yet"
             )
         b, T = tokens.shape  # OPT's blocks run their MLP (and its norm) on [batch * pos, d_model]
-        found = {k: _by_position(g.detach(), b, T) for k, g in zip(names, grads, strict=True)}
+        found = {k: _by_position(grads[k], b, T) for k in names}
         norm_in = {k: _by_position(x, b, T) for k, x in norm_in.items()}
         for l in self.graph.shape.mlp_layers:
             key = f"ln1.{l}" if self.mlp_norms[l] is blocks[l].ln1 else f"norm.m{l}"
             norm_in[f"norm.m{l}"] = norm_in[key]
         return keep, value, found, norm_in
 
-    def _expected(self, leaves: dict[str, Tensor], norm_in: dict[str, Tensor]) -> list[str]:
+    def _expected(self, seen: set[str], norm_in: dict[str, Tensor]) -> list[str]:
         """The receiver inputs a pass must have seen, refused by name where one never ran."""
         L = self.info.n_layers
         want = [f"{s}{l}" for l in range(L) for s in "qkv"] + [f"m{l}" for l in self.graph.shape.mlp_layers]
         norms = [f"ln1.{l}" for l in range(L)] + ["ln_final"]
         norms += [f"norm.m{l}" for l, n in self.mlp_norms.items() if n is not self.model.blocks[l].ln1]
-        missing = [k for k in [*want, "logits"] if k not in leaves] + [k for k in norms if k not in norm_in]
+        missing = [k for k in [*want, "logits"] if k not in seen] + [k for k in norms if k not in norm_in]
         if missing:
             raise UsageError(
                 f"edge attribution cannot read {self.info.name}'s receiver inputs: {missing} never ran in its "
@@ -331,7 +335,7 @@ class _Passes:
         total = torch.zeros(b, len(graph.senders), len(graph.receivers), dtype=torch.float64)
         for s in range(0, T, CHUNK):
             c = slice(s, min(s + CHUNK, T))
-            D = self._sender_deltas(delta, c)  # [b, c, sender, d_model]
+            D = self._sender_deltas(delta, c).double()  # [b, c, sender, d_model], summed in float64
             for l in range(self.info.n_layers):
                 heads = self._head_cotangents(grads, l, c)  # [receiver, b, c, d_model]
                 G = _through_norm(blocks[l].ln1, norm_in[f"ln1.{l}"][:, c], heads)
@@ -345,7 +349,7 @@ class _Passes:
 
     def _add(self, total: Tensor, D: Tensor, G: Tensor, receivers: list[int]) -> None:
         n = self.graph.upstream(receivers[0])  # the receivers of one group read the same senders
-        part = einsum(D[:, :, :n].double(), G.double(), "b c s d, r b c d -> b s r")
+        part = einsum(D[:, :, :n], G.double(), "b c s d, r b c d -> b s r")
         total[:, :n, receivers] += part.cpu()
 
     def _sender_deltas(self, delta: dict[str, Tensor], c: slice) -> Float[Tensor, "pair pos sender d_model"]:
@@ -389,22 +393,39 @@ def _toward(donor: Tensor, alpha: float) -> Callable:
     return hook
 
 
-def _leaf(leaves: dict[str, Tensor], key: str) -> Callable:
-    """A hook adding a zero tensor that requires grad: its gradient is the activation's."""
+def _start(start: list[Tensor]) -> Callable:
+    """A hook making the stream entering block 0 the one tensor that requires grad (the weights are
+    frozen): every activation after it is in the graph, and the backward stops there."""
 
     def hook(x: Tensor, hook: Any) -> Tensor:
-        leaves[key] = torch.zeros_like(x, requires_grad=True)
-        return x + leaves[key]
+        start.append(x.detach().requires_grad_(True))
+        return start[-1]
 
     return hook
 
 
-def _add_leaf(leaves: dict[str, Tensor], key: str) -> Callable:
-    """:func:`_leaf` as a module's forward pre-hook, on its first argument."""
+def _watch(grads: dict[str, Tensor], seen: set[str], key: str) -> Callable:
+    """A hook that keeps its activation's gradient, when the backward reaches it, under ``key``
+    (a tensor hook: the activation is not copied, nothing is added to the graph)."""
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        seen.add(key)
+        if not x.requires_grad:
+            return x
+        # a view of its own (no copy): where the model hands one tensor to attention and the MLP
+        # (GPT-J's shared norm), the gradient kept is this reader's alone
+        x = x.view_as(x)
+        x.register_hook(lambda g: grads.__setitem__(key, g.detach()))
+        return x
+
+    return hook
+
+
+def _on_input(hook: Callable) -> Callable:
+    """``hook`` as a module's forward pre-hook, on its first argument."""
 
     def pre(module: Any, args: tuple) -> tuple:
-        leaves[key] = torch.zeros_like(args[0], requires_grad=True)
-        return (args[0] + leaves[key], *args[1:])
+        return (hook(args[0], None), *args[1:])
 
     return pre
 
