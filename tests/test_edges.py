@@ -188,19 +188,23 @@ def test_edge_scores_equal_the_plain_loop_on_random_edges(lngqa, method):
             ref = reference_eap(model, task, edge)
         elif method == "clean-corrupted":
             ref = (reference_eap(model, task, edge) + reference_eap(model, task, edge, point_tokens=donor)) / 2
-        else:
-            ref = sum(reference_eap(model, task, edge, _moved(model, method, donor, k / 3)) for k in (1, 2, 3)) / 3
+        elif method == "eap-ig-inputs":  # EAP-IG's points: k / m for k = 0 .. m - 1
+            ref = sum(reference_eap(model, task, edge, _moved(model, ["input"], donor, k / 3)) for k in range(3)) / 3
+        else:  # each node layer alone, k / m for k = 1 .. m
+            nodes = [["input"], ["z0"], ["m0"], ["z1"], ["m1"]]
+            points = [_moved(model, n, donor, k / 3) for n in nodes for k in (1, 2, 3)]
+            ref = sum(reference_eap(model, task, edge, p) for p in points) / len(points)
         assert t.loc[edge, "score"] == pytest.approx(ref, rel=1e-4, abs=1e-6), edge
     assert t.score.abs().max() > 1e-2  # the scores compared are not all zero
 
 
-def _moved(model, method, donor_tokens, alpha):
-    """The hooks of an integrated-gradients point: the input (or every sender's output) at
-    ``donor + alpha (own - donor)``."""
-    names = ["blocks.0.hook_resid_pre"]
-    if method == "eap-ig-activations":
-        L = model.cfg.n_layers
-        names += [f"blocks.{l}.attn.hook_z" for l in range(L)] + [f"blocks.{l}.hook_mlp_out" for l in range(L)]
+def _moved(model, nodes, donor_tokens, alpha):
+    """The hooks of an integrated-gradients point: the nodes' outputs (``input``, ``z{l}`` a layer's
+    heads, ``m{l}`` an MLP) at ``donor + alpha (own - donor)``."""
+    name = {"input": "blocks.0.hook_resid_pre"}
+    name.update({f"z{l}": f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)})
+    name.update({f"m{l}": f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers)})
+    names = [name[n] for n in nodes]
     with torch.no_grad():
         _, cache = model.run_with_cache(donor_tokens, names_filter=lambda n: n in names)
     return [(n, lambda x, hook, d=cache[n]: d + alpha * (x - d)) for n in names]

@@ -9,9 +9,10 @@ changed to its donor value as only that receiver reads it:
 ``own`` is the run's prompt of each pair (the corrupted one denoising, the clean one noising, the
 task's ``direction``), ``donor`` its paired prompt; EAP-IG runs the clean prompt with the corrupted
 one as donor, our ``direction="noise"``. The gradient is taken at one or more points, averaged
-(:data:`METHODS`): ``eap`` the own run; ``eap-ig-inputs`` the input embeddings moved along the
-straight line from the donor's to the own (``k / m``, ``k = 1 .. m``); ``eap-ig-activations`` every
-sender's output moved along that line at once; ``clean-corrupted`` the own run and the donor run.
+(:data:`METHODS`), at the points EAP-IG takes: ``eap`` the own run; ``eap-ig-inputs`` the input
+embeddings at ``donor + (k / m) (own - donor)``, ``k = 0 .. m - 1``; ``eap-ig-activations`` each
+node layer in turn (the input, a layer's heads, a layer's MLP) alone at ``k / m``, ``k = 1 .. m``
+(``(1 + 2 L) m`` passes); ``clean-corrupted`` the own run and the donor run.
 The score is in the metric's own units, the mean over pairs, with a bootstrap CI over pairs and the
 edge's stability (the share of the bootstrap resamples in which it is among the ``top`` edges by
 absolute score).
@@ -66,12 +67,12 @@ METHODS: Registry[str] = Registry("edge attribution method")
 METHODS.add("eap", "the gradient at the run's own prompts: one forward of each prompt and one backward", steps=False)
 METHODS.add(
     "eap-ig-inputs",
-    "the gradient averaged over m points on the line from the donor's input embeddings to the run's own",
+    "the gradient averaged over m points on the line from the donor's input embeddings to the run's own (k/m, k=0..m-1)",
     steps=True,
 )
 METHODS.add(
     "eap-ig-activations",
-    "the gradient averaged over m points with every sender's output moved from the donor's value to its own",
+    "the gradient averaged over each node layer's output moved alone from the donor's value to its own (k/m, k=1..m)",
     steps=True,
 )
 METHODS.add("clean-corrupted", "the gradient averaged over the two prompts of each pair", steps=False)
@@ -218,26 +219,37 @@ class _Passes:
         donor_tokens = probe.donor[rows.to(probe.donor.device)]
         with torch.no_grad():
             donor_out, donor_value = self._forward(donor_tokens, rows)
-        delta: dict[str, Tensor] | None = None
         total = torch.zeros(len(rows), len(self.graph.senders), len(self.graph.receivers), dtype=torch.float64)
-        points = self._points(tokens, donor_tokens)
-        own_value = None
-        for toks, alpha in points:
+        points = self._points(tokens, donor_tokens, list(donor_out))
+        delta, own_value = None, None
+        if points[0][1] is not None:  # no point is the own run unmoved: one plain forward of it
+            with torch.no_grad():
+                own_out, own_value = self._forward(tokens, rows)
+            delta = {k: donor_out[k] - own_out[k] for k in donor_out}
+        for toks, alpha, moved in points:
             with frozen(self.model):
-                outs, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha)
+                outs, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved)
             if delta is None:  # the first point is the own run, unmoved
-                own_value = value.detach().cpu()
+                own_value = value.detach()
                 delta = {k: donor_out[k] - outs[k] for k in donor_out}
             total += self._contract(delta, grads, norm_in)
-        return total / len(points), own_value, donor_value.cpu()
+        return total / len(points), own_value.cpu(), donor_value.cpu()
 
-    def _points(self, tokens: Tensor, donor_tokens: Tensor) -> list[tuple[Tensor, float | None]]:
-        """The points the gradient is averaged over: (the prompts run, how far along the line)."""
+    def _points(
+        self, tokens: Tensor, donor_tokens: Tensor, nodes: list[str]
+    ) -> list[tuple[Tensor, float | None, tuple[str, ...]]]:
+        """The points the gradient is averaged over, as EAP-IG takes them: (the prompts run, how far
+        from the donor's value toward the own, which senders are moved). ``eap-ig-inputs``: the input
+        at ``k / m`` for ``k = 0 .. m - 1``; ``eap-ig-activations``: each of the input, a layer's heads
+        and a layer's MLP alone at ``k / m`` for ``k = 1 .. m``."""
+        m = self.steps
         if self.method == "eap":
-            return [(tokens, None)]
+            return [(tokens, None, ())]
         if self.method == "clean-corrupted":
-            return [(tokens, None), (donor_tokens, None)]
-        return [(tokens, k / self.steps) for k in range(self.steps, 0, -1)]
+            return [(tokens, None, ()), (donor_tokens, None, ())]
+        if self.method == "eap-ig-inputs":
+            return [(tokens, k / m, ("input",)) for k in range(m)]
+        return [(tokens, k / m, (node,)) for node in nodes for k in range(1, m + 1)]
 
     def _sender_hooks(self, keep: dict[str, Tensor]) -> list[tuple[str, Callable]]:
         def grab(key: str) -> Callable:
@@ -259,14 +271,13 @@ class _Passes:
         return keep, metric(out, tokens, None, rows)
 
     def _gradient_pass(
-        self, tokens: Tensor, rows: Tensor, donor: dict[str, Tensor], alpha: float | None
+        self, tokens: Tensor, rows: Tensor, donor: dict[str, Tensor], alpha: float | None, moved: tuple[str, ...]
     ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """One forward and backward: the senders' outputs, the metric, the gradient at every receiver's
         input after its norm (``q{l}``, ``k{l}``, ``v{l}``, ``m{l}``, ``logits``) and every norm's input."""
         keep: dict[str, Tensor] = {}
         hooks = self._sender_hooks(keep)
-        if alpha is not None:  # move the input (or every sender's output) toward the donor's
-            moved = ["input"] if self.method == "eap-ig-inputs" else list(donor)
+        if alpha is not None:  # the moved senders' outputs at donor + alpha (own - donor)
             hooks = [*hooks, *[(_hook_name(k), _toward(donor[k], alpha)) for k in moved]]
         start: list[Tensor] = []  # the stream entering block 0, where the backward stops
         hooks.append(("blocks.0.hook_resid_pre", _start(start)))
