@@ -52,6 +52,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
+from interp.progress import tqdm
 from interp.registry import Registry
 from interp.scores import Shown, bootstrap_mean, load_table, save_table
 
@@ -155,7 +156,7 @@ def edge_scores(
     passes = _Passes(run, graph, method, m)
     per_pair, own, donor = passes.all_pairs(step)
     run.clean, run.corrupted = (donor, own) if run.direction == "denoise" else (own, donor)
-    return _result(run, graph, per_pair, method, m, top)
+    return _result(run, graph, per_pair, method, m, top, passes.passes())
 
 
 def edge_memory(run: Setup, graph: Graph, steps: int) -> Callable[[int], memory.Estimate]:
@@ -205,13 +206,25 @@ class _Passes:
         n = self.run.task.n_pairs
         parts, own, donor = [], [], []
         mask = self.graph.edges.T  # receiver-major, as the table
-        for start in range(0, n, step):
+        starts = range(0, n, step)
+        sizes = (
+            f"{self.graph.describe()}; {n} pairs of {self.run.task.seq_len} tokens, {len(starts)} minibatch(es) "
+            f"of {self.passes()} forward and backward pass(es) each"
+        )
+        for start in tqdm(
+            starts, desc=f"edge attribution ({self.method})", disable=not self.run.config.progress, sizes=sizes
+        ):
             rows = torch.arange(start, min(start + step, n))
             scores, o, d = self._block(rows)
             parts.append(scores.transpose(1, 2)[:, mask])
             own.append(o)
             donor.append(d)
         return torch.cat(parts), torch.cat(own).float(), torch.cat(donor).float()
+
+    def passes(self) -> int:
+        """Forwards and backwards per minibatch (each with a forward of the donor prompts)."""
+        nodes = 1 + self.info.n_layers + len(self.graph.shape.mlp_layers)
+        return {"eap": 1, "clean-corrupted": 2, "eap-ig-inputs": self.steps}.get(self.method, nodes * self.steps)
 
     def _block(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         probe = self.run.probe
@@ -458,7 +471,7 @@ def _through_norm(
         return torch.func.vmap(vjp)(cotangents.to(x.dtype))[0]
 
 
-def _result(run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int, top: int) -> EdgeScores:
+def _result(run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int, top: int, passes: int) -> EdgeScores:
     cfg = run.config
     point, lo, hi = bootstrap_mean(per_pair, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     table = graph.table()
@@ -482,6 +495,7 @@ def _result(run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int,
         **gap_meta(run),
         graph=graph.describe(),
         n_edges=graph.n_edges,
+        backwards_per_minibatch=passes,
         stability_top=top,
         ci_level=cfg.level,
         **cfg.as_dict(),
