@@ -42,6 +42,7 @@ HOMES = (
     "interp.patching.paths",
     "interp.patching.faithfulness",
     "interp.roles.composition",
+    "interp.circuits.edges",
 )
 R = TypeVar("R", bound="Result")
 

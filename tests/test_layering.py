@@ -57,6 +57,8 @@ LAYERS: dict[str, float] = {
     "retrieval.check": 10.25,
     # task analyses built on the ablation replay (patching is an ablation kind run on task pairs)
     "patching": 10.5,
+    # circuits as graphs of edges: read the task probes, the metrics and the adapters, and patching's setup
+    "circuits": 10.55,
     # the long-context machinery the analyses run on: capture, blockwise passes, driver, budget
     "stream": 9,
     # what the analyses run on: probes, and the texts they are drawn from

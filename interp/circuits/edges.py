@@ -1,0 +1,513 @@
+"""Edge attribution: a score for every edge of the graph (:mod:`interp.circuits.graph`) from a few
+forwards and backwards, EAP-IG's definitions.
+
+An edge's score is the first-order estimate of patching that edge alone, the sender's output
+changed to its donor value as only that receiver reads it:
+
+    score = sum over positions of (donor output - own output) . dM / d(receiver input)
+
+``own`` is the run's prompt of each pair (the corrupted one denoising, the clean one noising, the
+task's ``direction``), ``donor`` its paired prompt; EAP-IG runs the clean prompt with the corrupted
+one as donor, our ``direction="noise"``. The gradient is taken at one or more points, averaged
+(:data:`METHODS`), at the points EAP-IG takes: ``eap`` the own run; ``eap-ig-inputs`` the input
+embeddings at ``donor + (k / m) (own - donor)``, ``k = 0 .. m - 1``; ``eap-ig-activations`` each
+node layer in turn (the input, a layer's heads, a layer's MLP) alone at ``k / m``, ``k = 1 .. m``
+(``(1 + 2 L) m`` passes); ``clean-corrupted`` the own run and the donor run.
+The score is in the metric's own units, the mean over pairs, with a bootstrap CI over pairs and the
+edge's stability (the share of the bootstrap resamples in which it is among the ``top`` edges by
+absolute score).
+
+Memory stays O(T). The gradients are read at the receivers' own inputs, not at per-head copies of
+the residual: an MLP's and the logits' at their input after the norm, a head's at its queries, keys
+and values (``hook_q``, ``hook_k``, ``hook_v``, one per key/value head on GQA/MQA); each is carried
+back to the residual before the norm through the head's ``W_Q``/``W_K``/``W_V`` and the norm's own
+Jacobian (a vector-Jacobian product of the model's norm module, per chunk of positions), which is
+what TransformerLens's ``use_split_qkv_input`` would give. Scores are accumulated over chunks of
+positions as ``[pair, sender, receiver]`` sums; no per-edge per-position tensor is stored and no
+pattern is asked for (the toy runs its fused attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+from einops import einsum
+from jaxtyping import Float
+from torch import Tensor
+
+from interp import memory
+from interp.ablation.gradient import frozen
+from interp.ablation.metrics import Metric
+from interp.ablation.replay import read_out
+from interp.adapters import HookedModel
+from interp.adapters.weights import read_head_weights
+from interp.circuits.graph import Graph, graph_of
+from interp.config import RunConfig, run_header
+from interp.errors import UsageError
+from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
+from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
+from interp.progress import tqdm
+from interp.registry import Registry
+from interp.results import Result
+from interp.scores import bootstrap_mean
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+STEM = "edge_scores"
+DEFAULT_TOP = 20  # the stability's top-n
+IG_STEPS = 5  # EAP-IG's usual m
+CHUNK = 128  # positions per contraction
+
+METHODS: Registry[str] = Registry("edge attribution method")
+METHODS.add("eap", "the gradient at the run's own prompts: one forward of each prompt and one backward", steps=False)
+METHODS.add(
+    "eap-ig-inputs",
+    "the gradient averaged over m points on the line from the donor's input embeddings to the run's own (k/m, k=0..m-1)",
+    steps=True,
+)
+METHODS.add(
+    "eap-ig-activations",
+    "the gradient averaged over each node layer's output moved alone from the donor's value to its own (k/m, k=1..m)",
+    steps=True,
+)
+METHODS.add("clean-corrupted", "the gradient averaged over the two prompts of each pair", steps=False)
+
+
+class EdgeScores(Result):
+    """A row per edge (:meth:`Graph.table`'s columns, then ``score`` with ``score_lo``/``score_hi``,
+    its bootstrap CI over pairs, and ``stability``); ``meta`` starts with the run header."""
+
+    KIND = STEM
+    what = "edge scores"
+    shown_by = "abs_score"
+
+    def top(self, n: int = DEFAULT_TOP) -> pd.DataFrame:
+        """The ``n`` edges of largest absolute score, largest first (ties in table order)."""
+        order = np.argsort(-self.table["score"].abs().to_numpy(), kind="stable")
+        return self.table.iloc[order[:n]].reset_index(drop=True)
+
+    def figure(self, title: str | None = None) -> go.Figure:
+        """Not drawn yet: the graph page belongs to circuits (extraction and evaluation)."""
+        raise NotImplementedError("the edge graph figure is not built yet: read .top(n) or .table")
+
+
+def validate_edge_scores(
+    *,
+    method: str = "eap",
+    steps: int | None = None,
+    metric: str | Metric | Callable | None = None,
+    direction: str = DEFAULT_DIRECTION,
+    top: int = DEFAULT_TOP,
+) -> None:
+    """What :func:`edge_scores` refuses before any forward, without a model: an unknown name,
+    ``steps`` given to a method without steps or not an integer >= 1, a ``top`` that is not >= 1."""
+    METHODS.check(method)
+    validate_setup(metric=metric, direction=direction)
+    if steps is not None and not METHODS.info(method, "steps"):
+        stepped = " or ".join(METHODS.select(lambda e: e.info.get("steps", False)))
+        raise UsageError(
+            f"method={method} does not read steps= (it applies to method={stepped}): drop it",
+            params=("method", "steps"),
+        )
+    for name, value in (("steps", steps), ("top", top)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(f"{name}={value!r}: an integer >= 1", params=name)
+
+
+def edge_scores(
+    model: HookedModel,
+    task: TaskProbe | str | Path,
+    *,
+    method: str = "eap",
+    steps: int | None = None,
+    metric: str | Metric | Callable | None = None,
+    direction: str = DEFAULT_DIRECTION,
+    n_pairs: int | None = None,
+    top: int = DEFAULT_TOP,
+    config: RunConfig | None = None,
+) -> EdgeScores:
+    """Every edge of ``model``'s graph scored on ``task`` by ``method`` (see the module docstring).
+
+    ``task``, ``metric``, ``direction`` and ``n_pairs`` as for :func:`interp.patch_heads`; ``steps``:
+    the points of an ``eap-ig-*`` method (default 5); ``top``: the n of each edge's stability.
+    ``config``: its ``minibatch`` (pairs per pass), ``n_boot``, ``level`` and ``seed``. A model the
+    graph cannot describe is refused before any forward, and so is a run that would not fit in memory
+    (the estimate said)."""
+    validate_edge_scores(method=method, steps=steps, metric=own_metric(task, metric), direction=direction, top=top)
+    graph = graph_of(model)
+    run = setup(model, task, metric=metric, direction=direction, n_pairs=n_pairs, config=config, measured=False)
+    m = (steps or IG_STEPS) if METHODS.info(method, "steps") else 1
+    step = run.config.minibatch or run.task.n_pairs
+    memory.check(edge_memory(run, graph, m), step, run.info.device, fewer=FEWER_PAIRS)
+    passes = _Passes(run, graph, method, m)
+    per_pair, own, donor = passes.all_pairs(step)
+    run.clean, run.corrupted = (donor, own) if run.direction == "denoise" else (own, donor)
+    return _result(run, graph, per_pair, method, m, top, passes.passes())
+
+
+def edge_memory(run: Setup, graph: Graph, steps: int) -> Callable[[int], memory.Estimate]:
+    """Bytes edge attribution needs beyond the model: per minibatch, the model's forward and backward
+    (the gradient pass), the donor's and the own sender outputs and every norm's input kept for the
+    contraction, the receiver gradients, and one chunk's contraction; the per-pair scores for the run."""
+    info, n, T = run.info, run.task.n_pairs, run.task.seq_len
+    shape = memory.Shape.of(run.model, info)
+    n_read = memory.positions_read(run.metric, info, T)
+    S, R, d = len(graph.senders), len(graph.receivers), info.d_model
+    L, H = info.n_layers, info.n_heads
+    per_token = d * (2 * (1 + 2 * L) + 2 * L + 1) + 3 * L * H * info.d_head  # outputs x2, norm inputs, q/k/v grads
+    c = min(CHUNK, T)
+
+    def estimate(minibatch: int) -> memory.Estimate:
+        b = min(minibatch, n)
+        grad = memory.gradient_estimate(shape, T, b, n_read).per_forward
+        work = shape.itemsize * b * (T * per_token + c * d * (S + 2 * 3 * H) + S * R)
+        return memory.Estimate("edge attribution", 8 * n * graph.n_edges, grad + work, b, "the per-pair edge scores")
+
+    return estimate
+
+
+class _Passes:
+    """The forwards and backwards of one method, and the contraction of their gradients with the
+    senders' output differences into per-pair edge scores."""
+
+    def __init__(self, run: Setup, graph: Graph, method: str, steps: int):
+        self.run, self.graph, self.method, self.steps = run, graph, method, steps
+        self.model, self.info = run.model, run.info
+        w = read_head_weights(run.model, run.info, "edge attribution")
+        dtype = next(iter(run.model.parameters())).dtype
+        g = graph.shape.group
+        self.W_Q, self.W_O = w.W_Q.to(dtype), w.W_O.to(dtype)  # [layer, head, d_model, d]
+        self.W_K, self.W_V = w.W_K[:, ::g].to(dtype), w.W_V[:, ::g].to(dtype)  # one per key/value head
+        blocks = run.model.blocks
+        self.mlp_norms = {
+            l: getattr(blocks[l], "ln2", None) if not graph.shape.parallel or hasattr(blocks[l], "ln2") else None
+            for l in graph.shape.mlp_layers
+        }
+        for l, norm in self.mlp_norms.items():
+            if not isinstance(norm, torch.nn.Module):
+                self.mlp_norms[l] = blocks[l].ln1  # GPT-J: the MLP reads attention's own norm
+
+    def all_pairs(self, step: int) -> tuple[Float[Tensor, "pair edge"], Tensor, Tensor]:
+        """Per-pair edge scores (in :meth:`Graph.table` order) and the metric of the own and donor prompts."""
+        n = self.run.task.n_pairs
+        parts, own, donor = [], [], []
+        mask = self.graph.edges.T  # receiver-major, as the table
+        starts = range(0, n, step)
+        sizes = (
+            f"{self.graph.describe()}; {n} pairs of {self.run.task.seq_len} tokens, {len(starts)} minibatch(es) "
+            f"of {self.passes()} forward and backward pass(es) each"
+        )
+        for start in tqdm(
+            starts, desc=f"edge attribution ({self.method})", disable=not self.run.config.progress, sizes=sizes
+        ):
+            rows = torch.arange(start, min(start + step, n))
+            scores, o, d = self._block(rows)
+            parts.append(scores.transpose(1, 2)[:, mask])
+            own.append(o)
+            donor.append(d)
+        return torch.cat(parts), torch.cat(own).float(), torch.cat(donor).float()
+
+    def passes(self) -> int:
+        """Forwards and backwards per minibatch (each with a forward of the donor prompts)."""
+        nodes = 1 + self.info.n_layers + len(self.graph.shape.mlp_layers)
+        return {"eap": 1, "clean-corrupted": 2, "eap-ig-inputs": self.steps}.get(self.method, nodes * self.steps)
+
+    def _block(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        probe = self.run.probe
+        tokens = probe.tokens[rows.to(probe.tokens.device)]
+        donor_tokens = probe.donor[rows.to(probe.donor.device)]
+        with torch.no_grad():
+            donor_out, donor_value = self._forward(donor_tokens, rows)
+        total = torch.zeros(len(rows), len(self.graph.senders), len(self.graph.receivers), dtype=torch.float64)
+        points = self._points(tokens, donor_tokens, list(donor_out))
+        delta, own_value = None, None
+        if points[0][1] is not None:  # no point is the own run unmoved: one plain forward of it
+            with torch.no_grad():
+                own_out, own_value = self._forward(tokens, rows)
+            delta = {k: donor_out[k] - own_out[k] for k in donor_out}
+        for toks, alpha, moved in points:
+            with frozen(self.model):
+                outs, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved)
+            if delta is None:  # the first point is the own run, unmoved
+                own_value = value.detach()
+                delta = {k: donor_out[k] - outs[k] for k in donor_out}
+            total += self._contract(delta, grads, norm_in)
+        return total / len(points), own_value.cpu(), donor_value.cpu()
+
+    def _points(
+        self, tokens: Tensor, donor_tokens: Tensor, nodes: list[str]
+    ) -> list[tuple[Tensor, float | None, tuple[str, ...]]]:
+        """The points the gradient is averaged over, as EAP-IG takes them: (the prompts run, how far
+        from the donor's value toward the own, which senders are moved). ``eap-ig-inputs``: the input
+        at ``k / m`` for ``k = 0 .. m - 1``; ``eap-ig-activations``: each of the input, a layer's heads
+        and a layer's MLP alone at ``k / m`` for ``k = 1 .. m``."""
+        m = self.steps
+        if self.method == "eap":
+            return [(tokens, None, ())]
+        if self.method == "clean-corrupted":
+            return [(tokens, None, ()), (donor_tokens, None, ())]
+        if self.method == "eap-ig-inputs":
+            return [(tokens, k / m, ("input",)) for k in range(m)]
+        return [(tokens, k / m, (node,)) for node in nodes for k in range(1, m + 1)]
+
+    def _sender_hooks(self, keep: dict[str, Tensor]) -> list[tuple[str, Callable]]:
+        def grab(key: str) -> Callable:
+            def hook(x: Tensor, hook: Any) -> None:
+                keep[key] = x.detach()
+
+            return hook
+
+        hooks = [("blocks.0.hook_resid_pre", grab("input"))]
+        hooks += [(f"blocks.{l}.attn.hook_z", grab(f"z{l}")) for l in range(self.info.n_layers)]
+        hooks += [(f"blocks.{l}.hook_mlp_out", grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
+        return hooks
+
+    def _forward(self, tokens: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """A plain forward: every sender's output, and the metric per pair."""
+        keep: dict[str, Tensor] = {}
+        metric = self.run.metric
+        out = read_out(self.model, tokens, metric, self._sender_hooks(keep), self.info.n_layers)
+        return keep, metric(out, tokens, None, rows)
+
+    def _gradient_pass(
+        self, tokens: Tensor, rows: Tensor, donor: dict[str, Tensor], alpha: float | None, moved: tuple[str, ...]
+    ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """One forward and backward: the senders' outputs, the metric, the gradient at every receiver's
+        input after its norm (``q{l}``, ``k{l}``, ``v{l}``, ``m{l}``, ``logits``) and every norm's input."""
+        keep: dict[str, Tensor] = {}
+        hooks = self._sender_hooks(keep)
+        if alpha is not None:  # the moved senders' outputs at donor + alpha (own - donor)
+            hooks = [*hooks, *[(_hook_name(k), _toward(donor[k], alpha)) for k in moved]]
+        start: list[Tensor] = []  # the stream entering block 0, where the backward stops
+        hooks.append(("blocks.0.hook_resid_pre", _start(start)))
+        grads: dict[str, Tensor] = {}
+        seen: set[str] = set()
+        for l in range(self.info.n_layers):
+            hooks += [(f"blocks.{l}.attn.hook_{s}", _watch(grads, seen, f"{s}{l}")) for s in "qkv"]
+        norm_in: dict[str, Tensor] = {}
+        blocks, handles = self.model.blocks, []
+        inputs = [(blocks[l].mlp, f"blocks.{l}.mlp.hook_in", f"m{l}") for l in self.graph.shape.mlp_layers]
+        try:
+            for l in range(self.info.n_layers):
+                handles.append(blocks[l].ln1.register_forward_pre_hook(_grab_input(norm_in, f"ln1.{l}")))
+            for l, norm in self.mlp_norms.items():
+                if norm is not blocks[l].ln1:
+                    handles.append(norm.register_forward_pre_hook(_grab_input(norm_in, f"norm.m{l}")))
+            for module, name, key in [*inputs, (self.model.unembed, "unembed.hook_in", "logits")]:
+                watch = _watch(grads, seen, key)
+                if name in self.model.hook_dict:  # a bridge: its hook, whether or not the module is called
+                    hooks.append((name, watch))
+                else:
+                    handles.append(module.register_forward_pre_hook(_on_input(watch)))
+            handles.append(self.model.ln_final.register_forward_pre_hook(_grab_input(norm_in, "ln_final")))
+            out = read_out(self.model, tokens, self.run.metric, hooks, self.info.n_layers, grad=True)
+            value = self.run.metric(out, tokens, None, rows)
+        finally:
+            for h in handles:
+                h.remove()
+        names = self._expected(seen, norm_in)
+        torch.autograd.grad(value.sum(), start)  # the receivers' tensor hooks keep their gradients
+        unreached = [k for k in names if k not in grads]
+        if unreached:
+            raise UsageError(
+                f"edge attribution cannot read {self.info.name}'s receiver inputs {unreached}: the metric does not "
+                "depend on them through the hooks where they were read; this architecture is not supported yet"
+            )
+        b, T = tokens.shape  # OPT's blocks run their MLP (and its norm) on [batch * pos, d_model]
+        found = {k: _by_position(grads[k], b, T) for k in names}
+        norm_in = {k: _by_position(x, b, T) for k, x in norm_in.items()}
+        for l in self.graph.shape.mlp_layers:
+            key = f"ln1.{l}" if self.mlp_norms[l] is blocks[l].ln1 else f"norm.m{l}"
+            norm_in[f"norm.m{l}"] = norm_in[key]
+        return keep, value, found, norm_in
+
+    def _expected(self, seen: set[str], norm_in: dict[str, Tensor]) -> list[str]:
+        """The receiver inputs a pass must have seen, refused by name where one never ran."""
+        L = self.info.n_layers
+        want = [f"{s}{l}" for l in range(L) for s in "qkv"] + [f"m{l}" for l in self.graph.shape.mlp_layers]
+        norms = [f"ln1.{l}" for l in range(L)] + ["ln_final"]
+        norms += [f"norm.m{l}" for l, n in self.mlp_norms.items() if n is not self.model.blocks[l].ln1]
+        missing = [k for k in [*want, "logits"] if k not in seen] + [k for k in norms if k not in norm_in]
+        if missing:
+            raise UsageError(
+                f"edge attribution cannot read {self.info.name}'s receiver inputs: {missing} never ran in its "
+                "forward; this architecture is not supported yet"
+            )
+        return [*want, "logits"]
+
+    def _contract(
+        self, delta: dict[str, Tensor], grads: dict[str, Tensor], norm_in: dict[str, Tensor]
+    ) -> Float[Tensor, "pair sender receiver"]:
+        """``sum over positions of delta_sender . dM/d(receiver input)`` for every (sender, receiver),
+        in chunks of positions."""
+        b, T = delta["input"].shape[:2]
+        graph, blocks = self.graph, self.model.blocks
+        total = torch.zeros(b, len(graph.senders), len(graph.receivers), dtype=torch.float64)
+        for s in range(0, T, CHUNK):
+            c = slice(s, min(s + CHUNK, T))
+            D = self._sender_deltas(delta, c).double()  # [b, c, sender, d_model], summed in float64
+            for l in range(self.info.n_layers):
+                heads = self._head_cotangents(grads, l, c)  # [receiver, b, c, d_model]
+                G = _through_norm(blocks[l].ln1, norm_in[f"ln1.{l}"][:, c], heads)
+                self._add(total, D, G, graph.receivers_of(l)[: len(heads)])
+                if l in self.mlp_norms:
+                    G = _through_norm(self.mlp_norms[l], norm_in[f"norm.m{l}"][:, c], grads[f"m{l}"][None, :, c])
+                    self._add(total, D, G, [graph.receivers_of(l)[-1]])
+            G = _through_norm(self.model.ln_final, norm_in["ln_final"][:, c], grads["logits"][None, :, c])
+            self._add(total, D, G, graph.receivers_of(self.info.n_layers))
+        return total
+
+    def _add(self, total: Tensor, D: Tensor, G: Tensor, receivers: list[int]) -> None:
+        n = self.graph.upstream(receivers[0])  # the receivers of one group read the same senders
+        part = einsum(D[:, :, :n], G.double(), "b c s d, r b c d -> b s r")
+        total[:, :n, receivers] += part.cpu()
+
+    def _sender_deltas(self, delta: dict[str, Tensor], c: slice) -> Float[Tensor, "pair pos sender d_model"]:
+        """Each sender's output difference (donor - own) at positions ``c``, in :attr:`Graph.senders` order."""
+        cols = [delta["input"][:, c, None]]
+        for l in range(self.info.n_layers):
+            cols.append(einsum(delta[f"z{l}"][:, c], self.W_O[l], "b c h e, h e d -> b c h d"))
+            if f"m{l}" in delta:
+                cols.append(delta[f"m{l}"][:, c, None])
+        return torch.cat(cols, dim=2)
+
+    def _head_cotangents(
+        self, grads: dict[str, Tensor], l: int, c: slice
+    ) -> Float[Tensor, "receiver pair pos d_model"]:
+        """The gradient at layer ``l``'s norm output as each head's queries, keys and values read it:
+        ``dM/dq_h W_Q_h^T`` and the same for keys and values (per key/value head), in receiver order."""
+        q = einsum(grads[f"q{l}"][:, c], self.W_Q[l], "b c h e, h d e -> h b c d")
+        k = einsum(grads[f"k{l}"][:, c], self.W_K[l], "b c h e, h d e -> h b c d")
+        v = einsum(grads[f"v{l}"][:, c], self.W_V[l], "b c h e, h d e -> h b c d")
+        return torch.cat([q, k, v])
+
+
+def _by_position(x: Tensor, b: int, T: int) -> Tensor:
+    """``x`` as ``[batch, pos, ...]`` where a model flattened it to ``[batch * pos, d]``."""
+    return x.reshape(b, T, *x.shape[1:]) if x.ndim == 2 and x.shape[0] == b * T else x
+
+
+def _hook_name(key: str) -> str:
+    if key == "input":
+        return "blocks.0.hook_resid_pre"
+    layer = key[1:]
+    return f"blocks.{layer}.attn.hook_z" if key[0] == "z" else f"blocks.{layer}.hook_mlp_out"
+
+
+def _toward(donor: Tensor, alpha: float) -> Callable:
+    """A hook putting its activation at ``donor + alpha (own - donor)``."""
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        return donor.to(x.dtype) + alpha * (x - donor.to(x.dtype))
+
+    return hook
+
+
+def _start(start: list[Tensor]) -> Callable:
+    """A hook making the stream entering block 0 the one tensor that requires grad (the weights are
+    frozen): every activation after it is in the graph, and the backward stops there."""
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        start.append(x.detach().requires_grad_(True))
+        return start[-1]
+
+    return hook
+
+
+def _watch(grads: dict[str, Tensor], seen: set[str], key: str) -> Callable:
+    """A hook that keeps its activation's gradient, when the backward reaches it, under ``key``
+    (a tensor hook: the activation is not copied, nothing is added to the graph)."""
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        seen.add(key)
+        if not x.requires_grad:
+            return x
+        # a view of its own (no copy): where the model hands one tensor to attention and the MLP
+        # (GPT-J's shared norm), the gradient kept is this reader's alone
+        x = x.view_as(x)
+        x.register_hook(lambda g: grads.__setitem__(key, g.detach()))
+        return x
+
+    return hook
+
+
+def _on_input(hook: Callable) -> Callable:
+    """``hook`` as a module's forward pre-hook, on its first argument."""
+
+    def pre(module: Any, args: tuple) -> tuple:
+        return (hook(args[0], None), *args[1:])
+
+    return pre
+
+
+def _grab_input(keep: dict[str, Tensor], key: str) -> Callable:
+    def pre(module: Any, args: tuple) -> None:
+        keep[key] = args[0].detach()
+
+    return pre
+
+
+def _through_norm(
+    norm: torch.nn.Module, x: Float[Tensor, "pair pos d_model"], cotangents: Float[Tensor, "receiver pair pos d_model"]
+) -> Float[Tensor, "receiver pair pos d_model"]:
+    """The cotangents at ``norm``'s output carried to its input ``x``: the norm's own vector-Jacobian
+    product, one per receiver (batched over receivers, the residual not copied)."""
+    with torch.no_grad():  # the transform differentiates in x alone; the norm's weights stay out
+        _, vjp = torch.func.vjp(norm, x)
+        return torch.func.vmap(vjp)(cotangents.to(x.dtype))[0]
+
+
+def _result(run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int, top: int, passes: int) -> EdgeScores:
+    cfg = run.config
+    point, lo, hi = bootstrap_mean(per_pair, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+    table = graph.table()
+    columns = {"score": point, "score_lo": lo, "score_hi": hi, "abs_score": point.abs()}
+    columns["stability"] = stability(per_pair, top, n_boot=cfg.n_boot, seed=cfg.seed)
+    for name, col in columns.items():
+        table[name] = col.double().numpy()  # float64, as the table reads back
+    meta = run_header(
+        run.info,
+        run.probe,
+        kind="edge_scores",
+        method=method,
+        **({"steps": steps} if METHODS.info(method, "steps") else {}),
+        task=run.task.name,
+        n_pairs=run.task.n_pairs,
+        direction=run.direction,
+        metric=run.metric.name,
+        units="the metric's own (raw) units: the estimated change of the metric per pair, mean over pairs",
+        clean_metric=float(run.clean.mean()),
+        corrupted_metric=float(run.corrupted.mean()),
+        **gap_meta(run),
+        graph=graph.describe(),
+        n_edges=graph.n_edges,
+        backwards_per_minibatch=passes,
+        stability_top=top,
+        ci_level=cfg.level,
+        **cfg.as_dict(),
+    )
+    return EdgeScores(table, meta)
+
+
+def stability(
+    per_pair: Float[Tensor, "pair edge"], top: int, *, n_boot: int = 1000, seed: int = 0, block: int = 50
+) -> Float[Tensor, " edge"]:
+    """The share of ``n_boot`` bootstrap resamples of the pairs in which each edge's mean score is
+    among the ``top`` largest in absolute value (resamples drawn ``block`` at a time)."""
+    n, E = per_pair.shape
+    k = min(top, E)
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(n, (n_boot, n), generator=gen)
+    hits = torch.zeros(E, dtype=torch.float64)
+    values = per_pair.double()
+    for s in range(0, n_boot, block):
+        means = values[idx[s : s + block]].mean(1).abs()  # [block, edge]
+        chosen = means.topk(k, dim=1).indices
+        hits += torch.zeros_like(means).scatter_(1, chosen, 1.0).sum(0)
+    return (hits / n_boot).float()

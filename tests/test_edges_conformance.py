@@ -1,0 +1,312 @@
+"""EAP edge scores equal a plain gradient loop on the Hugging Face model itself, on conformance
+families the graph describes (tests/conformance.py), on randomly picked edges.
+
+The reference never goes through interp. Per edge: the sender's output difference (donor - own) is
+read off the Hugging Face modules (a head's: the output projection of its slice of the projection's
+input; an MLP's: its output; the input: what enters layer 0); then one forward with the receiver
+alone given ``input + e * difference`` (a head's queries, keys or values recomputed from its norm of
+the moved input, a pre-rotary projection of its slice; an MLP's input from its norm; the final
+norm's input for the logits) and one backward give ``d metric / d e`` at 0.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from interp.circuits import edge_scores, graph_of
+from interp.config import RunConfig
+from interp.errors import UsageError
+from interp.models import from_hf_model
+from interp.patching.metrics import task_metric
+from tests.conformance import N_HEADS, _submodule, build
+from tests.test_patching_conformance import family_task
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Where a family keeps what the reference moves (paths below one decoder layer, and the model)."""
+
+    layers: str
+    norm1: str
+    norm2: str | None  # None: the MLP reads attention's norm (a parallel block sharing it)
+    q: str
+    k: str
+    v: str
+    o: str
+    mlp: str  # the MLP's input module; its output module is ``mlp_out`` (default the same)
+    final: str
+    layout: str = "separate"  # one projection each; "blocks": one, [q heads | k heads | v heads];
+    # "interleaved": one, [head][q, k, v] (NeoX, Bloom)
+    mlp_out: str = ""
+
+    def cols(self, site: str, j: int, n_heads: int, n_kv: int, d: int) -> slice:
+        """Head (or key/value head) ``j``'s columns of ``site``'s projection output."""
+        s = "qkv".index(site)
+        if self.layout == "interleaved":
+            start = (3 * j + s) * d
+        elif self.layout == "blocks":
+            start = ((0, n_heads, n_heads + n_kv)[s] + j) * d
+        else:
+            start = j * d
+        return slice(start, start + d)
+
+
+LLAMA = Spec(
+    "model.layers",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp",
+    "model.norm",
+)
+SPECS = {
+    "gpt2": Spec(
+        "transformer.h", "ln_1", "ln_2", *["attn.c_attn"] * 3, "attn.c_proj", "mlp", "transformer.ln_f", "blocks"
+    ),
+    "gptj": Spec(
+        "transformer.h",
+        "ln_1",
+        None,
+        "attn.q_proj",
+        "attn.k_proj",
+        "attn.v_proj",
+        "attn.out_proj",
+        "mlp",
+        "transformer.ln_f",
+    ),
+    "gpt_neox": Spec(
+        "gpt_neox.layers",
+        "input_layernorm",
+        "post_attention_layernorm",
+        *["attention.query_key_value"] * 3,
+        "attention.dense",
+        "mlp",
+        "gpt_neox.final_layer_norm",
+        "interleaved",
+    ),
+    "falcon": Spec(
+        "transformer.h",
+        "input_layernorm",
+        None,
+        *["self_attention.query_key_value"] * 3,
+        "self_attention.dense",
+        "mlp",
+        "transformer.ln_f",
+        "blocks",
+    ),
+    "opt": Spec(
+        "model.decoder.layers",
+        "self_attn_layer_norm",
+        "final_layer_norm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.out_proj",
+        "fc1",
+        "model.decoder.final_layer_norm",
+        mlp_out="fc2",
+    ),
+    "bloom": Spec(
+        "transformer.h",
+        "input_layernorm",
+        "post_attention_layernorm",
+        *["self_attention.query_key_value"] * 3,
+        "self_attention.dense",
+        "mlp.dense_h_to_4h",
+        "transformer.ln_f",
+        "interleaved",
+        mlp_out="mlp.dense_4h_to_h",  # Bloom's MLP adds the residual itself
+    ),
+    "gpt_oss": LLAMA,
+    "llama": LLAMA,
+    "mistral": LLAMA,
+    "mixtral": LLAMA,
+    "qwen2": LLAMA,
+    "qwen3": LLAMA,
+    "phi3": Spec(
+        "model.layers",
+        "input_layernorm",
+        "post_attention_layernorm",
+        *["self_attn.qkv_proj"] * 3,
+        "self_attn.o_proj",
+        "mlp",
+        "model.norm",
+        "blocks",
+    ),
+}
+
+
+class _Once:
+    """A hook body that does not run again inside itself (it calls the module it hooks)."""
+
+    def __init__(self) -> None:
+        self.inside = False
+
+
+def _senders(hf: Any, spec: Spec, tokens: torch.Tensor, n_heads: int) -> dict[str, torch.Tensor]:
+    """Every sender's output on ``tokens`` (d_model each), from the Hugging Face modules."""
+    layers = _submodule(hf, spec.layers)
+    seen: dict[str, Any] = {}
+    with ExitStack() as stack:
+
+        def pre(name: str):
+            def hook(module, args, kwargs):
+                seen[name] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+            return hook
+
+        def post(name: str):
+            def hook(module, args, out):
+                # a copy: Falcon adds the attention output into its MLP's output in place
+                seen[name] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+
+            return hook
+
+        stack.enter_context(_handle(layers[0].register_forward_pre_hook(pre("input"), with_kwargs=True)))
+        for l, layer in enumerate(layers):
+            stack.enter_context(
+                _handle(_submodule(layer, spec.o).register_forward_pre_hook(pre(f"z{l}"), with_kwargs=True))
+            )
+            mlp_out = _submodule(layer, spec.mlp_out or spec.mlp)
+            stack.enter_context(_handle(mlp_out.register_forward_hook(post(f"m{l}"))))
+        with torch.no_grad():
+            hf(tokens)
+    out = {"input": seen["input"]}
+    for l, layer in enumerate(layers):
+        o, z = _submodule(layer, spec.o), seen[f"z{l}"]
+        d = z.shape[-1] // n_heads
+        with torch.no_grad():
+            base = o(torch.zeros_like(z))
+            for h in range(n_heads):
+                alone = torch.zeros_like(z)
+                alone[..., h * d : (h + 1) * d] = z[..., h * d : (h + 1) * d]
+                out[f"a{l}.h{h}"] = o(alone) - base
+        out[f"m{l}"] = seen[f"m{l}"].reshape(out["input"].shape)  # OPT: [batch * pos, d_model]
+    return out
+
+
+class _handle:
+    def __init__(self, h):
+        self.h = h
+
+    def __enter__(self):
+        return self.h
+
+    def __exit__(self, *exc):
+        self.h.remove()
+
+
+def reference_eap(hf: Any, spec: Spec, task: Any, edge: str, n_heads: int, n_kv: int, d_head: int) -> float:
+    sender, receiver = edge.split("->")
+    own, donor = task.corrupted, task.clean  # denoising
+    delta = _senders(hf, spec, donor, n_heads)[sender] - _senders(hf, spec, own, n_heads)[sender]
+    e = torch.zeros((), requires_grad=True)
+    shift = e * delta
+    layers = _submodule(hf, spec.layers)
+    hooks: list = []
+    if receiver == "logits":
+        hooks.append(
+            (_submodule(hf, spec.final), "pre", lambda m, args, kwargs: ((args[0] + shift, *args[1:]), kwargs))
+        )
+    elif receiver.startswith("m"):
+        layer = layers[int(receiver[1:])]
+        norm = _submodule(layer, spec.norm2 or spec.norm1)
+        seen, once = {}, _Once()
+        hooks.append((norm, "pre", _keeper(seen, once)))
+
+        def mlp_in(m, args, kwargs):
+            once.inside = True
+            moved = norm(seen["x"] + shift.reshape(seen["x"].shape))
+            once.inside = False
+            return (moved, *args[1:]), kwargs
+
+        hooks.append((_submodule(layer, spec.mlp), "pre", mlp_in))
+    else:
+        head, site = receiver[:-3], receiver[-2]
+        l, j = int(head[1 : head.index(".")]), int(head.split(".")[1].lstrip("hkv"))
+        layer = layers[l]
+        norm, proj = _submodule(layer, spec.norm1), _submodule(layer, getattr(spec, site))
+        cols = spec.cols(site, j, n_heads, n_kv, d_head)
+        seen, once = {}, _Once()
+        hooks.append((norm, "pre", _keeper(seen, once)))
+
+        def moved(m, args, out):
+            if once.inside:
+                return out
+            once.inside = True
+            change = proj(norm(seen["x"] + shift)) - proj(norm(seen["x"]))
+            once.inside = False
+            out = out.clone()
+            out[..., cols] = out[..., cols] + change[..., cols]
+            return out
+
+        hooks.append((proj, "post", moved))
+    with ExitStack() as stack:
+        for module, kind, fn in hooks:
+            h = (
+                module.register_forward_pre_hook(fn, with_kwargs=True)
+                if kind == "pre"
+                else module.register_forward_hook(fn)
+            )
+            stack.enter_context(_handle(h))
+        logits = hf(own).logits
+    metric, _ = task_metric(task)
+    value = metric(metric.read(logits), own, None, None).mean()
+    (grad,) = torch.autograd.grad(value, e)
+    return float(grad)
+
+
+def _keeper(seen: dict, once: _Once):
+    def hook(m, args, kwargs):
+        if not once.inside:
+            seen["x"] = args[0] if args else kwargs["hidden_states"]
+
+    return hook
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_eap_equals_the_hugging_face_gradient_loop(family):
+    hf_ref, _ = build(family)
+    model = from_hf_model(*build(family), name=family)
+    task = family_task(model, causal=True)
+    r = edge_scores(model, task, metric="raw-logit-diff", config=RunConfig(n_boot=50))
+    t = r.table.set_index("edge")
+    assert len(t) == graph_of(model).n_edges
+    shape = graph_of(model).shape
+    d_head = getattr(hf_ref.config, "head_dim", None) or hf_ref.config.hidden_size // N_HEADS
+    kv = "kv" if shape.group > 1 else "h"
+    j = min(1, shape.n_kv_heads - 1)
+    picked = random.Random(family).sample(list(t.index), 8)
+    picked += [f"a0.h1->a1.{kv}{j}<k>", f"a0.h2->a1.{kv}0<v>", "m0->a1.h3<q>", "a0.h0->m1", "input->m0", "m1->logits"]
+    # a parallel block's MLP reads the residual its own layer's attention reads: no edge from those heads
+    assert ("a1.h0->m1" in t.index) == (not shape.parallel)
+    for edge in picked:
+        ref = reference_eap(hf_ref, SPECS[family], task, edge, N_HEADS, shape.n_kv_heads, d_head)
+        assert t.loc[edge, "score"] == pytest.approx(ref, rel=1e-3, abs=1e-5), edge
+    assert t.score.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "family, why",
+    [
+        ("deepseek_v3", "latent projection"),
+        ("qwen3_next", "no softmax attention"),
+        ("gemma2", "passes through a norm before the residual"),
+        ("olmo2", "passes through a norm before the residual"),
+    ],
+)
+def test_families_the_graph_cannot_describe_are_refused_with_the_reason(family, why):
+    model = from_hf_model(*build(family), name=family)
+    with pytest.raises(UsageError, match=f"cannot describe {family} as a graph of edges: .*{why}"):
+        edge_scores(model, family_task(model, causal=True))
