@@ -57,7 +57,7 @@ from interp.results import Result
 from interp.scores import bootstrap_mean
 
 if TYPE_CHECKING:
-    import plotly.graph_objects as go
+    pass
 
 STEM = "edge_scores"
 DEFAULT_TOP = 20  # the stability's top-n
@@ -91,10 +91,6 @@ class EdgeScores(Result):
         """The ``n`` edges of largest absolute score, largest first (ties in table order)."""
         order = np.argsort(-self.table["score"].abs().to_numpy(), kind="stable")
         return self.table.iloc[order[:n]].reset_index(drop=True)
-
-    def figure(self, title: str | None = None) -> go.Figure:
-        """Not drawn yet: the graph page belongs to circuits (extraction and evaluation)."""
-        raise NotImplementedError("the edge graph figure is not built yet: read .top(n) or .table")
 
 
 def validate_edge_scores(
