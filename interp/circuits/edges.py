@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,9 +55,6 @@ from interp.progress import tqdm
 from interp.registry import Registry
 from interp.results import Result
 from interp.scores import bootstrap_mean
-
-if TYPE_CHECKING:
-    pass
 
 STEM = "edge_scores"
 DEFAULT_TOP = 20  # the stability's top-n
