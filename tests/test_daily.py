@@ -111,7 +111,7 @@ def test_atlas_skip_string_is_one_part(toy):
         interp.head_atlas(toy, skip="nope")
     assert str(e.value) == (
         "cannot skip nope: choose from sinks, exact, gradient, pruning, patterns, retrieval, composition, ov, "
-        "encoder, cards, headmap, task"
+        "encoder, qk, cards, headmap, task"
     )
 
 

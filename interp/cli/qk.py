@@ -22,6 +22,7 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.roles.qk import GROUPS, STEM, TARGETS, QKAttribution, head_totals, qk_attribution, validate_qk_attribution
 from interp.scores import plural, with_interval
+from interp.texts import BYTES_NOTE
 
 DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4, "task": 20}
 
@@ -36,7 +37,11 @@ def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
     heads.add_argument("--heads", dest="heads", help="comma-separated heads LAYER.HEAD")
     p.add_argument("--at", choices=TARGETS.names(), default=None, help=TARGETS.help() + " (default: induction)")
     flags.add_task_flag(p, None, "with --at task: ")
-    p.add_argument("--text", default=None, help="your own text, read at --query and --key (token positions)")
+    p.add_argument(
+        "--text",
+        default=None,
+        help=f"your own text, read at --query and --key (token positions); {BYTES_NOTE}",
+    )
     p.add_argument("--query", type=int, default=None, help="with --text: the query position (default: the last)")
     p.add_argument("--key", type=int, default=None, help="with --text: the key position")
     p.add_argument("--group", choices=GROUPS.names(), default="component", help=GROUPS.help())
