@@ -240,13 +240,11 @@ def loaded(monkeypatch, gpt2_tiny):
     return gpt2_tiny
 
 
-def test_replay_flag_and_the_deprecated_engine_flag(loaded, tmp_path, capsys):
+def test_replay_flag_and_no_engine_flag(loaded, tmp_path, capsys):
     assert cli(["--out", str(tmp_path / "r"), *SMALL, "--replay", "loop"]) == 0
-    captured = capsys.readouterr()
-    assert "--engine is deprecated" not in captured.err and "replay loop" in captured.out
+    assert "replay loop" in capsys.readouterr().out
     assert json.loads((tmp_path / "r" / "ablate_exact.json").read_text())["meta"]["replay"] == "loop"
-    assert cli(["--out", str(tmp_path / "e"), *SMALL, "--engine", "loop"]) == 0
-    captured = capsys.readouterr()
-    line = "--engine is deprecated for ablate: use --replay; --engine will be removed in the next release"
-    assert captured.err.splitlines().count(line) == 1
-    assert json.loads((tmp_path / "e" / "ablate_exact.json").read_text())["meta"]["replay"] == "loop"
+    with pytest.raises(SystemExit) as e:  # the deprecated spelling went with the library's engine=
+        cli(["--out", str(tmp_path / "e"), *SMALL, "--engine", "loop"])
+    assert e.value.code == 2 and "unrecognized arguments: --engine loop" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()

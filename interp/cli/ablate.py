@@ -13,8 +13,7 @@ A thin layer over :mod:`interp.ablation`. Methods:
   heatmap ``ablate_gates.html`` and ``ablate_gates_curves.html``.
 
 Every choice (``--ablation``, ``--metric``, ``--orders``, ``--replay``) and its help comes from the
-registries in :mod:`interp.ablation`. ``--engine`` is the deprecated spelling of ``--replay`` (one
-more release; it prints a deprecation line on stderr).
+registries in :mod:`interp.ablation`; the sweep's fast/loop choice is ``--replay``.
 
 Ctrl-C during a long sweep keeps the rows already computed: they are written with ``.partial`` in
 the file name (and ``"partial": true`` in the JSON), and the command exits with 130.
@@ -28,7 +27,6 @@ what an uninterrupted run writes, bit for bit. ``--fresh`` discards the journal 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,17 +75,6 @@ def _lambdas(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"lambda {e}") from None
 
 
-ENGINE_DEPRECATION = "--engine is deprecated for ablate: use --replay; --engine will be removed in the next release"
-
-
-class _DeprecatedEngine(argparse.Action):
-    """``--engine`` on ablate: the old spelling of ``--replay``; says so on stderr, then sets ``replay``."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, option: Any = None):
-        print(ENGINE_DEPRECATION, file=sys.stderr)
-        namespace.replay = value
-
-
 def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentParser:
     p = flags.base_parser(
         prog,
@@ -109,13 +96,6 @@ def build_parser(prog: str = "python -m interp.ablate") -> argparse.ArgumentPars
     flags.add_block_flags(p, 50, "tokens per repeated block, or per text window")
     p.add_argument("--dataset", default=None, help=f"text probe source; None: the bundled data/text; {BYTES_NOTE}")
     flags.add_encoding_flag(p, "--dataset file")
-    p.add_argument(
-        "--engine",
-        choices=REPLAYS.names(),
-        action=_DeprecatedEngine,
-        default=argparse.SUPPRESS,
-        help="deprecated: use --replay (removed in the next release)",
-    )
     flags.add_minibatch_flag(p, "sequences per forward (default: every sequence in one)")
     for flag, (methods, default, settings) in METHOD_FLAGS.items():
         shown = "" if default in (None, False) else f" (default: {_shown(default)})"
