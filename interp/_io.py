@@ -15,7 +15,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from importlib import resources
@@ -179,3 +179,39 @@ def ensure_writable_dir(out: str | os.PathLike) -> Path:
             except OSError:
                 pass
     return out
+
+
+def remove_superseded(written: Sequence[Path]) -> list[Path]:
+    """Delete the ``.partial`` twin (:func:`~interp._io.partial_name`) of each complete file ``written``:
+    what an interrupted run of the same output left, now complete beside it. Nothing else is touched
+    (another command's or another output's partial files stay). Returns the paths removed."""
+    removed = []
+    for path in written:
+        twin = partial_name(path)
+        if twin != Path(path) and twin.is_file():
+            twin.unlink()
+            removed.append(twin)
+    return removed
+
+
+def mark_partial(out: Path, since: float) -> list[Path]:
+    """Rename the files under ``out`` written at or after ``since`` to ``<stem>.partial<suffix>``.
+
+    What an interrupted run wrote may be a mix of new and old results (a figure from this run beside
+    a table from the last), so nothing of it may pass for complete: ``sinks_heads.html`` becomes
+    ``sinks_heads.partial.html`` (:func:`interp._io.partial_name`). Files already marked, hidden
+    files (locks, journals) and older files are left alone. Returns the new paths.
+    """
+    marked = []
+    for path in sorted(out.iterdir()):
+        if not path.is_file() or path.name.startswith(".") or PARTIAL in path.name:
+            continue
+        try:
+            if path.stat().st_mtime < since - 1e-3:
+                continue
+        except OSError:
+            continue
+        target = partial_name(path)
+        os.replace(path, target)
+        marked.append(target)
+    return marked

@@ -85,4 +85,17 @@ def remove_tree(path: str | os.PathLike) -> bool:
         return True
 
 
-__all__ = ["deferred", "end_process_group", "remove_tree"]
+def interrupted(error: BaseException) -> bool:
+    """Was ``error`` a Ctrl-C, or raised while one was being handled (a cleanup that failed on the
+    way out of an interrupted step)?"""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+__all__ = ["deferred", "end_process_group", "interrupted", "remove_tree"]

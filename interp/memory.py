@@ -273,3 +273,11 @@ def gradient_memory(model: HookedModel, info: Any, probe: Any, metric: Any) -> C
     n_read = positions_read(metric, info, probe.seq_len)
     shape = Shape.of(model, info)
     return lambda minibatch: gradient_estimate(shape, probe.seq_len, min(minibatch, probe.batch), n_read)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Was ``error`` an allocation that failed (a CPU or CUDA out-of-memory error)?"""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)

@@ -19,11 +19,11 @@ import torch
 
 import interp
 import interp.cli.common
+from interp._io import mark_partial
 from interp.ablation.gradient import ZERO_GRADIENT_WARNING
 from interp.ablation.metrics import UNWRAPPED
 from interp.cli.ablate import build_parser
 from interp.cli.ablate import cli as ablate_cli
-from interp.cli.common import mark_partial
 from interp.cli.induction import cli as induction_cli
 from interp.cli.sinks import cli as sinks_cli
 from interp.config import RunConfig

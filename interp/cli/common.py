@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import interp.distributed as distributed
-from interp._io import PARTIAL, ensure_writable_dir, partial_name, writes_skipped
+from interp._io import ensure_writable_dir, mark_partial, remove_superseded, writes_skipped
 from interp.adapters import HookedModel
 from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageError
+from interp.interrupts import interrupted
 from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
+from interp.memory import out_of_memory
 from interp.models import load_model, resolve_device, resolve_dtype
 from interp.progress import lines as progress_lines
 from interp.saving import cli_owned
@@ -264,14 +266,6 @@ def run_cli(
     return cmd.code
 
 
-def out_of_memory(error: BaseException) -> bool:
-    """Was ``error`` an allocation that failed (a CPU or CUDA out-of-memory error)?"""
-    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
-
-
 def print_written(written: Sequence[Path], replaced: Container[Path], removed: Sequence[Path] = ()) -> None:
     """The run's last lines: each path written, ``(replaced)`` where an earlier output was; then the
     partial files of an earlier interrupted run that they supersede, removed (:func:`remove_superseded`)."""
@@ -282,19 +276,6 @@ def print_written(written: Sequence[Path], replaced: Container[Path], removed: S
         print("removed (an interrupted run's partial files, superseded by the complete ones above):")
         for path in removed:
             print(f"  {path}")
-
-
-def remove_superseded(written: Sequence[Path]) -> list[Path]:
-    """Delete the ``.partial`` twin (:func:`~interp._io.partial_name`) of each complete file ``written``:
-    what an interrupted run of the same output left, now complete beside it. Nothing else is touched
-    (another command's or another output's partial files stay). Returns the paths removed."""
-    removed = []
-    for path in written:
-        twin = partial_name(path)
-        if twin != Path(path) and twin.is_file():
-            twin.unlink()
-            removed.append(twin)
-    return removed
 
 
 def partial_note(missing: int, total: int, units: str) -> str:
@@ -313,19 +294,6 @@ def stop_partial(written: Sequence[Path], journals: Journals | None = None) -> N
     if journals is not None and journals.opened:
         print("the finished units are journaled: run the same command with --resume to finish it")
     raise KeyboardInterrupt
-
-
-def interrupted(error: BaseException) -> bool:
-    """Was ``error`` a Ctrl-C, or raised while one was being handled (a cleanup that failed on the
-    way out of an interrupted step)?"""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], started: float, lead: bool) -> int:
@@ -355,29 +323,6 @@ def stop_interrupted(prog: str, error: BaseException, run: dict[str, Any], start
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
-
-
-def mark_partial(out: Path, since: float) -> list[Path]:
-    """Rename the files under ``out`` written at or after ``since`` to ``<stem>.partial<suffix>``.
-
-    What an interrupted run wrote may be a mix of new and old results (a figure from this run beside
-    a table from the last), so nothing of it may pass for complete: ``sinks_heads.html`` becomes
-    ``sinks_heads.partial.html`` (:func:`interp._io.partial_name`). Files already marked, hidden
-    files (locks, journals) and older files are left alone. Returns the new paths.
-    """
-    marked = []
-    for path in sorted(out.iterdir()):
-        if not path.is_file() or path.name.startswith(".") or PARTIAL in path.name:
-            continue
-        try:
-            if path.stat().st_mtime < since - 1e-3:
-                continue
-        except OSError:
-            continue
-        target = partial_name(path)
-        os.replace(path, target)
-        marked.append(target)
-    return marked
 
 
 @contextmanager

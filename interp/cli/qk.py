@@ -20,11 +20,18 @@ from interp.cli import flags
 from interp.cli.common import Unread, run_cli
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.roles.qk import GROUPS, STEM, TARGETS, QKAttribution, head_totals, qk_attribution, validate_qk_attribution
+from interp.roles.qk import (
+    GROUPS,
+    STEM,
+    TARGETS,
+    QKAttribution,
+    head_totals,
+    qk_attribution,
+    qk_source,
+    validate_qk_attribution,
+)
 from interp.scores import plural, with_interval
 from interp.texts import BYTES_NOTE
-
-DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4, "task": 20}
 
 
 def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
@@ -80,34 +87,19 @@ def check(args: argparse.Namespace) -> None:
     validate_qk_attribution(heads=args.heads, at=args.at or "induction", group=args.group, keep=keep)
 
 
-def _source(args: argparse.Namespace, model: HookedModel):
-    """What the run reads, and its targets: a probe and a target name, or text ids and one row."""
-    import torch
-
-    from interp.probes import TokenProbe, repeated_tokens
-    from interp.probes.needle import needle_probe
-    from interp.probes.task import task_probe
-
-    batch = args.batch or DEFAULT_BATCH[args.at or "induction"]
-    if args.text is not None:
-        probe = TokenProbe.from_texts(model, args.text)
-        T = probe.seq_len
-        q = T - 1 if args.query is None else args.query % T
-        k = args.key % T
-        return probe, torch.tensor([[0, q, k]]), f"your text ({T} tokens), query {q}, key {k}"
-    if args.at == "task":
-        task = task_probe(model, args.task, n_pairs=batch, seed=args.seed, framed=args.framed)
-        return task, "task", f"the {task.name} task ({task.n_pairs} pairs), read at position {task.read_position}"
-    if args.at == "retrieval":
-        probe = needle_probe(model, seq_len=args.seq_len, batch=batch, seed=args.seed)
-        return probe, "retrieval", f"{batch} needle sequences of {probe.seq_len} tokens"
-    block = args.seq_len or 20
-    probe = repeated_tokens(model, batch=batch, block_len=block, n_repeats=2, seed=args.seed)
-    return probe, args.at, f"{batch} sequences of a {block}-token block repeated twice"
-
-
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
-    source, at, what = _source(args, model)
+    source, at, what = qk_source(
+        model,
+        at=args.at,
+        text=args.text,
+        query=args.query,
+        key=args.key,
+        task=args.task,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        framed=args.framed,
+    )
     keep = [h for h in args.keep.split(",") if h]
     config = RunConfig(n_boot=args.n_boot, seed=args.seed, progress=args.progress)
     print(f"qk attribution at {args.at or 'your positions'}: {what}", flush=True)

@@ -51,7 +51,7 @@ from interp.registry import Registry
 from interp.roles import logit_attribution
 from interp.roles.composition import N_RANDOM
 from interp.roles.ov import K_LOWEST
-from interp.scores import HeadScores, format_table, join_scores, plural
+from interp.scores import HeadScores, format_table, join_scores
 from interp.texts import BYTES_NOTE, decode_file
 
 STEM = "roles"
@@ -198,7 +198,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             baselines.update(got.result.meta["baselines"])
         written += SHOW[name](got.result, args, info, out)
     if dla is not None:
-        _print_dla(dla, args.top)
+        print(dla.summary(args.top))
         written += dla.save(out)
     if tables:
         written.append(_print_roles(join_scores(tables), baselines, args, out))
@@ -249,19 +249,6 @@ SHOW = {
     "encoder": lambda enc, args, info, out: enc.save(out, "encoder_heads"),
     "map": _show_map,
 }
-
-
-def _print_dla(dla: Any, top: int) -> None:
-    ranked = dla.heads.table.reindex(dla.heads.table["dla"].abs().sort_values(ascending=False).index).head(top)
-    task = dla.meta.get("task")
-    on = f"task {task['name']}, read at position {task['read_position']}; " if task else ""
-    print(
-        f"\ndirect logit attribution ({on}{dla.meta['direction']}, {plural(dla.meta['n_prompts'], 'prompt')}; "
-        f"parts add up to the model's difference within {dla.meta['max_error']:.1e}):"
-    )
-    print(format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=dla.meta["n_prompts"]))
-    if dla.meta["softcap"]:
-        print(f"  note: {dla.meta['softcap']}")
 
 
 def _print_roles(merged: HeadScores, baselines: dict[str, float], args: argparse.Namespace, out: Path) -> Path:

@@ -69,7 +69,7 @@ from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
 from interp.roles.frozen import gain_and_bias
-from interp.scores import HeadScores, Shown, bootstrap_mean, read_csv
+from interp.scores import HeadScores, Shown, bootstrap_mean, format_table, plural, read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -94,6 +94,19 @@ class LogitAttribution(Shown):
     def table(self) -> pd.DataFrame:
         """The per-head table (a row per (layer, head): ``dla`` and its CI), as every result has."""
         return self.heads.table
+
+    def summary(self, top: int = 10) -> str:
+        """The ``top`` heads by the size of their term, with CIs, under a line saying what was attributed."""
+        t = self.heads.table
+        ranked = t.reindex(t["dla"].abs().sort_values(ascending=False).index).head(top)
+        task, n = self.meta.get("task"), self.meta["n_prompts"]
+        on = f"task {task['name']}, read at position {task['read_position']}; " if task else ""
+        lines = [
+            f"\ndirect logit attribution ({on}{self.meta['direction']}, {plural(n, 'prompt')}; "
+            f"parts add up to the model's difference within {self.meta['max_error']:.1e}):",
+            format_table(ranked, ["dla"], ci=["dla"], fmt=".3g", n_sequences=n),
+        ]
+        return "\n".join(lines + ([f"  note: {self.meta['softcap']}"] if self.meta["softcap"] else []))
 
     def grid(self, score: str = "dla") -> np.ndarray:
         """The ``[n_layers, n_heads]`` matrix of ``dla`` (or of its CI bounds, ``dla_lo``, ``dla_hi``)."""

@@ -471,7 +471,52 @@ def _per_sequence(terms: Tensor, matrix: Tensor, batch: Tensor, B: int) -> Tenso
     return out.index_add_(0, batch, grouped)
 
 
+DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4, "task": 20}  # sequences or pairs
+
+
+def qk_source(
+    model: HookedModel,
+    *,
+    at: str | None = None,
+    text: str | None = None,
+    query: int | None = None,
+    key: int | None = None,
+    task: str | None = None,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    seed: int = 0,
+    framed: bool = False,
+) -> tuple[Any, Any, str]:
+    """What :func:`qk_attribution` reads for a target set, built from its options, its targets, and
+    a line saying what it is: ``text`` read at one ``query`` (default: the last position) and ``key``
+    position; a task's pairs (``at="task"``, ``task``, ``batch`` of them); a needle probe
+    (``"retrieval"``); else ``batch`` repeated-token sequences of ``seq_len`` tokens a block (default
+    20) for ``at``. ``batch`` defaults to :data:`DEFAULT_BATCH` of the target."""
+    from interp.probes import repeated_tokens
+    from interp.probes.needle import needle_probe
+    from interp.probes.task import task_probe
+
+    batch = batch or DEFAULT_BATCH[at or "induction"]
+    if text is not None:
+        if key is None:
+            raise UsageError("text= is read at one key position: pass key=", params="key")
+        probe = TokenProbe.from_texts(model, text)
+        T = probe.seq_len
+        q = T - 1 if query is None else query % T
+        return probe, torch.tensor([[0, q, key % T]]), f"your text ({T} tokens), query {q}, key {key % T}"
+    if at == "task":
+        pairs = task_probe(model, task, n_pairs=batch, seed=seed, framed=framed)
+        return pairs, "task", f"the {pairs.name} task ({pairs.n_pairs} pairs), read at position {pairs.read_position}"
+    if at == "retrieval":
+        probe = needle_probe(model, seq_len=seq_len, batch=batch, seed=seed)
+        return probe, "retrieval", f"{batch} needle sequences of {probe.seq_len} tokens"
+    block = seq_len or 20
+    probe = repeated_tokens(model, batch=batch, block_len=block, n_repeats=2, seed=seed)
+    return probe, at, f"{batch} sequences of a {block}-token block repeated twice"
+
+
 __all__ = [
+    "DEFAULT_BATCH",
     "GROUPS",
     "STEM",
     "TARGETS",
@@ -481,6 +526,7 @@ __all__ = [
     "head_totals",
     "parse_heads",
     "qk_attribution",
+    "qk_source",
     "qk_terms",
     "validate_qk_attribution",
 ]
