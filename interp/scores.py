@@ -36,14 +36,6 @@ from interp.results import (
     score_columns,
 )
 
-# what every result shows and how tables are written, read by the analyses from here too (their home:
-# interp.results)
-from interp.results import Shown as Shown
-from interp.results import from_records as from_records
-from interp.results import memory_frame as memory_frame
-from interp.results import plural as plural
-from interp.results import read_csv as read_csv
-
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 

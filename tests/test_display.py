@@ -21,9 +21,10 @@ from interp.probes import repeated_tokens
 from interp.probes.task import task_probe
 from interp.report import head_atlas
 from interp.report.build import atlas_sizes
+from interp.results import plural
 from interp.roles import composition_scores, head_map, logit_attribution
 from interp.roles.logit import LogitAttribution
-from interp.scores import HeadScores, plural
+from interp.scores import HeadScores
 from interp.sinks import sink_scores
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

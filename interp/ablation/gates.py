@@ -29,7 +29,8 @@ from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
 from interp.progress import tqdm
-from interp.scores import HeadScores, Shown, file_frame, memory_frame
+from interp.results import Shown, file_frame, memory_frame
+from interp.scores import HeadScores
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -27,7 +27,8 @@ from interp._io import atomic_write, atomic_write_json
 from interp.checkpoints import roles as roles_over_time
 from interp.errors import UsageError
 from interp.parts.table import ROLES, THRESHOLD
-from interp.scores import HeadScores, Shown, file_frame, from_records, json_records, memory_frame
+from interp.results import Shown, file_frame, from_records, json_records, memory_frame
+from interp.scores import HeadScores
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

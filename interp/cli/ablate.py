@@ -58,7 +58,8 @@ from interp.cli.common import Unread, partial_note, run_cli, stop_partial
 from interp.models import describe
 from interp.plots import heatmap, save_figure, short_name
 from interp.probes import PROBES, TokenProbe, repeated_tokens, text_probe
-from interp.scores import HeadScores, format_table, plural
+from interp.results import plural
+from interp.scores import HeadScores, format_table
 from interp.texts import BYTES_NOTE, check_dataset
 
 STEM = "ablate"

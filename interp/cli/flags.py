@@ -16,7 +16,7 @@ from typing import Any
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.registry import Registry
-from interp.scores import plural
+from interp.results import plural
 
 
 def positive_int(text: str) -> int:

@@ -20,7 +20,8 @@ from interp.heads import ATTENTION_SCORES, head_scores, uniform_baselines
 from interp.models import describe
 from interp.plots import MARK_THRESHOLD, save_figure, short_name
 from interp.probes import repeated_tokens
-from interp.scores import format_table, plural
+from interp.results import plural
+from interp.scores import format_table
 
 STEM = "induction"
 

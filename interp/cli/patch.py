@@ -56,7 +56,8 @@ from interp.patching.faithfulness import TARGETS
 from interp.patching.paths import LOGITS
 from interp.plots import save_figure
 from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
-from interp.scores import format_table, plural
+from interp.results import plural
+from interp.scores import format_table
 
 STEM = "patch"
 PATH = "path"

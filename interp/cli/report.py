@@ -26,7 +26,8 @@ from interp.parts.table import THRESHOLD, role_columns
 from interp.probes.task import task_probe
 from interp.report.atlas import STEM
 from interp.report.build import ABLATION_PARTS, PARTS, TASK_PAIRS, atlas_sizes, head_atlas
-from interp.scores import format_table, plural
+from interp.results import plural
+from interp.scores import format_table
 
 
 def _heads(text: str) -> list[str]:

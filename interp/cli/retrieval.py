@@ -43,6 +43,7 @@ from interp.models import describe
 from interp.plots import save_figure, short_name
 from interp.probes.needle import HAYSTACKS, default_distances, needle_probe
 from interp.progress import announcer, plan_note
+from interp.results import plural
 from interp.retrieval import (
     DEFAULT_SINK,
     RETRIEVAL_THRESHOLD,
@@ -53,7 +54,6 @@ from interp.retrieval import (
 )
 from interp.retrieval.check import CHECKED, copy_distance_profile, distance_leaders, retrieval_plan, window_check
 from interp.retrieval.figures import copy_distance_figure, layer_windows, retrieval_figure
-from interp.scores import plural
 
 STEM = "retrieval"
 _SHORTER = "--distances none skips the copy-distance profile, shorter --distances shorten it"

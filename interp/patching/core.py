@@ -35,7 +35,8 @@ from interp.patching.metrics import METRICS, task_metric
 from interp.patching.result import PatchScores
 from interp.probes.task import DEFAULT_DIRECTION, PairedProbe, TaskProbe, check_direction, task_probe
 from interp.registry import Registry
-from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio, plural
+from interp.results import plural
+from interp.scores import NOISE_FLOOR_FRACTION, bootstrap_mean, bootstrap_ratio
 from interp.texts import token_label
 
 FEWER_PAIRS = "use fewer pairs (n_pairs=)"

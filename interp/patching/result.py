@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from interp._io import PARTIAL, partial_name
-from interp.scores import HeadScores, file_frame, memory_frame
+from interp.results import file_frame, memory_frame
+from interp.scores import HeadScores
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

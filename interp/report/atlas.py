@@ -21,7 +21,8 @@ import pandas as pd
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
 from interp.parts.table import role_column
-from interp.scores import HeadScores, Shown, file_frame, from_records, json_records, memory_frame, read_csv
+from interp.results import Shown, file_frame, from_records, json_records, memory_frame, read_csv
+from interp.scores import HeadScores
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -53,7 +53,8 @@ from interp.hooks import layer_of, pattern_hook
 from interp.probes import TokenProbe
 from interp.progress import forward_work
 from interp.registry import Registry
-from interp.scores import HeadScores, Shown, bootstrap_ratio, interval_notes
+from interp.results import Shown
+from interp.scores import HeadScores, bootstrap_ratio, interval_notes
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -68,8 +68,9 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
+from interp.results import Shown, plural, read_csv
 from interp.roles.frozen import gain_and_bias
-from interp.scores import HeadScores, Shown, bootstrap_mean, format_table, plural, read_csv
+from interp.scores import HeadScores, bootstrap_mean, format_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -20,7 +20,8 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes import TokenProbe, random_tokens
-from interp.scores import HeadScores, Shown, json_records, read_csv
+from interp.results import Shown, json_records, read_csv
+from interp.scores import HeadScores
 from interp.sinks.stats import (
     ABS_THRESHOLD,
     EPSILON,

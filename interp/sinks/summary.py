@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from interp.probes import TokenProbe
-from interp.scores import HeadScores, format_table, plural
+from interp.results import plural
+from interp.scores import HeadScores, format_table
 from interp.sinks.tables import MIN_OCCURRENCES
 
 
