@@ -43,6 +43,7 @@ HOMES = (
     "interp.patching.faithfulness",
     "interp.roles.composition",
     "interp.circuits.edges",
+    "interp.roles.qk_result",
 )
 R = TypeVar("R", bound="Result")
 

@@ -3,17 +3,15 @@ CIs, and its grid, top pairs, figure, save and load."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from interp._io import atomic_write, atomic_write_json
 from interp.errors import UsageError
-from interp.scores import Shown, read_csv
+from interp.results import Result, read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -22,14 +20,13 @@ STEM = "qk_attribution"
 VALUES = ("contrast", "score")
 
 
-@dataclass(repr=False)
-class QKAttribution(Shown):
+class QKAttribution(Result):
     """A row per head x query component x key component: its mean term of the ``contrast`` and the
     ``score`` at the targets, each with a CI (``_lo``, ``_hi``). ``meta["totals"]`` holds each head's
     own mean contrast and score (what the terms add up to)."""
 
-    table: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    KIND = STEM
+    what = "QK attribution"
     shown_by = "contrast"
 
     @property
@@ -67,25 +64,16 @@ class QKAttribution(Shown):
         title = title or f"why {head} attends ({value} at {self.meta.get('at', '')}): {self.meta.get('model', '')}"
         return pair_heatmap(self.grid(head, value), title=title, total=total)
 
-    def save(self, out_dir: str | Path, stem: str = STEM, *, overwrite: bool = False) -> list[Path]:
-        """``<stem>.csv`` (the table) and ``<stem>.json`` (the meta), each written atomically."""
-        from interp.saving import claim, provenance
-
-        csv_path, js_path = claim(Path(out_dir), [f"{stem}.csv", f"{stem}.json"], overwrite=overwrite)
-        files = [atomic_write(csv_path, self.table.to_csv(index=False))]
-        files.append(atomic_write_json(js_path, {"kind": STEM, **provenance(), "meta": self.meta}))
-        return files
+    def json_body(self, files: pd.DataFrame) -> dict[str, Any]:
+        """The JSON holds the meta; the rows are the CSV's."""
+        return {"meta": self.meta}
 
     @classmethod
-    def load(cls, path: str | Path, stem: str = STEM) -> QKAttribution:
-        """Read back what :meth:`save` wrote, from its ``<stem>.json`` or the folder holding it."""
-        path = Path(path)
-        path = path / f"{stem}.json" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"no saved QK attribution at {path}: pass the {stem}.json that save() wrote")
-        blob = json.loads(path.read_text(encoding="utf-8"))
-        table = read_csv(path.with_suffix(".csv"), dtype={"head": str, "query": str, "key": str})
-        return cls(table, blob["meta"])
+    def from_json(cls, blob: Mapping[str, Any], path: Path) -> QKAttribution:
+        """The table from the CSV beside ``path``, the meta from its JSON."""
+        return cls(
+            read_csv(path.with_suffix(".csv"), dtype={"head": str, "query": str, "key": str}), dict(blob["meta"])
+        )
 
 
 def head_totals(result: QKAttribution, head: str) -> dict[str, float]:
