@@ -20,6 +20,7 @@ from interp.cli import flags
 from interp.cli.common import Unread, run_cli
 from interp.config import RunConfig
 from interp.errors import UsageError
+from interp.results import plural
 from interp.roles.qk import (
     GROUPS,
     STEM,
@@ -30,7 +31,7 @@ from interp.roles.qk import (
     qk_source,
     validate_qk_attribution,
 )
-from interp.scores import plural, with_interval
+from interp.scores import with_interval
 from interp.texts import BYTES_NOTE
 
 
@@ -52,7 +53,12 @@ def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
     p.add_argument("--query", type=int, default=None, help="with --text: the query position (default: the last)")
     p.add_argument("--key", type=int, default=None, help="with --text: the key position")
     p.add_argument("--group", choices=GROUPS.names(), default="component", help=GROUPS.help())
-    p.add_argument("--keep", default="", help="with --group layer or kind: heads that stay themselves")
+    p.add_argument(
+        "--keep",
+        type=lambda text: [h for h in text.split(",") if h],
+        default=[],
+        help="with --group layer or kind: heads that stay themselves, comma-separated (default: none)",
+    )
     p.add_argument(
         "--seq-len",
         type=flags.positive_int,
@@ -83,8 +89,7 @@ def check(args: argparse.Namespace) -> None:
     elif args.at == "task":
         raise UsageError("--at task needs --task (a bundled task or a task file)")
     args.at = args.at or ("induction" if args.text is None else None)
-    keep = [h for h in args.keep.split(",") if h]
-    validate_qk_attribution(heads=args.heads, at=args.at or "induction", group=args.group, keep=keep)
+    validate_qk_attribution(heads=args.heads, at=args.at or "induction", group=args.group, keep=args.keep)
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -100,10 +105,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         seed=args.seed,
         framed=args.framed,
     )
-    keep = [h for h in args.keep.split(",") if h]
     config = RunConfig(n_boot=args.n_boot, seed=args.seed, progress=args.progress)
     print(f"qk attribution at {args.at or 'your positions'}: {what}", flush=True)
-    result = qk_attribution(model, source, heads=args.heads, at=at, group=args.group, keep=keep, config=config)
+    result = qk_attribution(model, source, heads=args.heads, at=at, group=args.group, keep=args.keep, config=config)
     level = int(round(100 * config.level))
     for head in result.heads:
         totals = head_totals(result, head)
