@@ -4,7 +4,7 @@
 (size, level), the seed, the minibatch, progress, and the engine with its memory budget. Every
 public analysis takes them one way, ``config=RunConfig(...)`` (``head_scores(model, probe,
 config=RunConfig(n_boot=200))``), and no analysis takes them as keywords of its own;
-:meth:`RunConfig.of` gives the defaults for ``config=None`` and a copy with some settings changed.
+:meth:`RunConfig.of` gives the defaults for ``config=None``.
 
 :func:`run_header` writes the facts of a run (model, shape, causality, probe, configuration) that
 the ``meta`` of every result starts with.
@@ -48,19 +48,13 @@ class RunConfig:
             raise UsageError(f"budget must be a positive number of bytes, got {self.budget!r}")
 
     @classmethod
-    def of(cls, config: RunConfig | None = None, **overrides: Any) -> RunConfig:
-        """``config`` (or the defaults) with ``overrides`` applied. An override of ``None`` means "not
-        given" and is ignored, so functions can default their keywords to ``None`` and let
-        ``config`` decide."""
-        base = config if config is not None else cls()
-        if not isinstance(base, RunConfig):
-            raise UsageError(f"config must be an interp.RunConfig, got {type(base).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise UsageError(f"unknown run setting(s) {unknown}: RunConfig has {sorted(names)}")
-        given = {k: v for k, v in overrides.items() if v is not None}
-        return dataclasses.replace(base, **given) if given else base
+    def of(cls, config: RunConfig | None = None) -> RunConfig:
+        """``config``, or the defaults when it is None; anything else is refused."""
+        if config is None:
+            return cls()
+        if not isinstance(config, RunConfig):
+            raise UsageError(f"config must be an interp.RunConfig, got {type(config).__name__}")
+        return config
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
