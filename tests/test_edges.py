@@ -10,7 +10,7 @@ import torch
 
 import interp
 from interp.circuits import EdgeScores, Graph, Shape, count_edges, edge_scores, graph_of, validate_edge_scores
-from interp.circuits.graph import refusal
+from interp.patching.graph import refusal
 from interp.errors import UsageError
 from interp.models import describe
 from interp.probes.task import task_probe

@@ -81,6 +81,9 @@ class Sweeper:
     construction refuses with one line saying what to do.
     """
 
+    units = "head set"  # what one row of :meth:`evaluate` is, in its progress and resume lines
+    shortcuts_wanted = True  # the attention shortcut's captures (a subclass that never reuses attention: False)
+
     def __init__(
         self,
         model: HookedModel,
@@ -151,7 +154,7 @@ class Sweeper:
         ``hook_z`` (after the ablation) and attention output."""
         L, H = self.info.n_layers, self.info.n_heads
         zs: list[Any] = [None] * L
-        shortcuts = self.replay == "fast"  # what the attention shortcut needs; the loop needs none of it
+        shortcuts = self.replay == "fast" and self.shortcuts_wanted  # what the attention shortcut needs
 
         def keep_z(layer: int) -> Callable:
             def hook(z: Tensor, hook: Any) -> None:
@@ -243,20 +246,9 @@ class Sweeper:
         bf16: a model whose blocks take inputs computed by earlier blocks (which the replay would
         take from the clean pass) fails it.
         """
-        if self.adapter.block_count() is None:
-            return "the model has no `blocks` to replay"
-        if self.metric.reads == "logits" and not self.adapter.can_unembed():
-            return "the model has no ln_final/unembed to read logits with"
-        B = self.probe.batch
-        check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
-        if any(r is None for r in check.resid):
-            return "the model does not call its `blocks` one after another"
-        wider = torch.tensor([0, 1, 0]) if B >= 2 else torch.tensor([0, 0, 0])
-        _, _, calls3, _, _ = self._record(self.probe.tokens[wider.to(self.probe.tokens.device)], self.base, wider)
-        try:
-            self._plans = [call_plan(calls3[l], check.calls[l], 3, 2) for l in range(self.info.n_layers)]
-        except UnreplayableCall as e:
-            return f"a block argument cannot be replayed: {e}"
+        check, why = self._plan_calls()
+        if why is not None:
+            return why
         try:
             got = self._replay(check, 0, self.base[None].expand(2, -1, -1))
         except Exception as e:  # an architecture whose blocks need more than the recorded call
@@ -286,6 +278,26 @@ class Sweeper:
                         "take inputs computed by earlier blocks, which the replay takes from the clean pass"
                     )
         return None
+
+    def _plan_calls(self) -> tuple[CleanBatch | None, str | None]:
+        """The first part of the self-check, which every replay needs: two probe sequences captured,
+        and how each block argument is expanded for ``rep`` copies (:attr:`_plans`), read off the
+        calls recorded for three; the capture, and why the blocks cannot be replayed (``None``: they can)."""
+        if self.adapter.block_count() is None:
+            return None, "the model has no `blocks` to replay"
+        if self.metric.reads == "logits" and not self.adapter.can_unembed():
+            return None, "the model has no ln_final/unembed to read logits with"
+        B = self.probe.batch
+        check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
+        if any(r is None for r in check.resid):
+            return check, "the model does not call its `blocks` one after another"
+        wider = torch.tensor([0, 1, 0]) if B >= 2 else torch.tensor([0, 0, 0])
+        _, _, calls3, _, _ = self._record(self.probe.tokens[wider.to(self.probe.tokens.device)], self.base, wider)
+        try:
+            self._plans = [call_plan(calls3[l], check.calls[l], 3, 2) for l in range(self.info.n_layers)]
+        except UnreplayableCall as e:
+            return check, f"a block argument cannot be replayed: {e}"
+        return check, None
 
     def _check_masks(self) -> list[tuple[int, Bool[Tensor, "rep layer head"]]]:
         """Head sets for the self-check, grouped by the block their replay starts at."""
@@ -368,7 +380,7 @@ class Sweeper:
             if key in found:
                 result[i] = torch.tensor(found[key], dtype=result.dtype)
                 done.add(i)
-        self.journal.resumed(len(done), len(keys), f"head sets of {named}")
+        self.journal.resumed(len(done), len(keys), f"{self.units}s of {named}")
         return done
 
     def _rounds(
@@ -430,7 +442,7 @@ class Sweeper:
     def _sizes(self, n_sets: int, n_todo: int, n_rounds: int) -> str:
         """What :meth:`evaluate` is about to do, for its progress line."""
         probe = self.probe
-        text = f"{n_sets} head set(s) x {probe.batch} sequences of {probe.seq_len} tokens"
+        text = f"{n_sets} {self.units}(s) x {probe.batch} sequences of {probe.seq_len} tokens"
         if n_todo < n_sets:
             text += f", {n_sets - n_todo} already in the journal"
         return text + f", {n_rounds} batched forward(s) ({self.replay} replay)"

@@ -1,4 +1,4 @@
-"""Edge attribution: a score for every edge of the graph (:mod:`interp.circuits.graph`) from a few
+"""Edge attribution: a score for every edge of the graph (:mod:`interp.patching.graph`) from a few
 forwards and backwards, EAP-IG's definitions.
 
 An edge's score is the first-order estimate of patching that edge alone, the sender's output
@@ -29,7 +29,8 @@ pattern is asked for (the toy runs its fused attention).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,12 @@ from interp.ablation.metrics import Metric
 from interp.ablation.replay import read_out
 from interp.adapters import HookedModel
 from interp.adapters.weights import read_head_weights
-from interp.circuits.graph import Graph, graph_of
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
+from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
+from interp.patching.edge_patch import EdgeSweeper, EdgeUnits
+from interp.patching.graph import Graph, graph_of
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.progress import tqdm
 from interp.registry import Registry
@@ -74,6 +77,11 @@ METHODS.add(
     steps=True,
 )
 METHODS.add("clean-corrupted", "the gradient averaged over the two prompts of each pair", steps=False)
+METHODS.add(
+    "exact",
+    "every edge patched alone (its receiver reads the sender's donor output), one row of the batched replay each",
+    steps=False,
+)
 
 
 class EdgeScores(Result):
@@ -123,17 +131,27 @@ def edge_scores(
     direction: str = DEFAULT_DIRECTION,
     n_pairs: int | None = None,
     top: int = DEFAULT_TOP,
+    edges: Sequence[str] | None = None,
     config: RunConfig | None = None,
+    journal: Journal | None = None,
 ) -> EdgeScores:
     """Every edge of ``model``'s graph scored on ``task`` by ``method`` (see the module docstring).
 
     ``task``, ``metric``, ``direction`` and ``n_pairs`` as for :func:`interp.patch_heads`; ``steps``:
     the points of an ``eap-ig-*`` method (default 5); ``top``: the n of each edge's stability.
+    ``edges``: with ``method="exact"``, the edges to patch (by name, e.g. an attribution's top rows'
+    ``edge``; default every edge), the others left NaN; ``journal``: exact's record, for a resumed run.
     ``config``: its ``minibatch`` (pairs per pass), ``n_boot``, ``level`` and ``seed``. A model the
     graph cannot describe is refused before any forward, and so is a run that would not fit in memory
     (the estimate said)."""
     validate_edge_scores(method=method, steps=steps, metric=own_metric(task, metric), direction=direction, top=top)
+    if edges is not None and method != "exact":
+        raise UsageError(
+            f"method={method} scores every edge at once; edges= picks the edges of method=exact", params="edges"
+        )
     graph = graph_of(model)
+    if method == "exact":
+        return _exact(model, task, graph, metric, direction, n_pairs, top, edges, config, journal)
     run = setup(model, task, metric=metric, direction=direction, n_pairs=n_pairs, config=config, measured=False)
     m = (steps or IG_STEPS) if METHODS.info(method, "steps") else 1
     step = run.config.minibatch or run.task.n_pairs
@@ -142,6 +160,54 @@ def edge_scores(
     per_pair, own, donor = passes.all_pairs(step)
     run.clean, run.corrupted = (donor, own) if run.direction == "denoise" else (own, donor)
     return _result(run, graph, per_pair, method, m, top, passes.passes())
+
+
+def _exact(
+    model: HookedModel,
+    task: TaskProbe | str | Path,
+    graph: Graph,
+    metric: str | Metric | Callable | None,
+    direction: str,
+    n_pairs: int | None,
+    top: int,
+    edges: Sequence[str] | None,
+    config: RunConfig | None,
+    journal: Journal | None,
+) -> EdgeScores:
+    """Exact edge patching: each edge alone, its receiver reading the sender's output on the donor
+    prompt, on the one intervention replay; the score per pair is the patched metric minus the own."""
+    table = graph.table()
+    names = list(table.edge)
+    picked = list(range(len(names))) if edges is None else _picked(names, edges)
+    run = setup(model, task, metric=metric, direction=direction, n_pairs=n_pairs, config=config)
+    sweeper = EdgeSweeper(run, graph, journal=journal)
+    pairs = graph.edge_index()
+    units = EdgeUnits(graph, [tuple(pairs[i].tolist()) for i in picked])
+    scope = f"edges-exact-{run.direction}"
+    values = sweeper.evaluate(
+        units, desc=f"exact edge patching ({run.direction})", scope=scope, named="exact edge patching"
+    )
+    per_pair = torch.full((run.task.n_pairs, len(names)), float("nan"), dtype=torch.float64)
+    per_pair[:, picked] = (values - sweeper.clean[None]).T.double()
+    facts = {"replay": sweeper.replay, "patched_edges": len(picked)}
+    if sweeper.interrupted:
+        facts["partial"] = True
+    return _result(run, graph, per_pair, "exact", 1, top, 1, **facts)
+
+
+def _picked(names: list[str], edges: Sequence[str]) -> list[int]:
+    """The indices of the named edges (refusing a name the graph lacks, with the nearest one)."""
+    where = {n: i for i, n in enumerate(names)}
+    unknown = [e for e in edges if e not in where]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UsageError(
+            f"edges=: {unknown[0]!r} is not an edge of this model's graph{hint}; edges are named sender->receiver, "
+            "as the table's edge column names them",
+            params="edges",
+        )
+    return sorted({where[e] for e in edges})
 
 
 def edge_memory(run: Setup, graph: Graph, steps: int) -> Callable[[int], memory.Estimate]:
@@ -456,7 +522,9 @@ def _through_norm(
         return torch.func.vmap(vjp)(cotangents.to(x.dtype))[0]
 
 
-def _result(run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int, top: int, passes: int) -> EdgeScores:
+def _result(
+    run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int, top: int, passes: int, **facts: Any
+) -> EdgeScores:
     cfg = run.config
     point, lo, hi = bootstrap_mean(per_pair, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     table = graph.table()
@@ -479,8 +547,10 @@ def _result(run: Setup, graph: Graph, per_pair: Tensor, method: str, steps: int,
         corrupted_metric=float(run.corrupted.mean()),
         **gap_meta(run),
         graph=graph.describe(),
+        shape=graph.shape.as_dict(),
         n_edges=graph.n_edges,
-        backwards_per_minibatch=passes,
+        **({"backwards_per_minibatch": passes} if method != "exact" else {}),
+        **facts,
         stability_top=top,
         ci_level=cfg.level,
         **cfg.as_dict(),

@@ -71,6 +71,24 @@ class Shape:
     def group(self) -> int:
         return self.n_heads // self.n_kv_heads
 
+    def as_dict(self) -> dict[str, Any]:
+        """The shape as a result's meta holds it (:meth:`of_dict` reads it back)."""
+        return {
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "mlp_layers": list(self.mlp_layers),
+            "parallel": self.parallel,
+        }
+
+    @classmethod
+    def of_dict(cls, d: Any) -> Shape:
+        if not isinstance(d, dict):
+            raise UsageError(
+                "this result's meta holds no graph shape (meta['shape']): score the edges again to get one"
+            )
+        return cls(d["n_layers"], d["n_heads"], d["n_kv_heads"], tuple(d["mlp_layers"]), bool(d["parallel"]))
+
 
 class Graph:
     """Senders, receivers and the edges between them (``edges[s, r]``: sender ``s`` reaches receiver ``r``)."""
@@ -103,6 +121,10 @@ class Graph:
     @property
     def n_edges(self) -> int:
         return int(self.edges.sum())
+
+    def edge_index(self) -> Tensor:
+        """``[edge, 2]``: each edge's (sender, receiver) index, in :meth:`table` order."""
+        return self.edges.T.nonzero().flip(1)
 
     def receivers_of(self, layer: int) -> list[int]:
         """The indices of the receivers read in ``layer`` (``n_layers``: the logits)."""
