@@ -34,6 +34,7 @@ LAYERS: dict[str, float] = {
     "patterns": 13,
     "roles.__main__": 13,
     "qk": 13,
+    "circuit": 13,
     "report.__main__": 13,
     "sinks.__main__": 13,
     "retrieval.__main__": 13,

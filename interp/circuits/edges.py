@@ -32,7 +32,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -52,12 +52,17 @@ from interp.errors import UsageError
 from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
 from interp.patching.edge_patch import EdgeSweeper, EdgeUnits
-from interp.patching.graph import Graph, graph_of
+from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.progress import tqdm
 from interp.registry import Registry
 from interp.results import Result
 from interp.scores import bootstrap_mean
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from interp.circuits.circuit import Circuit, FaithfulnessCurve
 
 STEM = "edge_scores"
 DEFAULT_TOP = 20  # the stability's top-n
@@ -96,6 +101,51 @@ class EdgeScores(Result):
         """The ``n`` edges of largest absolute score, largest first (ties in table order)."""
         order = np.argsort(-self.table["score"].abs().to_numpy(), kind="stable")
         return self.table.iloc[order[:n]].reset_index(drop=True)
+
+    @property
+    def graph(self) -> Graph:
+        """The graph these edges belong to (read from ``meta["shape"]``)."""
+        return Graph(Shape.of_dict(self.meta.get("shape")))
+
+    def circuit(self, n: int | None = None, *, how: str = "top", threshold: float | None = None) -> Circuit:
+        """The circuit ``how`` extracts from these scores (:data:`~interp.circuits.circuit.HOWS`):
+        the top ``n`` edges by absolute score, ``n`` edges greedily from the logits up, or every edge
+        whose absolute score reaches ``threshold``; pruned to the edges on input-to-logits paths."""
+        from interp.circuits.circuit import Circuit, select
+
+        scores = self.table["score"].to_numpy()
+        keep = select(self.graph, scores, how, n=n, threshold=threshold)
+        asked = {
+            "how": how,
+            **({"n": n} if n is not None else {}),
+            **({"threshold": threshold} if threshold is not None else {}),
+        }
+        meta = {k: self.meta[k] for k in ("model", "task", "method", "direction", "metric") if k in self.meta}
+        return Circuit.of(self.graph, keep, scores, **meta, **asked)
+
+    def faithfulness_curve(
+        self,
+        model: HookedModel,
+        task: TaskProbe | str | Path,
+        *,
+        how: str = "top",
+        source: str = "patch",
+        config: RunConfig | None = None,
+        **options: Any,
+    ) -> FaithfulnessCurve:
+        """The faithfulness of the circuits extracted from these scores at MIB's sizes
+        (:func:`~interp.circuits.circuit.faithfulness_curve`; ``options``: its ``fractions``,
+        ``refine``, ``metric``, ``n_pairs``, ``journal``)."""
+        from interp.circuits.circuit import faithfulness_curve
+
+        scores = self.table["score"].to_numpy()
+        return faithfulness_curve(model, task, scores, how=how, source=source, config=config, **options)
+
+    def figure(self, title: str | None = None, edges: int = 60) -> go.Figure:
+        """The ``edges`` edges of largest absolute score, drawn as a graph (:func:`~interp.circuits.figure.graph_figure`)."""
+        from interp.circuits.figure import graph_figure
+
+        return graph_figure(self.table, self.meta, edges=edges, title=title)
 
 
 def validate_edge_scores(

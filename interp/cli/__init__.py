@@ -26,6 +26,11 @@ COMMANDS.add("patterns", "every head's attention on your own text, as one self-c
 COMMANDS.add("retrieval", "retrieval heads, streaming heads and copy distance on needle probes", "interp.cli.retrieval")
 COMMANDS.add("patch", "which heads matter for a task: activation patching on clean/corrupted pairs", "interp.cli.patch")
 COMMANDS.add(
+    "circuit",
+    "which edges carry a task: edge attribution and exact edge patching, the circuit extracted and evaluated",
+    "interp.cli.circuit",
+)
+COMMANDS.add(
     "qk", "why a head attends where it does: its score split into (query, key) component pairs", "interp.cli.qk"
 )
 COMMANDS.add(

@@ -1,0 +1,504 @@
+"""Circuits: subgraphs of edges, extracted from edge scores and evaluated exactly.
+
+A :class:`Circuit` is a set of the graph's edges (a boolean per edge, in :meth:`Graph.table` order).
+It is extracted from scores (:data:`HOWS`: the top ``n`` by absolute score, greedy from the logits up,
+or a threshold, as EAP-IG's ``apply_topn``, ``apply_greedy`` and ``apply_threshold`` do), and then
+pruned: an edge stays only where its sender is reached from the input and its receiver reaches the
+logits along the circuit's own edges.
+
+Evaluation is exact, EAP-IG's ``evaluate_graph``: the clean prompt runs, and every receiver reads each
+sender outside the circuit at its value on the corrupted prompt (``source="patch"``) or at that
+value's position-wise mean over the pairs (``"mean"``); edges in the circuit carry what this run
+computes. Every size of a curve is one row of one batched replay (:class:`EdgeSweeper`).
+Faithfulness is ``(M_circuit - M_corrupted) / (M_clean - M_corrupted)`` (a ratio of means over
+pairs, with a bootstrap CI over pairs), ``M_corrupted`` being the empty circuit's metric (equal to
+the corrupted run's when the source is the paired prompt). Over MIB's edge fractions
+(:data:`MIB_FRACTIONS`, ``n = floor(fraction * edges)``) the curve's CPR is the area under it and its
+CMD the area between it and 1 (trapezoids over the fractions, as MIB computes them).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from interp.ablation.metrics import Metric
+from interp.adapters import HookedModel
+from interp.config import RunConfig, run_header
+from interp.errors import UsageError
+from interp.journal import Journal
+from interp.patching.core import gap_meta, pooled_ratio, setup
+from interp.patching.edge_patch import SOURCE, SOURCES, CodeUnits, EdgeSweeper
+from interp.patching.graph import Graph, Shape, graph_of
+from interp.probes.task import TaskProbe
+from interp.registry import Registry
+from interp.results import Result
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+FAITHFUL = 0.8  # the faithfulness a summary names the smallest circuit reaching
+
+HOWS: Registry[str] = Registry("circuit extraction")
+HOWS.add("top", "the n edges of largest absolute score, then pruned (EAP-IG's apply_topn)")
+HOWS.add(
+    "greedy",
+    "from the logits down: each step adds the edge of largest absolute score into a node already in the circuit (EAP-IG's apply_greedy)",
+)
+HOWS.add(
+    "threshold", "every edge whose absolute score is at least the threshold, then pruned (EAP-IG's apply_threshold)"
+)
+
+
+def _receiver_nodes(graph: Graph) -> list[list[str]]:
+    """The node(s) each receiver belongs to: a head's input its head (a key/value head's: every
+    query head it serves), an MLP's input the MLP, the logits themselves."""
+    out = []
+    for r in graph.receivers:
+        if r.kind == "head":
+            out.append([f"a{r.layer}.h{q}" for q in r.query_heads])
+        else:
+            out.append([r.name])
+    return out
+
+
+def prune(graph: Graph, keep: Bool[np.ndarray, " edge"]) -> Bool[np.ndarray, " edge"]:
+    """``keep`` less every edge no input-to-logits path of kept edges crosses: its sender must be
+    reached from the input, and a node its receiver feeds must reach the logits."""
+    keep = np.asarray(keep, dtype=bool)
+    idx = graph.edge_index().numpy()
+    senders = [n.name for n in graph.senders]
+    nodes = _receiver_nodes(graph)
+    stage = np.array([graph.receivers[r].stage for _, r in idx])
+    order = np.argsort(stage, kind="stable")
+    reached = {"input"}
+    for e in order:
+        if keep[e] and senders[idx[e, 0]] in reached:
+            reached.update(nodes[idx[e, 1]])
+    alive = {"logits"}
+    for e in order[::-1]:
+        if keep[e] and any(n in alive for n in nodes[idx[e, 1]]):
+            alive.add(senders[idx[e, 0]])
+    out = keep.copy()
+    for e in np.flatnonzero(keep):
+        s, r = idx[e]
+        out[e] = senders[s] in reached and senders[s] in alive and any(n in alive for n in nodes[r])
+    return out
+
+
+def select(
+    graph: Graph,
+    scores: Float[np.ndarray, " edge"],
+    how: str = "top",
+    *,
+    n: int | None = None,
+    threshold: float | None = None,
+) -> Bool[np.ndarray, " edge"]:
+    """The edges ``how`` extracts from ``scores`` (absolute values ranked; ties in table order), pruned."""
+    HOWS.check(how)
+    mag = np.abs(np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-1.0))
+    E = len(mag)
+    if how == "threshold":
+        if threshold is None:
+            raise UsageError(
+                "how=threshold needs threshold=: the least absolute score an edge keeps", params="threshold"
+            )
+        return prune(graph, mag >= threshold)
+    if n is None or n < 0:
+        raise UsageError(f"how={how} needs n=: how many edges (an integer >= 0)", params="n")
+    keep = np.zeros(E, dtype=bool)
+    if how == "top":
+        keep[np.argsort(-mag, kind="stable")[: min(n, E)]] = True
+        return prune(graph, keep)
+    return prune(graph, _greedy(graph, mag, n))
+
+
+def _greedy(graph: Graph, mag: np.ndarray, n: int) -> np.ndarray:
+    """From the logits down: the edge of largest absolute score whose receiver's node is already in,
+    its sender's node then in too, ``n`` times (or until none is left)."""
+    idx = graph.edge_index().numpy()
+    nodes = _receiver_nodes(graph)
+    by_node: dict[str, list[int]] = {}
+    for e, (_, r) in enumerate(idx):
+        for node in nodes[r]:
+            by_node.setdefault(node, []).append(e)
+    keep = np.zeros(len(mag), dtype=bool)
+    heap: list[tuple[float, int]] = []
+    inside: set[str] = set()
+
+    def enter(node: str) -> None:
+        if node not in inside:
+            inside.add(node)
+            for e in by_node.get(node, []):
+                heapq.heappush(heap, (-mag[e], e))
+
+    enter("logits")
+    while heap and int(keep.sum()) < n:
+        _, e = heapq.heappop(heap)
+        if keep[e] or mag[e] < 0:
+            continue
+        keep[e] = True
+        enter(graph.senders[idx[e, 0]].name)
+    return keep
+
+
+def sizes_of(n_edges: int, fractions: Sequence[float] = MIB_FRACTIONS) -> list[int]:
+    """MIB's circuit sizes: ``floor(fraction * edges)`` for each fraction."""
+    return [int(f * n_edges) for f in fractions]
+
+
+@dataclass(repr=False)
+class Circuit(Result):
+    """A circuit: :meth:`Graph.table`'s rows with ``in_circuit`` (and the scores it was extracted from,
+    where it was); ``meta`` holds the graph's shape (``shape``) so it reads back alone."""
+
+    KIND = "circuit"
+    what = "circuit"
+    shown_by = "abs_score"
+
+    @classmethod
+    def of(
+        cls, graph: Graph, in_circuit: Bool[np.ndarray, " edge"], scores: np.ndarray | None = None, **meta: Any
+    ) -> Circuit:
+        table = graph.table()
+        table["in_circuit"] = np.asarray(in_circuit, dtype=bool)
+        if scores is not None:
+            table["score"] = np.asarray(scores, dtype=np.float64)
+            table["abs_score"] = np.abs(table["score"])
+        info = {"shape": graph.shape.as_dict(), "n_edges": int(table.in_circuit.sum()), "graph_edges": len(table)}
+        return cls(table, {**meta, **info})
+
+    @property
+    def graph(self) -> Graph:
+        return Graph(Shape.of_dict(self.meta.get("shape")))
+
+    @property
+    def in_circuit(self) -> Bool[np.ndarray, " edge"]:
+        return self.table["in_circuit"].to_numpy(dtype=bool)
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.in_circuit.sum())
+
+    @property
+    def edges(self) -> list[str]:
+        return list(self.table.edge[self.in_circuit])
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes the circuit's edges touch, senders first in graph order, then the logits."""
+        t = self.table[self.in_circuit]
+        names = list(dict.fromkeys(t.sender))
+        return names + ["logits"] if (t.receiver == "logits").any() else names
+
+    def evaluate(
+        self,
+        model: HookedModel,
+        task: TaskProbe | str | Path,
+        *,
+        source: str = "patch",
+        metric: str | Metric | Callable | None = None,
+        n_pairs: int | None = None,
+        config: RunConfig | None = None,
+    ) -> FaithfulnessCurve:
+        """This circuit's faithfulness on ``task`` (one point; see the module docstring)."""
+        return evaluate_circuits(
+            model,
+            task,
+            [self.in_circuit],
+            labels=[self.n_edges],
+            source=source,
+            metric=metric,
+            n_pairs=n_pairs,
+            config=config,
+        )
+
+    def faithfulness_curve(
+        self,
+        model: HookedModel,
+        task: TaskProbe | str | Path,
+        *,
+        fractions: Sequence[float] = MIB_FRACTIONS,
+        how: str = "top",
+        source: str = "patch",
+        metric: str | Metric | Callable | None = None,
+        n_pairs: int | None = None,
+        config: RunConfig | None = None,
+    ) -> FaithfulnessCurve:
+        """The faithfulness of the circuits ``how`` extracts from this circuit's scores at MIB's sizes."""
+        if "score" not in self.table:
+            raise UsageError(
+                "this circuit holds no scores to extract circuits of other sizes from: "
+                "use EdgeScores.faithfulness_curve"
+            )
+        return faithfulness_curve(
+            model,
+            task,
+            self.table["score"].to_numpy(),
+            fractions=fractions,
+            how=how,
+            source=source,
+            metric=metric,
+            n_pairs=n_pairs,
+            config=config,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """EAP-IG's graph JSON of this circuit (``Graph.from_json`` reads it)."""
+        from interp.circuits.eapig import to_eapig
+
+        scores = self.table["score"].to_numpy() if "score" in self.table else None
+        return to_eapig(self.graph, self.in_circuit, scores)
+
+    def figure(self, title: str | None = None) -> go.Figure:
+        from interp.circuits.figure import graph_figure
+
+        return graph_figure(self.table, self.meta, title=title)
+
+
+@dataclass(repr=False)
+class FaithfulnessCurve(Result):
+    """A row per circuit: its ``size`` asked for, ``fraction`` of the graph's edges, ``n_edges`` kept
+    after pruning, ``metric`` (mean over pairs) and ``faithfulness`` with its bootstrap CI over pairs.
+    ``meta``: ``cpr``, ``cmd`` (over MIB's fractions, where the curve has them), the clean and
+    corrupted metrics and the smallest circuit reaching :data:`FAITHFUL`."""
+
+    KIND = "circuit_faithfulness"
+    what = "circuit faithfulness"
+    shown_by = None
+
+    def figure(self, title: str | None = None) -> go.Figure:
+        """Faithfulness against the share of the graph's edges, with its CI, on a log axis."""
+        import plotly.graph_objects as go
+
+        from interp.plots.style import styled
+
+        t = self.table[self.table.fraction > 0]  # a log axis: the empty circuit is the curve's zero
+        m = self.meta
+        fig = go.Figure(
+            go.Scatter(
+                x=t.fraction,
+                y=t.faithfulness,
+                mode="lines+markers",
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": t.faithfulness_hi - t.faithfulness,
+                    "arrayminus": t.faithfulness - t.faithfulness_lo,
+                },
+                customdata=np.stack([t.n_edges, t.metric], axis=1),
+                hovertemplate="%{x:.3%} of edges (%{customdata[0]} kept): faithfulness %{y:.3f}, "
+                "metric %{customdata[1]:.3g}<extra></extra>",
+                name="circuit",
+            )
+        )
+        fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+        fig.add_hline(y=0.0, line_dash="dot", line_color="grey")
+        cpr = f", CPR {m['cpr']:.3f}, CMD {m['cmd']:.3f}" if "cpr" in m else ""
+        fig.update_layout(
+            title=title
+            or f"{m.get('model', 'model')}: circuit faithfulness ({m.get('how', 'given')}, {m.get('source', 'patch')}){cpr}",
+            xaxis={"title": "share of the graph's edges", "type": "log", "tickformat": ".1%"},
+            yaxis={"title": "faithfulness"},
+            width=900,
+            height=500,
+        )
+        return styled(fig)
+
+    def summary(self) -> list[str]:
+        """The lines a command prints: the curve's area figures and the smallest faithful circuit."""
+        m, lines = self.meta, []
+        if "cpr" in m:
+            lines.append(f"CPR {m['cpr']:.3f} (area under the curve), CMD {m['cmd']:.3f} (area between it and 1)")
+        reach = m.get("smallest_faithful")
+        if reach is None:
+            lines.append(f"no circuit of these sizes reaches faithfulness {FAITHFUL}")
+        else:
+            lines.append(
+                f"smallest circuit reaching faithfulness {FAITHFUL}: {reach['n_edges']:,} edges "
+                f"({reach['fraction']:.2%} of the graph), faithfulness {reach['faithfulness']:.3f}"
+            )
+        return lines
+
+
+def validate_circuit(*, how: str = "top", source: str = "patch", fractions: Sequence[float] = MIB_FRACTIONS) -> None:
+    """What extraction and evaluation refuse before any forward, without a model."""
+    HOWS.check(how)
+    SOURCES.check(source)
+    bad = [f for f in fractions if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1]
+    if bad or not fractions:
+        raise UsageError(
+            f"fractions={list(fractions)}: each a share of the graph's edges in [0, 1]", params="fractions"
+        )
+
+
+def faithfulness_curve(
+    model: HookedModel,
+    task: TaskProbe | str | Path,
+    scores: Float[np.ndarray, " edge"],
+    *,
+    fractions: Sequence[float] = MIB_FRACTIONS,
+    how: str = "top",
+    source: str = "patch",
+    refine: bool = True,
+    metric: str | Metric | Callable | None = None,
+    n_pairs: int | None = None,
+    config: RunConfig | None = None,
+    journal: Journal | None = None,
+) -> FaithfulnessCurve:
+    """The circuits ``how`` extracts from ``scores`` (per edge, :meth:`Graph.table` order) at
+    ``floor(fraction * edges)`` edges each, evaluated in one batched pass; CPR and CMD over the
+    fractions. ``refine``: then the sizes between the two fractions around the first reaching
+    :data:`FAITHFUL` (all of them, or 32 evenly spaced), in a second pass, so the smallest faithful
+    size is found to within that step (rows with ``mib`` false; CPR and CMD read MIB's rows only)."""
+    validate_circuit(how=how, source=source, fractions=fractions)
+    ev = _Evaluation(model, task, source, metric, n_pairs, config, journal)
+    if len(scores) != ev.graph.n_edges:
+        raise UsageError(
+            f"{len(scores)} scores for a graph of {ev.graph.n_edges:,} edges: score this model's graph (edge_scores)"
+        )
+    sizes = sizes_of(ev.graph.n_edges, fractions)
+    table = ev.rows([select(ev.graph, scores, how, n=n) for n in sizes], sizes)
+    table.insert(1, "fraction", list(fractions))
+    table["mib"] = True
+    if refine:
+        reached = np.flatnonzero(table.faithfulness.to_numpy() >= FAITHFUL)
+        if len(reached) and reached[0] > 0:
+            lo, hi = sizes[reached[0] - 1], sizes[reached[0]]
+            between = sorted(set(np.linspace(lo + 1, hi - 1, min(32, max(0, hi - lo - 1))).round().astype(int)))
+            if between:
+                extra = ev.rows([select(ev.graph, scores, how, n=n) for n in between], between, scope="refine")
+                extra.insert(1, "fraction", [n / ev.graph.n_edges for n in between])
+                extra["mib"] = False
+                table = pd.concat([table, extra]).sort_values(["size", "mib"], kind="stable").reset_index(drop=True)
+    meta = ev.meta(how=how)
+    mib = table[table.mib]
+    if len(mib) > 1:
+        f, x = mib.faithfulness.to_numpy(), mib.fraction.to_numpy(dtype=np.float64)
+        meta["cpr"] = _trapezoid(f, x)
+        meta["cmd"] = _trapezoid(np.abs(1 - f), x)
+    return FaithfulnessCurve(table, _faithful(table, meta))
+
+
+def evaluate_circuits(
+    model: HookedModel,
+    task: TaskProbe | str | Path,
+    circuits: Sequence[Bool[np.ndarray, " edge"]],
+    *,
+    source: str = "patch",
+    metric: str | Metric | Callable | None = None,
+    n_pairs: int | None = None,
+    config: RunConfig | None = None,
+    journal: Journal | None = None,
+) -> FaithfulnessCurve:
+    """Each circuit's metric and faithfulness (a row each, ``size`` its edge count), every circuit one
+    row of one batched replay."""
+    SOURCES.check(source)
+    ev = _Evaluation(model, task, source, metric, n_pairs, config, journal)
+    n = [int(np.asarray(c).sum()) for c in circuits]
+    table = ev.rows(circuits, n)
+    table.insert(1, "fraction", [k / ev.graph.n_edges for k in n])
+    return FaithfulnessCurve(table, _faithful(table, ev.meta()))
+
+
+class _Evaluation:
+    """One task's circuits evaluated on one sweeper: the clean prompts run, the source's senders
+    read outside each circuit; the empty circuit measured once, as the faithfulness's zero."""
+
+    def __init__(
+        self,
+        model: HookedModel,
+        task: TaskProbe | str | Path,
+        source: str,
+        metric: str | Metric | Callable | None,
+        n_pairs: int | None,
+        config: RunConfig | None,
+        journal: Journal | None,
+    ):
+        self.graph = graph_of(model, "circuit evaluation")
+        self.run = setup(model, task, metric=metric, direction="noise", n_pairs=n_pairs, config=config)
+        self.source = source
+        self.sweeper = EdgeSweeper(self.run, self.graph, source=source, journal=journal)
+        self.empty = self._values([np.zeros(self.graph.n_edges, dtype=bool)], "empty")[0]
+
+    def _values(self, circuits: Sequence[np.ndarray], scope: str) -> Tensor:
+        idx = self.graph.edge_index()
+        g = self.graph
+        codes = torch.zeros(len(circuits), len(g.senders), len(g.receivers), dtype=torch.int8)
+        for i, keep in enumerate(circuits):
+            out = idx[torch.as_tensor(~np.asarray(keep, dtype=bool))]
+            codes[i, out[:, 0], out[:, 1]] = SOURCE
+        return self.sweeper.evaluate(
+            CodeUnits(g, codes), desc=f"evaluating circuits ({scope})", scope=f"circuits-{self.source}-{scope}"
+        )
+
+    def rows(self, circuits: Sequence[np.ndarray], sizes: Sequence[int], scope: str = "sizes") -> pd.DataFrame:
+        values = self._values(circuits, scope)
+        num = values - self.empty[None]
+        den = (self.run.clean - self.empty).expand_as(num)
+        point, lo, hi = pooled_ratio(num.T, den.T, self.run.config)
+        return pd.DataFrame(
+            {
+                "size": list(sizes),
+                "n_edges": [int(np.asarray(c).sum()) for c in circuits],
+                "metric": values.mean(1).double().numpy(),
+                "faithfulness": point.double().numpy(),
+                "faithfulness_lo": lo.double().numpy(),
+                "faithfulness_hi": hi.double().numpy(),
+            }
+        )
+
+    def meta(self, **extra: Any) -> dict[str, Any]:
+        run, cfg = self.run, self.run.config
+        meta = run_header(
+            run.info,
+            run.probe,
+            kind=FaithfulnessCurve.KIND,
+            task=run.task.name,
+            n_pairs=run.task.n_pairs,
+            metric=run.metric.name,
+            source=self.source,
+            **extra,
+            graph=self.graph.describe(),
+            shape=self.graph.shape.as_dict(),
+            graph_edges=self.graph.n_edges,
+            clean_metric=float(run.clean.mean()),
+            corrupted_metric=float(run.corrupted.mean()),
+            empty_metric=float(self.empty.mean()),
+            **gap_meta(run),
+            replay=self.sweeper.replay,
+            ci_level=cfg.level,
+            **cfg.as_dict(),
+        )
+        if self.sweeper.interrupted:
+            meta["partial"] = True
+        return meta
+
+
+def _faithful(table: pd.DataFrame, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with the smallest circuit of ``table`` reaching :data:`FAITHFUL` (``smallest_faithful``)."""
+    faithful = table[table.faithfulness >= FAITHFUL]
+    if len(faithful):
+        row = faithful.sort_values("n_edges", kind="stable").iloc[0]
+        meta["smallest_faithful"] = {
+            "size": int(row["size"]),
+            "n_edges": int(row["n_edges"]),
+            "fraction": float(row["fraction"]),
+            "faithfulness": float(row["faithfulness"]),
+        }
+    return meta
+
+
+def _trapezoid(y: np.ndarray, x: np.ndarray) -> float:
+    """The area under ``y`` over ``x`` by trapezoids (MIB's rule)."""
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))

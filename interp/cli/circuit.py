@@ -1,0 +1,230 @@
+"""``interp circuit`` / ``python -m interp.circuit``: which edges carry a task, and the circuit they make.
+
+A thin layer over :func:`interp.edge_scores` and :mod:`interp.circuits.circuit`: it scores every edge
+of the model's graph on ``--task`` by ``--method`` (EAP, EAP-IG, clean-corrupted, or exact edge
+patching), prints the top edges, evaluates the circuits the scores give at MIB's sizes (the clean
+prompt runs, every edge outside a circuit reads its sender's output on the corrupted prompt, or its
+mean with ``--evaluate mean``), prints the curve's CPR and CMD and the smallest circuit reaching
+faithfulness 0.8, and writes ``edge_scores.{csv,json}``, ``circuit.{csv,json,html}`` (the circuit
+``--top``/``--greedy``/``--threshold`` names, by default that smallest faithful one, drawn as a graph)
+and ``circuit_faithfulness.{csv,json,html}`` under ``--out``; ``--export FILE.json`` writes the
+circuit as EAP-IG's graph JSON. Exact work is journaled: ``--resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from interp.adapters import HookedModel
+from interp.circuits import METHODS, EdgeScores, edge_scores, validate_edge_scores
+from interp.circuits.circuit import FAITHFUL, Circuit, FaithfulnessCurve, validate_circuit
+from interp.circuits.eapig import write_eapig_json
+from interp.cli import flags
+from interp.cli.common import FRAMED_UNREAD, Unread, run_cli, stop_partial
+from interp.errors import UsageError
+from interp.models import describe
+from interp.patching import METRICS
+from interp.patching.edge_patch import SOURCES
+from interp.plots import save_figure
+from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, task_probe
+from interp.results import plural
+from interp.scores import with_interval
+
+STEM = "circuit"
+SHOWN = 10  # edges printed
+ALIASES = {"n_pairs": "batch", "n": "top"}
+NO_EVALUATION = "none"
+
+
+def build_parser(prog: str = "python -m interp.circuit") -> argparse.ArgumentParser:
+    p = flags.base_parser(
+        prog,
+        "Which edges between heads, MLPs, the input and the logits carry a task: every edge scored (EAP, EAP-IG "
+        "or exact edge patching), the circuits they make evaluated exactly, the faithful one drawn as a graph.",
+    )
+    flags.add_resume_flags(p)
+    flags.add_task_flag(p, "repeat")
+    flags.set_help(
+        p,
+        "batch",
+        f"pairs: of a bundled task (default: {N_PAIRS}), or the first n of a task file (default: every pair)",
+        batch=None,
+    )
+    flags.choice(p, "--method", METHODS, "eap")
+    p.add_argument(
+        "--steps", type=flags.positive_int, default=None, help="eap-ig-*: the integration points m (default: 5)"
+    )
+    p.add_argument("--direction", choices=DIRECTIONS.names(), default=DEFAULT_DIRECTION, help=DIRECTIONS.help())
+    flags.choice(p, "--metric", METRICS, None, after=" (default: the task's own)")
+    which = p.add_mutually_exclusive_group()
+    flags.set_help(
+        p,
+        "top",
+        "the circuit: the N edges of largest |score|, pruned to input-to-logits paths (default: the smallest "
+        f"circuit found reaching faithfulness {FAITHFUL})",
+        top=None,
+    )
+    which.add_argument(
+        "--greedy",
+        type=flags.positive_int,
+        default=None,
+        metavar="N",
+        help="the circuit: N edges greedily from the logits up",
+    )
+    which.add_argument(
+        "--threshold", type=float, default=None, metavar="T", help="the circuit: every edge whose |score| is at least T"
+    )
+    p.add_argument(
+        "--evaluate",
+        choices=[*SOURCES.names(), NO_EVALUATION],
+        default="patch",
+        help="what the edges outside a circuit read: " + SOURCES.help() + f"; {NO_EVALUATION}: no evaluation",
+    )
+    p.add_argument("--export", default=None, metavar="FILE.json", help="also write the circuit as EAP-IG's graph JSON")
+    p.add_argument("--n-boot", type=flags.positive_int, default=1000, help="bootstrap resamples over pairs")
+    flags.add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
+    return p
+
+
+UNREAD = (
+    Unread("--steps", "it applies to --method eap-ig-*", lambda args: not METHODS.info(args.method, "steps")),
+    FRAMED_UNREAD,
+)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before the model loads: the library's checks of the scores and the circuit asked for, a circuit
+    chosen by faithfulness without an evaluation, an export that is not a .json file, the task."""
+    validate_edge_scores(method=args.method, steps=args.steps, metric=args.metric, direction=args.direction)
+    how = "greedy" if args.greedy is not None else "threshold" if args.threshold is not None else "top"
+    validate_circuit(how=how, source=args.evaluate if args.evaluate != NO_EVALUATION else "patch")
+    if args.evaluate == NO_EVALUATION and args.top is None and args.greedy is None and args.threshold is None:
+        raise UsageError(
+            f"--evaluate {NO_EVALUATION} leaves no faithfulness to choose the circuit by: pass --top N, --greedy N "
+            "or --threshold T"
+        )
+    if args.threshold is not None and not args.threshold >= 0:
+        raise UsageError(f"--threshold {args.threshold}: the least |score| an edge keeps, a number >= 0")
+    if args.export is not None and Path(args.export).suffix.lower() != ".json":
+        raise UsageError(f"--export {args.export}: EAP-IG's graph is a .json file; name one, e.g. circuit.json")
+    flags.check_task(args.task, args.batch)
+
+
+def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
+    info = describe(model)
+    config = dataclasses.replace(flags.run_config(args), n_boot=args.n_boot)
+    task = task_probe(model, args.task, n_pairs=args.batch, seed=args.seed, framed=args.framed)
+    journals = getattr(args, "journals", None)
+    t0 = time.perf_counter()
+    journal = journals(f"edges_exact_{args.direction}", task.clean) if journals and args.method == "exact" else None
+    scores = edge_scores(
+        model,
+        task,
+        method=args.method,
+        steps=args.steps,
+        metric=args.metric,
+        direction=args.direction,
+        config=config,
+        **({"journal": journal} if journal is not None else {}),
+    )
+    scores.meta["model_spec"] = args.model
+    m = scores.meta
+    print(
+        f"{info.name}: {m['graph']}; task {task.name}: {flags.task_pairs(task)} of {task.seq_len} tokens, "
+        f"{m['metric']} clean {m['clean_metric']:.4f}, corrupted {m['corrupted_metric']:.4f}; {args.method}, "
+        f"{args.direction}, {time.perf_counter() - t0:.2f}s"
+    )
+    if "gap_warning" in m:
+        print(m["gap_warning"])
+    _print_top(scores)
+    written = scores.save(out)
+    if m.get("partial"):
+        stop_partial(written, journals)
+    curve = None
+    if args.evaluate != NO_EVALUATION:
+        t0 = time.perf_counter()
+        journal = journals(f"circuits_{args.evaluate}", task.clean) if journals else None
+        curve = scores.faithfulness_curve(
+            model, task, how=_how(args), source=args.evaluate, metric=args.metric, config=config, journal=journal
+        )
+        curve.meta["model_spec"] = args.model
+        print(
+            f"\ncircuits at MIB's sizes ({_how(args)}; outside each circuit, edges read the "
+            f"{'corrupted prompt' if args.evaluate == 'patch' else 'mean over the corrupted prompts'}), "
+            f"{time.perf_counter() - t0:.2f}s:"
+        )
+        for line in curve.summary():
+            print(f"  {line}")
+        written += curve.save(out) + save_figure(curve.figure(), out, curve.KIND)
+        if curve.meta.get("partial"):
+            stop_partial(written, journals)
+    circuit = _chosen(args, scores, curve)
+    written += circuit.save(out) + save_figure(circuit.figure(), out, STEM)
+    if args.export is not None:
+        written.append(write_eapig_json(args.export, circuit.to_json()))
+    if journals is not None:
+        journals.finish()
+    return written
+
+
+def _how(args: argparse.Namespace) -> str:
+    return "greedy" if args.greedy is not None else "top"
+
+
+def _print_top(scores: EdgeScores) -> None:
+    top = scores.top(SHOWN)
+    level = int(round(100 * scores.meta.get("ci_level", 0.95)))
+    print(f"\ntop {plural(len(top), 'edge')} by |score| ({scores.meta['metric']} units, {level}% CI over pairs):")
+    width = max(len(e) for e in top.edge)
+    for row in top.itertuples():
+        ci = with_interval(row.score, row.score_lo, row.score_hi, ".4g")
+        print(f"  {row.edge:<{width}}  {ci}  stability {row.stability:.2f}")
+
+
+def _chosen(args: argparse.Namespace, scores: EdgeScores, curve: FaithfulnessCurve | None) -> Circuit:
+    """The circuit the flags name, or the smallest faithful one the curve found (else the whole graph)."""
+    if args.threshold is not None:
+        circuit = scores.circuit(how="threshold", threshold=args.threshold)
+    elif args.greedy is not None or args.top is not None:
+        circuit = scores.circuit(args.greedy or args.top, how=_how(args))
+    else:
+        reach = curve.meta.get("smallest_faithful") if curve is not None else None
+        n = reach["size"] if reach else len(scores.table)
+        circuit = scores.circuit(n, how="top")
+        circuit.meta["chosen"] = (
+            f"the smallest circuit found reaching faithfulness {FAITHFUL}" if reach else "no circuit reached it"
+        )
+    if curve is not None:
+        hit = curve.table[curve.table.n_edges == circuit.n_edges]
+        if len(hit):
+            row = hit.iloc[0]
+            circuit.meta["faithfulness"] = float(row.faithfulness)
+            circuit.meta["faithfulness_ci"] = [float(row.faithfulness_lo), float(row.faithfulness_hi)]
+    print(
+        f"\ncircuit: {plural(circuit.n_edges, 'edge')} of {len(scores.table):,} ({_named(args)}), "
+        f"{plural(len(circuit.nodes), 'node')}"
+        + (
+            f", faithfulness {with_interval(circuit.meta['faithfulness'], *circuit.meta['faithfulness_ci'], '.3f')}"
+            if "faithfulness" in circuit.meta
+            else ""
+        )
+    )
+    return circuit
+
+
+def _named(args: argparse.Namespace) -> str:
+    if args.threshold is not None:
+        return f"|score| >= {args.threshold:g}"
+    if args.greedy is not None:
+        return f"{args.greedy} greedily from the logits"
+    if args.top is not None:
+        return f"the top {args.top}, pruned"
+    return f"the smallest found reaching faithfulness {FAITHFUL}"
+
+
+def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.circuit") -> int:
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD, aliases=ALIASES)
