@@ -79,6 +79,9 @@ _API = {
     # circuits: the graph of edges and their attribution scores
     "edge_scores": "interp.circuits",
     "EdgeScores": "interp.circuits",
+    "Circuit": "interp.circuits",
+    "FaithfulnessCurve": "interp.circuits",
+    "faithfulness_curve": "interp.circuits",
     # heads over training
     "checkpoint_scores": "interp.checkpoints",
     "CheckpointScores": "interp.checkpoints",
@@ -117,8 +120,11 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names l
     from interp.ablation import train_gates as train_gates
     from interp.checkpoints import CheckpointScores as CheckpointScores
     from interp.checkpoints import checkpoint_scores as checkpoint_scores
+    from interp.circuits import Circuit as Circuit
     from interp.circuits import EdgeScores as EdgeScores
+    from interp.circuits import FaithfulnessCurve as FaithfulnessCurve
     from interp.circuits import edge_scores as edge_scores
+    from interp.circuits import faithfulness_curve as faithfulness_curve
     from interp.config import RunConfig as RunConfig
     from interp.errors import InterpError as InterpError
     from interp.heads import head_scores as head_scores

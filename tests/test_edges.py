@@ -10,9 +10,9 @@ import torch
 
 import interp
 from interp.circuits import EdgeScores, Graph, Shape, count_edges, edge_scores, graph_of, validate_edge_scores
-from interp.patching.graph import refusal
 from interp.errors import UsageError
 from interp.models import describe
+from interp.patching.graph import refusal
 from interp.probes.task import task_probe
 from interp.toy.model import ToyConfig, ToyTransformer
 from interp.toy.planted import planted_model

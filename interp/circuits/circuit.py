@@ -260,7 +260,21 @@ class Circuit(Result):
         scores = self.table["score"].to_numpy() if "score" in self.table else None
         return to_eapig(self.graph, self.in_circuit, scores)
 
+    @classmethod
+    def from_eapig(cls, data: dict[str, Any] | str | Path, graph: Graph | HookedModel) -> Circuit:
+        """The circuit in EAP-IG's graph JSON (a dict as ``Graph.to_json`` writes it, or its file), on
+        ``graph`` (or a model's): its ``in_graph`` edges, their scores; refused where the shapes differ."""
+        from interp.circuits.eapig import from_eapig, read_eapig_json
+
+        if not isinstance(data, dict):
+            data = read_eapig_json(data)
+        if not isinstance(graph, Graph):
+            graph = graph_of(graph, "a circuit")
+        in_graph, scores = from_eapig(data, graph)
+        return cls.of(graph, in_graph, scores, read_from="EAP-IG graph JSON")
+
     def figure(self, title: str | None = None) -> go.Figure:
+        """The circuit's edges drawn as a graph (:func:`~interp.circuits.figure.graph_figure`)."""
         from interp.circuits.figure import graph_figure
 
         return graph_figure(self.table, self.meta, title=title)
