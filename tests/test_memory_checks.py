@@ -49,7 +49,10 @@ def test_path_patching_refuses_before_any_forward_of_its_own(toy, forwards, monk
     info = describe(toy)
     baseline = memory.forward_memory(toy, info, 8, task.seq_len, metric, "the baseline pass")(8)
     monkeypatch.setattr(memory, "free_bytes", lambda device: baseline.total + 1)  # the baselines fit, the paths not
-    with pytest.raises(UsageError, match=r"^path patching needs about .* for the head outputs of both prompts and a "):
+    with pytest.raises(
+        UsageError,
+        match=r"^path patching needs about .* for the clean pass and every sender's output on both prompts, kept",
+    ):
         path_patch(toy, task)
     assert forwards[0] == 2  # the two baseline forwards, nothing of path patching's own
     with pytest.raises(UsageError, match=r"free: use fewer pairs \(n_pairs=\)$"):

@@ -83,6 +83,7 @@ class Sweeper:
 
     units = "head set"  # what one row of :meth:`evaluate` is, in its progress and resume lines
     shortcuts_wanted = True  # the attention shortcut's captures (a subclass that never reuses attention: False)
+    fewer = memory.FEWER  # what a refusal for memory asks for, when no smaller minibatch fits
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class Sweeper:
         refuse_padded_ablation(probe, ablation)
         self.minibatch = config.minibatch or probe.batch
         self.chunk = chunk
-        memory.check(self.memory_estimate, self.minibatch, self.info.device)  # before any forward, the fit too
+        memory.check(self.memory_estimate, self.minibatch, self.info.device, fewer=self.fewer)  # before any forward
         self.ablation = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
         self.base = (
             torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)

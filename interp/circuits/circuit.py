@@ -442,7 +442,7 @@ class _Evaluation:
         self.graph = graph_of(model, "circuit evaluation")
         self.run = setup(model, task, metric=metric, direction="noise", n_pairs=n_pairs, config=config)
         self.source = source
-        self.sweeper = EdgeSweeper(self.run, self.graph, source=source, journal=journal)
+        self.sweeper = EdgeSweeper(self.run, self.graph, source=source, what="circuit evaluation", journal=journal)
         self.empty = self._values([np.zeros(self.graph.n_edges, dtype=bool)], "empty")[0]
 
     def _values(self, circuits: Sequence[np.ndarray], scope: str) -> Tensor:

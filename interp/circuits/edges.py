@@ -230,7 +230,7 @@ def _exact(
     names = list(table.edge)
     picked = list(range(len(names))) if edges is None else _picked(names, edges)
     run = setup(model, task, metric=metric, direction=direction, n_pairs=n_pairs, config=config)
-    sweeper = EdgeSweeper(run, graph, journal=journal)
+    sweeper = EdgeSweeper(run, graph, what="exact edge patching", journal=journal)
     pairs = graph.edge_index()
     units = EdgeUnits(graph, [tuple(pairs[i].tolist()) for i in picked])
     scope = f"edges-exact-{run.direction}"

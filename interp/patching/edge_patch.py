@@ -43,7 +43,7 @@ from interp.adapters.weights import read_head_weights
 from interp.errors import AblationError, UsageError
 from interp.hooks import k_hook, q_hook, v_hook, z_hook
 from interp.journal import Journal
-from interp.patching.core import Setup
+from interp.patching.core import FEWER_PAIRS, Setup
 from interp.patching.graph import Graph
 from interp.registry import Registry
 
@@ -158,13 +158,15 @@ class EdgeBatch(CleanBatch):
 class EdgeSweeper(Sweeper):
     """Evaluate the metric under many edge interventions at once, on a task's pairs (``run``).
 
-    ``source``: what a ``SOURCE`` code reads (:data:`SOURCES`). ``replay``, ``chunk`` and ``journal``
+    ``source``: what a ``SOURCE`` code reads (:data:`SOURCES`); ``what``: the work's name in its
+    messages (a refusal for memory says it). ``replay``, ``chunk`` and ``journal``
     as for :class:`~interp.ablation.replay.Sweeper`; its clean pass is the run's own prompts. A model
     whose patched runs cannot be reproduced (see the module docstring) is refused before any work:
     with ``replay="auto"`` the plain forward stands in where only the replay fails."""
 
     units = "intervention"
     shortcuts_wanted = False
+    fewer = FEWER_PAIRS
 
     def __init__(
         self,
@@ -172,6 +174,7 @@ class EdgeSweeper(Sweeper):
         graph: Graph,
         *,
         source: str = "patch",
+        what: str = "edge patching",
         replay: str = "auto",
         chunk: int | None = None,
         journal: Journal | None = None,
@@ -182,7 +185,7 @@ class EdgeSweeper(Sweeper):
                 f"edge patching reads the metric from the logits (a receiver); {run.metric.name} reads the final "
                 "hidden state: use a task metric (metric=)"
             )
-        self.run, self.graph, self.source = run, graph, source
+        self.run, self.graph, self.source, self.what = run, graph, source, what
         info = run.info
         w = read_head_weights(run.model, info, "edge patching")
         dtype = next(iter(run.model.parameters())).dtype
@@ -382,7 +385,8 @@ class EdgeSweeper(Sweeper):
         b = min(minibatch or self.minibatch, self.probe.batch)
         kept = base.kept + item * self.probe.batch * T * senders
         per_forward = base.per_forward + item * self.chunk_size * b * T * info.d_model * (3 * widest + 2)
-        return memory.Estimate("edge patching", kept, per_forward, base.minibatch, base.kept_is)
+        kept_is = "the clean pass and every sender's output on both prompts, kept"
+        return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
 
 
 def _fixed(value: Tensor) -> Callable:

@@ -1,13 +1,19 @@
 """Path patching, exact (Wang et al. 2022's definition): how much of the answer flows from a sender
 head to a receiver, through that path alone.
 
-For each sender head, the prompts a patched run reads (the clean ones when noising) run once with
-the sender's output (``hook_z``) taken from the paired prompt and *every other head's* output
-frozen at its own run's value (MLPs and norms recompute). To the logits: that run's metric. To a
-receiver head's queries, keys or values: the receiver's ``hook_q`` / ``hook_k`` / ``hook_v`` is
-recorded in that run, and a second run, otherwise free, patches only it in. Plain hooked forwards,
-``1 + receivers`` per sender (not the batched replay). On GQA/MQA a key or value receiver is its
-key/value head, shared by its group.
+Wang et al. run the prompts a patched run reads (the clean ones when noising) with the sender's
+output taken from the paired prompt and *every other head's* output frozen at its own run's value
+(MLPs and norms recompute); to the logits, that run's metric; to a receiver head's queries, keys or
+values, they record the receiver's input there and patch it alone into a second, free run.
+
+Here each path is one intervention of the edge replay (:mod:`~interp.patching.edge_patch`), one row
+of its batched replay, journaled and self-checked like every other: receivers up to the receiver's
+layer read every head at its own run's value (``OWN``: the frozen heads), the MLPs between and the
+receiver read the sender at the paired prompt's value (``SOURCE``) and the MLPs as they recompute
+(``ACTUAL``); above the receiver's layer everything reads the layers below it at their own run's
+values and the rest as it recomputes (the free second run). One replay row stands for the two runs;
+the numbers equal theirs to float rounding (the receivers' inputs are recomputed through their norms
+rather than recorded). On GQA/MQA a key or value receiver is its key/value head, shared by its group.
 """
 
 from __future__ import annotations
@@ -21,16 +27,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp import memory
 from interp.ablation.metrics import Metric
-from interp.ablation.modes import SITES, capture_site, head_mask, parse_heads
-from interp.ablation.replay import read_out
-from interp.adapters import HookedModel, run_with_reducers
+from interp.ablation.modes import SITES, head_mask, parse_heads
+from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import InterpError, UsageError
+from interp.journal import Journal
 from interp.models import ModelInfo, describe
 from interp.patching.core import (
-    FEWER_PAIRS,
     Setup,
     gap_meta,
     gap_moved,
@@ -39,6 +43,8 @@ from interp.patching.core import (
     setup,
     validate_setup,
 )
+from interp.patching.edge_patch import ACTUAL, OWN, SOURCE, EdgeSweeper, Units
+from interp.patching.graph import MLP_SITE, Graph, graph_of
 from interp.patching.metrics import refuse_raw
 from interp.patching.result import effect_scale, warned
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
@@ -115,13 +121,16 @@ def path_patch(
     direction: str = DEFAULT_DIRECTION,
     metric: str | Metric | Callable | None = None,
     config: RunConfig | None = None,
+    journal: Journal | None = None,
 ) -> PathScores:
     """Path patching from each sender head to each receiver (see the module docstring).
 
     ``senders``: heads named any usual way (default every head); ``receivers``: ``"logits"`` or
     heads, whose ``site`` (``q``, ``k`` or ``v``) receives the path. A sender must sit in an earlier
     layer than every receiver head it is paired with: named explicitly, a later one is refused; by
-    default, such pairs are left out of the grid (NaN)."""
+    default, such pairs are left out of the grid (NaN). ``journal``: where each finished path is
+    recorded (a resumed run takes those from it). A model the edge replay cannot describe or
+    reproduce is refused before any patched run."""
     validate_path_patch(
         senders=senders,
         receivers=receivers,
@@ -135,34 +144,14 @@ def path_patch(
     recv = LOGITS if _to_logits(receivers) else _heads(info, receivers)
     if recv != LOGITS:  # heads named any way, now read against the model: before any forward
         _refuse_unreached(send, recv, receivers, named_senders=senders is not None)
+    graph = graph_of(model, "path patching")
     run = setup(model, task, metric=metric, direction=direction, by="head", config=config)
-    tokens, donor = run.probe.tokens, run.probe.donor
-    mb = run.config.minibatch
-    B, T = tokens.shape
-    # both prompts' head outputs, and one sender's frozen copy of every layer's
-    z = 3 * B * T * len(info.attention_layers) * info.n_heads * info.d_head * memory.Shape.of(model, info).itemsize
-    kept = "the head outputs of both prompts and a frozen copy, kept"
-    # its frozen forwards run every pair at once: the estimate is the whole batch's, whatever the minibatch
-    whole = memory.forward_memory(model, info, B, T, run.metric, "path patching", kept=z, kept_is=kept)(B)
-    memory.check(lambda _: whole, B, info.device, fewer=FEWER_PAIRS)
-    own_z, donor_z = capture_site(model, tokens, mb, "z"), capture_site(model, donor, mb, "z")
     columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
-    values = torch.full((len(send), len(columns), tokens.shape[0]), float("nan"))
-    for i, (sl, sh) in enumerate(send):
-        frozen = [_freeze(l, own_z[l], donor_z[l] if l == sl else None, sh) for l in info.attention_layers]
-        if recv == LOGITS:
-            values[i, 0] = _metric(run, tokens, frozen)
-            continue
-        later = [(j, r) for j, r in enumerate(recv) if r[0] > sl]
-        if not later:
-            continue
-        seen: dict[int, Tensor] = {}
-        layers = sorted({r[0] for _, r in later})
-        grab = [(SITES.get(site)(l), _keep(seen, l)) for l in layers]
-        with torch.no_grad():
-            run_with_reducers(model, tokens, frozen + grab, stop_after=SITES.get(site)(layers[-1]))
-        for j, (rl, rh) in later:
-            values[i, j] = _metric(run, tokens, [(SITES.get(site)(rl), _swap(seen[rl], rh, info.n_heads))])
+    units = PathUnits(graph, send, recv, site)
+    sweeper = EdgeSweeper(run, graph, what="path patching", journal=journal)
+    values = sweeper.evaluate(units, desc=f"path patching ({site if recv != LOGITS else LOGITS})", scope=units.scope)
+    values = values.reshape(len(send), len(columns), -1)
+    values[units.unreached.reshape(len(send), len(columns))] = float("nan")
     return _scores(run, send, columns, values, site if recv != LOGITS else LOGITS)
 
 
@@ -245,41 +234,62 @@ def _heads(info: ModelInfo, heads: Any) -> list[tuple[int, int]]:
     return [tuple(p) for p in mask.nonzero().tolist()]  # type: ignore[misc]
 
 
-def _freeze(layer: int, own: Tensor, donor: Tensor | None, head: int) -> tuple[str, Callable]:
-    """``hook_z`` of ``layer`` set to its own run's value, the sender's head (if here) to the donor's."""
-    value = own.clone()
-    if donor is not None:
-        value[:, :, head] = donor[:, :, head]
+class PathUnits(Units):
+    """Each (sender head, receiver) pair as one intervention (see the module docstring), its codes
+    built when its batched forward comes; a receiver not above its sender is marked ``unreached``."""
 
-    def hook(z: Tensor, hook: Any) -> Tensor:
-        return value.to(device=z.device, dtype=z.dtype).reshape(z.shape)
+    def __init__(self, graph: Graph, send: list[tuple[int, int]], recv: Any, site: str):
+        self.graph, self.site = graph, site
+        self.scope = f"path-{site if recv != LOGITS else LOGITS}"
+        g, names = graph.shape.group, {n.name: i for i, n in enumerate(graph.receivers)}
+        senders = {n.name: i for i, n in enumerate(graph.senders)}
+        targets = [names[LOGITS]] if recv == LOGITS else [names[_receiver_name(l, h, site, g)] for l, h in recv]
+        self.pairs = [(senders[f"a{sl}.h{sh}"], r) for sl, sh in send for r in targets]
+        self.unreached = torch.tensor([graph.receivers[r].layer <= graph.senders[s].layer for s, r in self.pairs])
+        self.layer = torch.tensor([n.layer for n in graph.senders])
+        self.reads = torch.tensor([n.layer for n in graph.receivers])
+        self.mlp_sender = torch.tensor([n.kind == MLP_SITE for n in graph.senders])
+        self.head_receiver = torch.tensor([n.kind == "head" for n in graph.receivers])
+        self.mlp_receiver = torch.tensor([n.kind == MLP_SITE for n in graph.receivers])
 
-    return SITES.get("z")(layer), hook
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def codes(self, index: Sequence[int]) -> Tensor:
+        g = self.graph
+        out = torch.zeros(len(index), len(g.senders), len(g.receivers), dtype=torch.int8)
+        for row, i in enumerate(index):
+            s, r = self.pairs[i]
+            if bool(self.unreached[i]):
+                continue  # NaN in the grid: nothing is patched
+            top = int(self.reads[r])  # the receiver's layer (n_layers: the logits)
+            # the only senders whose run differs from their own: the MLPs from the sender's layer up to the
+            # receiver's (every head reads its own run's inputs, so reproduces its own output)
+            moved = self.mlp_sender & (self.layer >= self.layer[s]) & (self.layer < top)
+            frozen = self.head_receiver & (self.reads <= top)  # heads up to the receiver's layer
+            free = (self.reads > top) | (self.mlp_receiver & (self.reads == top))  # the second run, above
+            codes = out[row]
+            codes[moved[:, None] & (frozen | free)[None]] = OWN
+            codes[:, r] = ACTUAL  # the receiver reads the MLPs between as they recompute
+            codes[s, self.mlp_receiver & (self.reads < top)] = SOURCE  # and the sender's output, as the MLPs between
+            codes[s, r] = SOURCE
+            out[row] = codes * g.edges.to(torch.int8)  # only where an edge is
+        return out
+
+    def start(self, i: int) -> int:
+        s, _ = self.pairs[i]
+        return int(self.layer[s]) if not bool(self.unreached[i]) else self.graph.shape.n_layers + 1
+
+    def key(self, i: int) -> Any:
+        s, r = self.pairs[i]
+        return f"{self.graph.senders[s].name}->{self.graph.receivers[r].name}"
 
 
-def _keep(seen: dict[int, Tensor], layer: int) -> Callable:
-    def hook(x: Tensor, hook: Any) -> None:
-        seen[layer] = x.detach().clone()
-
-    return hook
-
-
-def _swap(recorded: Tensor, head: int, n_heads: int) -> Callable:
-    """Replace one head's (or, on a grouped model, its key/value head's) activation by the recorded one."""
-
-    def hook(x: Tensor, hook: Any) -> Tensor:
-        unit = head // (n_heads // x.shape[2])
-        x = x.clone()
-        x[:, :, unit] = recorded[:, :, unit].to(x.dtype)
-        return x
-
-    return hook
-
-
-def _metric(run: Setup, tokens: Tensor, hooks: Sequence) -> Tensor:
-    with torch.no_grad():
-        out = read_out(run.model, tokens, run.metric, list(hooks), run.info.n_layers)
-    return run.metric(out, tokens, None, torch.arange(tokens.shape[0])).cpu()
+def _receiver_name(layer: int, head: int, site: str, group: int) -> str:
+    """The graph's name of head ``layer.head``'s input ``site`` (a key/value head's on GQA/MQA)."""
+    if site == "q" or group == 1:
+        return f"a{layer}.h{head}<{site}>"
+    return f"a{layer}.kv{head // group}<{site}>"
 
 
 def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values: Tensor, site: str) -> PathScores:
