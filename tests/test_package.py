@@ -360,6 +360,7 @@ def test_commands_are_registered_once():
     from interp.cli import COMMANDS, usage
 
     assert COMMANDS.names() == (
-        "induction", "sinks", "ablate", "patterns", "retrieval", "patch", "qk", "roles", "checkpoints", "report",
+        "induction", "sinks", "ablate", "patterns", "retrieval", "patch", "circuit", "qk", "roles", "checkpoints",
+        "report",
     )  # fmt: skip
     assert all(COMMANDS.doc(name) in usage() for name in COMMANDS)

@@ -1,0 +1,384 @@
+"""Exact edge patching, circuits and path patching on the one intervention replay
+(interp.patching.edge_patch): known answers on hand-set and trained models, and equality with
+references written here as plain hooked forwards that never touch the replay."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import interp
+from interp.circuits import MIB_FRACTIONS, Circuit, Graph, Shape, edge_scores, evaluate_circuits, graph_of
+from interp.circuits.circuit import FaithfulnessCurve, prune, select, sizes_of
+from interp.errors import UsageError
+from interp.patching.core import setup
+from interp.patching.edge_patch import SOURCE, CodeUnits, EdgeSweeper
+from interp.probes.task import task_probe
+from interp.toy.model import ToyConfig, ToyTransformer
+from interp.toy.planted import planted_model
+from tests.test_edges import _metric, _outputs, _receiver_hooks
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FAST = interp.RunConfig(n_boot=200)
+CHAIN = {"input->a0.h0<v>", "a0.h0->a1.h0<k>", "a1.h0->logits"}
+
+
+def _random_toy(n_layers=2, dtype=torch.float32, seed=0):
+    """LayerNorm, MLPs and grouped keys/values (4 query heads, 2 key/value heads), random weights."""
+    torch.manual_seed(seed)
+    cfg = ToyConfig(
+        n_layers=n_layers, d_model=32, n_heads=4, n_key_value_heads=2, attn_only=False, d_mlp=64, d_vocab=50, n_ctx=32
+    )
+    cfg.init_range = 0.5
+    model = ToyTransformer(cfg).eval().to(dtype)
+    return model, task_probe(model, "repeat", n_pairs=6, seed=1)
+
+
+# ---- the hand-set model: the answer flows through one chain of edges ------------------------------
+
+
+def test_planted_chain_exact_and_eap_name_its_edges_first_and_its_circuit_is_fully_faithful():
+    model = planted_model(n_ctx=64)
+    exact = edge_scores(model, "repeat", method="exact", direction="noise", config=FAST)
+    eap = edge_scores(model, "repeat", method="eap", direction="noise", config=FAST)
+    for r in (exact, eap):
+        assert set(r.top(3).edge) == CHAIN
+    # each edge of the chain alone carries the whole gap (noising one breaks the chain; the logits'
+    # edge exactly, the two below a little more: 1.0's own value input, noised alone, gives some back)
+    gap = exact.meta["gap"]
+    t = exact.table.set_index("edge")
+    assert t.loc["a1.h0->logits", "score"] == pytest.approx(-gap, rel=1e-5)
+    assert (t.loc[sorted(CHAIN), "score"] <= -gap * (1 - 1e-5)).all()
+    rest = exact.table[~exact.table.edge.isin(CHAIN)]
+    assert rest.score.abs().max() < 0.02 * abs(gap)
+    keep = exact.table.edge.isin(CHAIN).to_numpy()
+    curve = evaluate_circuits(model, "repeat", [keep, ~keep, np.zeros_like(keep), np.ones_like(keep)], config=FAST)
+    assert curve.table.faithfulness.tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0], abs=1e-6)
+    assert exact.circuit(3).edges == sorted(CHAIN, key=list(exact.table.edge).index)
+
+
+# ---- exact edge patching against a plain loop -------------------------------------------------------
+
+
+def test_exact_edge_scores_equal_a_plain_forward_per_edge():
+    model, task = _random_toy()
+    r = edge_scores(model, task, method="exact", metric="raw-logit-diff", config=FAST)
+    t = r.table.set_index("edge")
+    own, donor = task.corrupted, task.clean  # denoising: the corrupted prompts run
+    with torch.no_grad():
+        base = _metric(model, own, task, [])
+        outs_d, outs_o = _outputs(model, donor), _outputs(model, own)
+        for edge in t.index:
+            sender, receiver = edge.split("->")
+            patched = _metric(model, own, task, _receiver_hooks(model, receiver, outs_d[sender] - outs_o[sender]))
+            assert t.loc[edge, "score"] == pytest.approx(float((patched - base).mean()), rel=1e-4, abs=1e-5), edge
+    assert t.score.abs().max() > 0.5 and r.meta["replay"] == "fast"
+
+
+def test_exact_on_a_subset_leaves_the_rest_nan_and_refuses_an_unknown_edge():
+    model = planted_model(n_ctx=64)
+    r = edge_scores(model, "repeat", method="exact", edges=["a1.h0->logits", "a0.h0->a1.h0<k>"], config=FAST)
+    assert int(r.table.score.notna().sum()) == 2 and r.meta["patched_edges"] == 2
+    with pytest.raises(UsageError, match=r"edges=: 'a1.h0->logit' is not an edge .* \(did you mean a1.h0->logits\?\)"):
+        edge_scores(model, "repeat", method="exact", edges=["a1.h0->logit"], config=FAST)
+    with pytest.raises(UsageError, match="method=eap scores every edge at once; edges= picks"):
+        edge_scores(model, "repeat", edges=["a1.h0->logits"], config=FAST)
+
+
+def test_eap_equals_exact_edge_patching_where_the_metric_is_linear_in_the_receiver_input():
+    torch.manual_seed(2)
+    cfg = ToyConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=32, normalization_type=None)
+    cfg.init_range = 0.6
+    model = ToyTransformer(cfg).eval()
+    task = task_probe(model, "repeat", n_pairs=5, seed=0)
+    eap = edge_scores(model, task, metric="raw-logit-diff", config=FAST).table.set_index("edge")
+    exact = edge_scores(model, task, method="exact", metric="raw-logit-diff", config=FAST).table.set_index("edge")
+    linear = [e for e in eap.index if e.endswith("->logits") or (e.endswith("<v>") and e.split("->")[1][1] == "1")]
+    scale = float(exact.loc[linear, "score"].abs().max())  # float32 sums of terms this large
+    np.testing.assert_allclose(eap.loc[linear, "score"], exact.loc[linear, "score"], rtol=1e-4, atol=1e-5 * scale)
+    assert scale > 10
+    nonlinear = exact.index[exact.index.str.endswith("<k>")]  # through the softmax: they differ
+    assert float((eap.loc[nonlinear, "score"] - exact.loc[nonlinear, "score"]).abs().max()) > 1e-3
+
+
+# ---- circuit evaluation against EAP-IG's definition, written as plain hooks --------------------------
+
+
+def _circuit_reference(model, task, keep_edges: set[str]) -> torch.Tensor:
+    """The clean prompts run; every receiver reads each sender outside the circuit at its output on
+    the corrupted prompt (the rest as this run computes it): EAP-IG's evaluate_graph, as plain hooks."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    graph = graph_of(model)
+    table = graph.table()
+    corrupted = _outputs(model, task.corrupted)
+    actual: dict[str, torch.Tensor] = {}
+    seen: dict[str, torch.Tensor] = {}
+
+    def shift(receiver: str) -> torch.Tensor:
+        rows = table[(table.receiver == receiver) & ~table.edge.isin(keep_edges)]
+        return sum((corrupted[s] - actual[s] for s in rows.sender), torch.zeros(()))
+
+    def grab(name):
+        def hook(x, hook):
+            seen[name] = x
+            if name == "input":
+                actual["input"] = x
+            elif name.startswith("z"):
+                l = int(name[1:])
+                for h in range(H):
+                    actual[f"a{l}.h{h}"] = x[:, :, h] @ model.blocks[l].attn.W_O[h]
+            elif name.startswith("m"):
+                actual[name] = x
+
+        return hook
+
+    def heads(l, site):
+        attn = model.blocks[l].attn
+        W = attn._weight("qkv".index(site))
+        n = W.shape[0]
+
+        def hook(y, hook):
+            y = y.clone()
+            x = seen[f"x{l}"]
+            for j in range(n):
+                name = f"a{l}.h{j}<{site}>" if n == H else f"a{l}.kv{j}<{site}>"
+                y[:, :, j] += (model.blocks[l].ln1(x + shift(name)) - model.blocks[l].ln1(x)) @ W[j]
+            return y
+
+        return hook
+
+    def mlp_in(l):
+        def hook(y, hook):
+            if seen.get("inside"):  # the norm called below runs this hook again
+                return y
+            seen["inside"] = True
+            x = seen[f"mid{l}"]
+            y = y + model.blocks[l].ln2(x + shift(f"m{l}")) - model.blocks[l].ln2(x)
+            seen["inside"] = False
+            return y
+
+        return hook
+
+    hooks = [("blocks.0.hook_resid_pre", grab("input"))]
+    for l in range(L):
+        hooks += [(f"blocks.{l}.hook_resid_pre", grab(f"x{l}")), (f"blocks.{l}.attn.hook_z", grab(f"z{l}"))]
+        hooks += [(f"blocks.{l}.attn.hook_{s}", heads(l, s)) for s in "qkv"]
+        hooks += [(f"blocks.{l}.hook_resid_mid", grab(f"mid{l}")), (f"blocks.{l}.ln2.hook_normalized", mlp_in(l))]
+        hooks += [(f"blocks.{l}.hook_mlp_out", grab(f"m{l}"))]
+    hooks.append((f"blocks.{L - 1}.hook_resid_post", lambda x, hook: x + shift("logits")))
+    with torch.no_grad():
+        return _metric(model, task.clean, task, hooks)
+
+
+def test_circuit_evaluation_equals_eap_igs_definition_as_plain_hooks():
+    model, task = _random_toy()
+    graph = graph_of(model)
+    names = list(graph.table().edge)
+    ranked = list(
+        edge_scores(model, task, metric="raw-logit-diff", direction="noise", config=FAST).top(len(names)).edge
+    )
+    rng = random.Random(0)  # the top edges (they hold paths from the input), some with random others
+    circuits = [set(ranked[:5]), set(ranked[:15]) | set(rng.sample(names, 10)), set(ranked[:40])]
+    circuits += [set(), set(names)]
+    masks = [np.array([n in c for n in names]) for c in circuits]
+    curve = evaluate_circuits(model, task, masks, metric="raw-logit-diff", config=FAST)
+    clean = curve.meta["clean_metric"]
+    empty = float(_circuit_reference(model, task, set()).mean())
+    assert curve.meta["empty_metric"] == pytest.approx(empty, rel=1e-5)
+    assert empty == pytest.approx(curve.meta["corrupted_metric"], rel=1e-5)  # nothing kept: the corrupted run
+    for c, got in zip(circuits, curve.table.itertuples()):
+        want = float(_circuit_reference(model, task, c).mean())
+        assert got.metric == pytest.approx(want, rel=1e-5, abs=1e-5)
+        assert got.faithfulness == pytest.approx((want - empty) / (clean - empty), rel=1e-4, abs=1e-5)
+        assert got.faithfulness_lo <= got.faithfulness <= got.faithfulness_hi
+    assert curve.table.faithfulness.iloc[-1] == pytest.approx(1.0) and curve.table.faithfulness.iloc[-2] == 0.0
+    m = curve.table.metric.to_numpy()  # the two larger circuits are neither empty nor whole, nor alike
+    assert min(abs(m[1] - m[2]), *abs(m[1:3, None] - m[None, 3:]).ravel()) > 0.02
+
+
+def test_the_mean_source_reads_the_corrupted_prompts_mean_everywhere_outside_the_circuit():
+    model, task = _random_toy()
+    run = setup(model, task, metric="raw-logit-diff", direction="noise", config=FAST)
+    graph = graph_of(model)
+    sweeper = EdgeSweeper(run, graph, source="mean")
+    every = (graph.edges.to(torch.int8) * SOURCE)[None]
+    got = sweeper.evaluate(CodeUnits(graph, every))[0]
+    mean_in = _outputs(model, task.corrupted)["input"].mean(0, keepdim=True)  # the input held at its mean ...
+    L = model.cfg.n_layers
+    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.attn.hook_z" for l in range(L)]
+    names += [f"blocks.{l}.hook_mlp_out" for l in range(L)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(task.corrupted, names_filter=lambda n: n in names)
+    means = {n: cache[n].mean(0, keepdim=True) for n in names}
+    hooks = [(n, lambda x, hook: means[hook.name].expand_as(x)) for n in names]
+    want = _metric(model, task.clean, task, hooks)  # ... and every node's output at its mean
+    assert mean_in.shape[0] == 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- extraction, pruning and MIB's areas --------------------------------------------------------
+
+
+def test_pruning_keeps_only_edges_on_input_to_logits_paths_and_greedy_grows_from_the_logits():
+    g = Graph(Shape(2, 2, 2, ()))  # two layers of two heads, no MLPs
+    names = list(g.table().edge)
+    keep = lambda *edges: np.array([n in edges for n in names])  # noqa: E731
+    on_path = ("input->a0.h0<v>", "a0.h0->a1.h1<k>", "a1.h1->logits")
+    # a sender nothing reaches (a0.h1), and a receiver that reaches nothing (a1.h0): both go
+    dangling = ("a0.h1->a1.h1<q>", "input->a1.h0<q>")
+    pruned = prune(g, keep(*on_path, *dangling))
+    assert [n for n, k in zip(names, pruned) if k] == sorted(on_path, key=names.index)
+    scores = np.zeros(len(names))
+    for edge, value in {"a1.h1->logits": 5, "a0.h0->a1.h1<k>": -4, "input->a0.h0<v>": 3, "input->a1.h0<q>": 9}.items():
+        scores[names.index(edge)] = value
+    # the top 4 by |score| hold input->a1.h0<q> (9), whose head never reaches the logits: pruned to the chain;
+    # the top 3 lack the chain's first edge: nothing reaches the logits from the input
+    assert {n for n, k in zip(names, select(g, scores, "top", n=4)) if k} == set(on_path)
+    assert int(select(g, scores, "top", n=3).sum()) == 0
+    # greedy from the logits only takes edges into nodes already in: the chain, not the 9
+    assert {n for n, k in zip(names, select(g, scores, "greedy", n=3)) if k} == set(on_path)
+    assert {n for n, k in zip(names, select(g, scores, "threshold", threshold=3.5)) if k} == set()
+    with pytest.raises(UsageError, match="how=threshold needs threshold="):
+        select(g, scores, "threshold")
+
+
+def test_mib_sizes_and_the_areas_of_a_known_curve():
+    assert sizes_of(32491) == [32, 64, 162, 324, 649, 1624, 3249, 6498, 16245, 32491]
+    f = np.array([0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.0])
+    x = np.array(MIB_FRACTIONS)
+    areas = [sum((x[i + 1] - x[i]) * (v[i] + v[i + 1]) / 2 for i in range(9)) for v in (f, abs(1 - f))]
+    from interp.circuits.circuit import _trapezoid
+
+    assert _trapezoid(f, x) == pytest.approx(areas[0]) and _trapezoid(abs(1 - f), x) == pytest.approx(areas[1])
+    assert areas[0] + areas[1] == pytest.approx(1 - 0.001)  # f in [0, 1]: the two areas fill the strip
+
+
+# ---- the trained toy ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return interp.load_model("toy")
+
+
+def test_trained_toy_exact_edges_are_the_induction_circuit(toy):
+    # noising: the previous-token head 0.1 reading the token as its value, writing into the induction
+    # heads' keys, and the induction heads writing the answer
+    r = edge_scores(toy, "repeat", method="exact", direction="noise", config=FAST)
+    top = list(r.top(5).edge)
+    assert top[:3] == ["input->a0.h1<v>", "a1.h2->logits", "a0.h1->a1.h2<k>"]
+    assert set(top[3:]) == {"a1.h1->logits", "a0.h1->a1.h1<k>"}
+    assert (r.top(5).score_hi < 0).all() and (r.top(5).stability == 1).all()
+
+
+def test_trained_toy_circuit_curve_is_monotone_enough_and_finds_a_faithful_circuit(toy, tmp_path):
+    scores = edge_scores(toy, "repeat", method="exact", direction="noise", config=FAST)
+    curve = scores.faithfulness_curve(toy, "repeat", config=FAST)
+    mib = curve.table[curve.table.mib]
+    assert mib.fraction.tolist() == list(MIB_FRACTIONS) and mib.faithfulness.iloc[-1] == pytest.approx(1.0)
+    assert mib.faithfulness.iloc[0] == 0.0  # floor(0.001 * 81) = 0 edges: the empty circuit
+    reach = curve.meta["smallest_faithful"]
+    assert reach["faithfulness"] >= 0.8
+    refined = curve.table[~curve.table.mib]
+    below = curve.table[curve.table.n_edges < reach["n_edges"]]
+    assert len(refined) and (below.faithfulness < 0.8).all()  # nothing smaller reached it
+    assert 0 < curve.meta["cpr"] < 1 and curve.meta["cpr"] + curve.meta["cmd"] == pytest.approx(0.999, abs=1e-6)
+    back = FaithfulnessCurve.load(curve.save(tmp_path)[1])
+    assert back.table.equals(curve.table) and back.meta == curve.meta
+    circuit = scores.circuit(reach["size"])
+    assert circuit.n_edges == reach["n_edges"] and {"a1.h2->logits", "a0.h1->a1.h2<k>"} <= set(circuit.edges)
+    again = Circuit.load(circuit.save(tmp_path)[1])
+    assert again.edges == circuit.edges and again.graph.n_edges == 81
+
+
+def test_a_circuit_round_trips_through_eap_igs_json(toy, tmp_path):
+    scores = edge_scores(toy, "repeat", direction="noise", config=FAST)
+    circuit = scores.circuit(20)
+    back = Circuit.from_eapig(circuit.to_json(), toy)
+    assert back.edges == circuit.edges
+    np.testing.assert_array_equal(back.table.score.to_numpy(np.float32), circuit.table.score.to_numpy(np.float32))
+
+
+# ---- path patching on the replay equals Wang et al.'s two runs ------------------------------------
+
+
+def _wang(model, task, sender, receiver, site, direction):
+    """Wang et al.'s path patching as two plain hooked runs: every head frozen at its own run's output
+    but the sender (the paired prompt's), the receiver's input recorded; then a free run with it."""
+    L = model.cfg.n_layers
+    own, donor = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
+    names = [f"blocks.{l}.attn.hook_z" for l in range(L)]
+    with torch.no_grad():
+        _, o = model.run_with_cache(own, names_filter=lambda n: n in names)
+        _, d = model.run_with_cache(donor, names_filter=lambda n: n in names)
+    sl, sh = sender
+
+    def frozen(l):
+        def hook(z, hook):
+            z = o[names[l]].clone()
+            if l == sl:
+                z[:, :, sh] = d[names[l]][:, :, sh]
+            return z
+
+        return hook
+
+    freeze = [(names[l], frozen(l)) for l in range(L)]
+    if receiver == "logits":
+        with torch.no_grad():
+            return _metric(model, own, task, freeze)
+    rl, rh = receiver
+    point = f"blocks.{rl}.attn.hook_{site}"
+    seen = {}
+    with torch.no_grad():
+        model.run_with_hooks(own, fwd_hooks=[*freeze, (point, lambda x, hook: seen.setdefault("x", x.clone()))])
+        unit = rh // (model.cfg.n_heads // seen["x"].shape[2])
+
+        def swap(x, hook):
+            x = x.clone()
+            x[:, :, unit] = seen["x"][:, :, unit]
+            return x
+
+        return _metric(model, own, task, [(point, swap)])
+
+
+@pytest.mark.parametrize("direction", ["noise", "denoise"])
+def test_path_patching_on_the_replay_equals_the_two_plain_runs(direction):
+    from interp.patching.paths import path_patch
+
+    model, task = _random_toy(n_layers=3, dtype=torch.float64)
+    run = setup(model, task, metric="logit-diff", direction=direction, config=FAST)
+    clean, corrupted = run.clean.double(), run.corrupted.double()
+    for receivers, site in (("logits", "q"), ("1.1,2.2", "q"), ("1.0,2.3", "k"), ("2.1", "v")):
+        paths = path_patch(model, task, receivers=receivers, site=site, direction=direction, config=FAST)
+        t = paths.table.set_index(["sender", "receiver"])
+        for (sender, receiver), row in t.iterrows():
+            s = tuple(map(int, sender.split(".")))
+            r = "logits" if receiver == "logits" else tuple(map(int, receiver.split(".")))
+            if r != "logits" and r[0] <= s[0]:
+                assert np.isnan(row.effect)
+                continue
+            m = _wang(model, task, s, r, site, direction).double()
+            num = (m - corrupted) if direction == "denoise" else (clean - m)
+            want = float(num.sum() / (clean - corrupted).sum())
+            # the replay keeps each pair's metric in float32, as every sweep does: equal to its rounding
+            assert row.effect == pytest.approx(want, rel=1e-6, abs=1e-7), (sender, receiver, site)
+        assert np.nanmax(np.abs(paths.table.effect)) > 0.05
+
+
+def test_a_model_with_a_writer_the_graph_does_not_name_is_refused():
+    # a hidden writer: layer 1's residual also gets the mean of the embeddings over positions, by no sender
+    # of the graph, so with every edge patched the logits still read the run's own tokens, not the source's
+    model, task = _random_toy()
+    keep = {}
+    model.blocks[0].hook_resid_pre.add_hook(lambda x, hook: keep.__setitem__("x", x), is_permanent=True)
+    model.blocks[1].hook_resid_pre.add_hook(lambda x, hook: x + keep["x"].mean(1, keepdim=True), is_permanent=True)
+    with pytest.raises(
+        UsageError,
+        match=r"^exact edge patching cannot reproduce toy: with every edge patched a forward should give the "
+        r"source's output, off by .*; its receivers may read inputs the graph does not name",
+    ):
+        edge_scores(model, task, method="exact", config=FAST)
