@@ -1,5 +1,6 @@
-"""EAP edge scores equal a plain gradient loop on the Hugging Face model itself, on conformance
-families the graph describes (tests/conformance.py), on randomly picked edges.
+"""EAP edge scores equal a plain gradient loop, and exact edge scores a plain forward per edge, on the
+Hugging Face model itself, on conformance families the graph describes (tests/conformance.py), on
+randomly picked edges.
 
 The reference never goes through interp. Per edge: the sender's output difference (donor - own) is
 read off the Hugging Face modules (a head's: the output projection of its slice of the projection's
@@ -207,11 +208,14 @@ class _handle:
         self.h.remove()
 
 
-def reference_eap(hf: Any, spec: Spec, task: Any, edge: str, n_heads: int, n_kv: int, d_head: int) -> float:
+def reference_eap(
+    hf: Any, spec: Spec, task: Any, edge: str, n_heads: int, n_kv: int, d_head: int, *, exact: bool = False
+) -> float:
+    """``d metric / d e`` at 0 (``exact``: the metric's change at ``e = 1``, the edge patched)."""
     sender, receiver = edge.split("->")
     own, donor = task.corrupted, task.clean  # denoising
     delta = _senders(hf, spec, donor, n_heads)[sender] - _senders(hf, spec, own, n_heads)[sender]
-    e = torch.zeros((), requires_grad=True)
+    e = torch.ones(()) if exact else torch.zeros((), requires_grad=True)
     shift = e * delta
     layers = _submodule(hf, spec.layers)
     hooks: list = []
@@ -260,9 +264,14 @@ def reference_eap(hf: Any, spec: Spec, task: Any, edge: str, n_heads: int, n_kv:
                 else module.register_forward_hook(fn)
             )
             stack.enter_context(_handle(h))
-        logits = hf(own).logits
+        with torch.set_grad_enabled(not exact):
+            logits = hf(own).logits
     metric, _ = task_metric(task)
     value = metric(metric.read(logits), own, None, None).mean()
+    if exact:
+        with torch.no_grad():
+            base = metric(metric.read(hf(own).logits), own, None, None).mean()
+        return float(value - base)
     (grad,) = torch.autograd.grad(value, e)
     return float(grad)
 
@@ -295,6 +304,29 @@ def test_eap_equals_the_hugging_face_gradient_loop(family):
         ref = reference_eap(hf_ref, SPECS[family], task, edge, N_HEADS, shape.n_kv_heads, d_head)
         assert t.loc[edge, "score"] == pytest.approx(ref, rel=1e-3, abs=1e-5), edge
     assert t.score.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_exact_edges_equal_the_hugging_face_loop(family):
+    """Exact edge patching (the edge replay) against one plain Hugging Face forward per edge, the
+    receiver's input moved by the sender's output difference, on randomly picked edges."""
+    hf_ref, _ = build(family)
+    model = from_hf_model(*build(family), name=family)
+    task = family_task(model, causal=True)
+    graph = graph_of(model)
+    names = list(graph.table().edge)
+    shape = graph.shape
+    kv = "kv" if shape.group > 1 else "h"
+    picked = random.Random(f"exact {family}").sample(names, 8)
+    picked += [f"a0.h1->a1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "m0->a1.h3<q>", "input->m0", "m1->logits"]
+    r = edge_scores(model, task, method="exact", metric="raw-logit-diff", edges=picked, config=RunConfig(n_boot=50))
+    t = r.table.set_index("edge")
+    d_head = getattr(hf_ref.config, "head_dim", None) or hf_ref.config.hidden_size // N_HEADS
+    for edge in picked:
+        ref = reference_eap(hf_ref, SPECS[family], task, edge, N_HEADS, shape.n_kv_heads, d_head, exact=True)
+        assert t.loc[edge, "score"] == pytest.approx(ref, rel=1e-3, abs=1e-5), edge
+    assert t.loc[picked, "score"].abs().max() > 1e-3
+    assert t.score.isna().sum() == len(names) - len(set(picked))
 
 
 @pytest.mark.parametrize(
