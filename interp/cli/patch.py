@@ -11,7 +11,8 @@ interrupted run.
 
 ``--by path`` is exact path patching (:func:`interp.patching.path_patch`): the ``--senders`` x
 ``--receivers`` grid, the receivers the logits (default) or heads whose ``--site`` (``q``, ``k`` or
-``v``; default ``q``) receives the path; writes ``path_patching.{csv,json,html}``. ``--faithfulness``
+``v``; default ``q``) receives the path, each path a row of the edge replay (journaled too);
+writes ``path_patching.{csv,json,html}``. ``--faithfulness``
 (per head) adds the faithfulness curves of the rankings of the methods it names (default every
 method; the run's own result is one of them): ``faithfulness.{csv,json,html}``, and the smallest
 number of heads that reaches 0.8 and 0.9 of the clean metric per ranking.
@@ -132,7 +133,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
     flags.choice(
         p, "--metric", METRICS, None, after=" (default: the task's own: prob-diff for greater-than, else logit-diff)"
     )
-    flags.choice(p, "--replay", REPLAYS, None, "exact: ", " (default: auto)")
+    flags.choice(p, "--replay", REPLAYS, None, "exact and --by path: ", " (default: auto)")
     p.add_argument(
         "--steps",
         type=flags.positive_int,
@@ -155,9 +156,6 @@ UNREAD = (
     Unread("--senders", "it applies to --by path", lambda args: not _path(args)),
     Unread("--receivers", "it applies to --by path", lambda args: not _path(args)),
     Unread("--method", "--by path is exact path patching", _path),
-    Unread("--replay", "--by path runs plain hooked forwards", _path),
-    Unread("--resume", "--by path is not journaled", _path),
-    Unread("--fresh", "--by path is not journaled", _path),
     Unread(
         "--site",
         f"the receivers are the {LOGITS}; --site names a receiver head's input",
@@ -278,6 +276,10 @@ def path_main(
     """``--by path``: the sender x receiver grid, its top paths printed, the table and figure written."""
     receivers = LOGITS if not _head_receivers(args) else args.receivers
     site = args.site or "q"
+    journals = getattr(args, "journals", None)
+    journal = (
+        journals(f"path_{site if receivers != LOGITS else LOGITS}_{args.direction}", task.clean) if journals else None
+    )
     t0 = time.perf_counter()
     paths = path_patch(
         model,
@@ -288,6 +290,8 @@ def path_main(
         direction=args.direction,
         metric=args.metric,
         config=config,
+        replay=args.replay or "auto",
+        journal=journal,
     )
     paths.meta["model_spec"] = args.model
     header(paths.meta["clean_metric"], paths.meta["corrupted_metric"])
@@ -303,8 +307,15 @@ def path_main(
         print(paths.meta["gap_warning"])
     print(f"top {plural(len(ranked), 'path')} by |effect| (fraction of the clean-corrupted gap the path moves):")
     print(format_table(ranked, ["effect"], ci=["effect"], fmt=".4g", n_sequences=task.n_pairs))
-    written = paths.save(out)
-    return written + save_figure(paths.figure(), out, "path_patching")
+    partial = bool(paths.meta.get("partial"))
+    with writes_partial(partial):
+        written = paths.save(out)
+        written += save_figure(paths.figure(), out, "path_patching")
+    if partial:
+        stop_partial(written, journals)
+    if journals is not None:
+        journals.finish()
+    return written
 
 
 def faithfulness_main(

@@ -121,6 +121,7 @@ def path_patch(
     direction: str = DEFAULT_DIRECTION,
     metric: str | Metric | Callable | None = None,
     config: RunConfig | None = None,
+    replay: str = "auto",
     journal: Journal | None = None,
 ) -> PathScores:
     """Path patching from each sender head to each receiver (see the module docstring).
@@ -128,8 +129,9 @@ def path_patch(
     ``senders``: heads named any usual way (default every head); ``receivers``: ``"logits"`` or
     heads, whose ``site`` (``q``, ``k`` or ``v``) receives the path. A sender must sit in an earlier
     layer than every receiver head it is paired with: named explicitly, a later one is refused; by
-    default, such pairs are left out of the grid (NaN). ``journal``: where each finished path is
-    recorded (a resumed run takes those from it). A model the edge replay cannot describe or
+    default, such pairs are left out of the grid (NaN). ``replay`` (:data:`~interp.ablation.replay.REPLAYS`)
+    and ``journal`` (where each finished path is recorded; a resumed run takes those from it) as for
+    the exact sweep. A model the edge replay cannot describe or
     reproduce is refused before any patched run."""
     validate_path_patch(
         senders=senders,
@@ -148,11 +150,15 @@ def path_patch(
     run = setup(model, task, metric=metric, direction=direction, by="head", config=config)
     columns = [LOGITS] if recv == LOGITS else [f"{l}.{h}" for l, h in recv]
     units = PathUnits(graph, send, recv, site)
-    sweeper = EdgeSweeper(run, graph, what="path patching", journal=journal)
+    sweeper = EdgeSweeper(run, graph, what="path patching", replay=replay, journal=journal)
     values = sweeper.evaluate(units, desc=f"path patching ({site if recv != LOGITS else LOGITS})", scope=units.scope)
     values = values.reshape(len(send), len(columns), -1)
     values[units.unreached.reshape(len(send), len(columns))] = float("nan")
-    return _scores(run, send, columns, values, site if recv != LOGITS else LOGITS)
+    paths = _scores(run, send, columns, values, site if recv != LOGITS else LOGITS)
+    paths.meta["replay"] = sweeper.replay
+    if sweeper.interrupted:
+        paths.meta["partial"] = True
+    return paths
 
 
 def validate_path_patch(

@@ -1,0 +1,114 @@
+"""``interp circuit`` on the toy: what it prints equals what it saves and what the library gives, the
+files it writes, EAP-IG's JSON export read back, a resumed exact run, and bad input refused before
+the model loads (exit 2, one line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import interp
+from interp.circuits import Circuit, EdgeScores, FaithfulnessCurve
+from interp.cli.circuit import cli
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BASE = ["--device", "cpu", "--no-progress", "--n-boot", "200"]
+
+
+def test_the_toy_repeat_circuit_prints_its_top_edges_the_faithful_size_and_the_areas(tmp_path, capsys):
+    out = tmp_path / "out"
+    export = tmp_path / "eapig.json"
+    assert cli([*BASE, "--task", "repeat", "--direction", "noise", "--out", str(out), "--export", str(export)]) == 0
+    text = capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert [n for n in names if not n.endswith(".png")] == [
+        "circuit.csv", "circuit.html", "circuit.json", "circuit_faithfulness.csv", "circuit_faithfulness.html",
+        "circuit_faithfulness.json", "edge_scores.csv", "edge_scores.json",
+    ]  # fmt: skip
+    scores = EdgeScores.load(out)
+    assert "toy: 9 senders, 25 receivers, 81 edges (2 layers x 4 heads, 0 MLPs); task repeat: 20 pairs" in text
+    # the printed top edges are the saved table's, in order, with their CIs
+    top = scores.top(10)
+    at = text.splitlines().index("top 10 edges by |score| (logit-diff units, 95% CI over pairs):")
+    printed = [line.split()[0] for line in text.splitlines()[at + 1 : at + 11]]
+    assert printed == list(top.edge)
+    assert printed[:2] == ["a1.h2->logits", "a1.h1->logits"]  # as the README says (EAP, noising)
+    curve = FaithfulnessCurve.load(out)
+    reach = curve.meta["smallest_faithful"]
+    assert (
+        f"smallest circuit reaching faithfulness 0.8: {reach['n_edges']} edges ({reach['fraction']:.2%} of the graph)"
+        in text
+    )
+    assert f"CPR {curve.meta['cpr']:.3f} (area under the curve), CMD {curve.meta['cmd']:.3f}" in text
+    circuit = Circuit.load(out)
+    assert circuit.n_edges == reach["n_edges"] and circuit.meta["faithfulness"] >= 0.8
+    assert f"circuit: {circuit.n_edges} edges of 81 (the smallest found reaching faithfulness 0.8)" in text
+    # the library, called as a notebook would, gives the same curve
+    model = interp.load_model("toy")
+    config = interp.RunConfig(n_boot=200)
+    direct = interp.edge_scores(model, "repeat", direction="noise", config=config)
+    np.testing.assert_allclose(direct.table.score, scores.table.score, rtol=1e-6, atol=1e-7)
+    again = direct.faithfulness_curve(model, "repeat", config=config)
+    np.testing.assert_allclose(again.table.faithfulness, curve.table.faithfulness, rtol=1e-6, atol=1e-7)
+    # the export is EAP-IG's graph JSON of that circuit
+    blob = json.loads(export.read_text())
+    assert set(blob) == {"cfg", "nodes", "edges"}
+    assert sum(e["in_graph"] for e in blob["edges"].values()) == circuit.n_edges  # the toy's heads are not grouped
+    assert Circuit.from_eapig(export, model).edges == circuit.edges
+    assert f"  {export}" in text.splitlines()
+
+
+def test_a_named_circuit_and_no_evaluation(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [*BASE, "--direction", "noise", "--greedy", "6", "--evaluate", "none", "--out", str(out)]
+    assert cli(argv) == 0
+    text = capsys.readouterr().out
+    assert "circuit: " in text and "6 greedily from the logits" in text and "CPR" not in text
+    assert not (out / "circuit_faithfulness.json").exists()
+    circuit = Circuit.load(out)
+    assert circuit.meta["how"] == "greedy" and circuit.n_edges <= 6
+
+
+def test_exact_edges_resume_from_their_journal_without_a_patched_forward(tmp_path, capsys, monkeypatch):
+    from interp.journal import Journal
+    from interp.patching.edge_patch import EdgeSweeper
+
+    model = interp.load_model("toy")
+    config = interp.RunConfig(n_boot=200)
+    journal = Journal(tmp_path, "edges", {"run": "exact"})
+    journal.open()
+    first = interp.edge_scores(model, "repeat", method="exact", n_pairs=6, config=config, journal=journal)
+    journal.close()  # as a run that stopped before writing its files leaves it
+    again = Journal(tmp_path, "edges", {"run": "exact"})
+    again.open(resume=True)
+    ran = []
+    monkeypatch.setattr(EdgeSweeper, "_evaluate_group", lambda self, start, codes: ran.append(1))
+    resumed = interp.edge_scores(model, "repeat", method="exact", n_pairs=6, config=config, journal=again)
+    assert "resumed: 81 of 81 interventions of exact edge patching from" in capsys.readouterr().out
+    assert not ran and resumed.table.equals(first.table)
+
+
+def _refused(capsys, tmp_path, argv):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        cli(["--out", str(out), "--no-progress", "--model", "no/such-model", *argv])  # loading it would fail otherwise
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert not out.exists() or not [p for p in out.iterdir() if not p.name.startswith(".")]
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--export", "c.txt"], "--export c.txt: EAP-IG's graph is a .json file; name one, e.g. circuit.json"),
+        (["--evaluate", "none"], "--evaluate none leaves no faithfulness to choose the circuit by: pass --top N, --greedy N or --threshold T"),
+        (["--steps", "3"], "python -m interp.circuit would ignore --steps (it applies to --method eap-ig-*): drop it"),
+        (["--threshold", "-1"], "--threshold -1.0: the least |score| an edge keeps, a number >= 0"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_line_before_the_model_loads(tmp_path, capsys, argv, said):
+    assert _refused(capsys, tmp_path, argv) == f"python -m interp.circuit: error: {said}"
