@@ -46,6 +46,7 @@ def test_the_toy_repeat_circuit_prints_its_top_edges_the_faithful_size_and_the_a
     circuit = Circuit.load(out)
     assert circuit.n_edges == reach["n_edges"] and circuit.meta["faithfulness"] >= 0.8
     assert f"circuit: {circuit.n_edges} edges of 81 (the smallest found reaching faithfulness 0.8)" in text
+    assert f"circuit of {circuit.n_edges} of 81 edges" in circuit.figure().layout.title.text
     # the library, called as a notebook would, gives the same curve
     model = interp.load_model("toy")
     config = interp.RunConfig(n_boot=200)

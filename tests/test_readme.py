@@ -590,6 +590,34 @@ def variant(command: Command, *changes: str) -> Command:
     )
 
 
+def test_circuit_numbers(runner):
+    """The circuit sentence's numbers, from the two commands it names, as written."""
+    from interp.circuits import FaithfulnessCurve
+
+    got = {}
+    for name, words in (("exact", ("--method", "exact")), ("eap", None)):
+        command = readme_command("python", "-m", "interp.circuit", "--task", "repeat", *(words or ()))
+        ran = runner.run(command)
+        assert ran.code == 0, ran.err
+        got[name] = FaithfulnessCurve.load(ran.folder / "circuit_faithfulness.json")
+    n, f, lo, hi, cpr, cmd, n2, f2, lo2, hi2, cpr2, cmd2, pairs = said(
+        r"Its circuits are the more faithful: (\d+) edges reach faithfulness (\S+) \[(\S+), (\S+)\], CPR (\S+), CMD "
+        r"(\S+), where the EAP scores of the first command need (\d+) edges \((\S+) \[(\S+), (\S+)\]\), CPR (\S+), "
+        r"CMD (\S+) \(both commands as written, (\d+) pairs; tested\)\."
+    )
+    for curve, values in ((got["exact"], (n, f, lo, hi, cpr, cmd)), (got["eap"], (n2, f2, lo2, hi2, cpr2, cmd2))):
+        reach = curve.meta["smallest_faithful"]
+        row = curve.table[curve.table.n_edges == reach["n_edges"]].iloc[0]
+        agree(values[0], reach["n_edges"], "the smallest faithful circuit's edges")
+        for written, value, what in zip(
+            values[1:4], row[["faithfulness", "faithfulness_lo", "faithfulness_hi"]], "f lo hi".split()
+        ):
+            agree(written, float(value), f"its faithfulness ({what})")
+        agree(values[4], curve.meta["cpr"], "CPR")
+        agree(values[5], curve.meta["cmd"], "CMD")
+        agree(pairs, curve.meta["n_pairs"], "the task's pairs")
+
+
 def test_path_patching_and_faithfulness_numbers(runner):
     """The path patching and faithfulness sentences, against the commands they name, as written
     (a sentence's direction is its command's: their defaults once disagreed)."""

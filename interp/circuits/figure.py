@@ -168,7 +168,7 @@ def graph_figure(
             )
         )
     _add_nodes(fig, layout, nodes, ends)
-    n, total = len(chosen), int(meta.get("n_edges") or len(table))
+    n, total = len(chosen), len(table)  # the table holds every edge of the graph
     plot_h = _frame(fig, layout, _title(meta, n, total, "in_circuit" in table.columns) if title is None else title)
     fig.update_layout(
         coloraxis=dict(
