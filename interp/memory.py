@@ -183,11 +183,14 @@ def sweep_estimate(shape: Shape, batch: int, seq_len: int, minibatch: int, chunk
     return Estimate("the exact sweep", kept, per_forward, minibatch, "the clean pass of every sequence, kept")
 
 
-def gradient_estimate(shape: Shape, seq_len: int, minibatch: int, n_read: int) -> Estimate:
-    """One minibatch's forward with every activation kept for backward (see the module docstring)."""
+def gradient_estimate(shape: Shape, seq_len: int, minibatch: int, n_read: int, *, fused: bool = False) -> Estimate:
+    """One minibatch's forward with every activation kept for backward (see the module docstring);
+    ``fused``: the attention runs fused, forming no ``[T, T]`` pattern (its backward keeps a row
+    statistic per query instead)."""
     s, T = shape, seq_len
     width = s.n_heads * s.d_head
-    per_layer = T * (6 * s.d_model + 4 * width + 2 * s.n_heads * T + 2 * s.d_mlp)
+    pattern = 2 * s.n_heads * (1 if fused else T)
+    per_layer = T * (6 * s.d_model + 4 * width + pattern + 2 * s.d_mlp)
     per_forward = s.itemsize * minibatch * (s.n_layers * per_layer + 3 * n_read * s.d_vocab)
     return Estimate("the gradient pass", 0, per_forward, minibatch, "", "a forward and backward")
 

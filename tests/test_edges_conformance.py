@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -342,3 +343,23 @@ def test_families_the_graph_cannot_describe_are_refused_with_the_reason(family, 
     model = from_hf_model(*build(family), name=family)
     with pytest.raises(UsageError, match=f"cannot describe {family} as a graph of edges: .*{why}"):
         edge_scores(model, family_task(model, causal=True))
+
+
+def test_eap_runs_attention_fused_where_every_receiver_is_reached_and_gives_the_same_scores():
+    """On a bridge whose attention calls Hugging Face's interface (Llama), EAP runs it fused: no
+    pattern is ever formed (``hook_pattern`` never fires) and the scores are the eager run's; a joint
+    q/k/v projection the bridge splits itself (GPT-2) keeps the model's own attention."""
+    model = from_hf_model(*build("llama"), name="llama")
+    task = family_task(model, causal=True)
+    formed = []
+    model.blocks[0].attn.hook_pattern.add_hook(lambda x, hook: formed.append(x.shape), is_permanent=True)
+    fused = edge_scores(model, task, metric="raw-logit-diff", config=RunConfig(n_boot=50))
+    # the one pattern formed is the check's: an eager forward of one sequence, to compare with
+    assert fused.meta["attention"] == "fused (no pattern formed)" and [s[0] for s in formed] == [1] < [task.n_pairs]
+    eager = edge_scores(model, task, metric="raw-logit-diff", config=RunConfig(n_boot=50, engine="pattern"))
+    assert eager.meta["attention"] == "the model's own" and task.n_pairs in [s[0] for s in formed]
+    scale = float(eager.table.score.abs().max())
+    np.testing.assert_allclose(fused.table.score, eager.table.score, rtol=1e-4, atol=1e-5 * scale)
+    gpt2 = from_hf_model(*build("gpt2"), name="gpt2")
+    r = edge_scores(gpt2, family_task(gpt2, causal=True), metric="raw-logit-diff", config=RunConfig(n_boot=50))
+    assert r.meta["attention"] == "the model's own"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ from interp import memory
 from interp.ablation.gradient import frozen
 from interp.ablation.metrics import Metric
 from interp.ablation.replay import read_out
-from interp.adapters import HookedModel
+from interp.adapters import HookedModel, is_toy, run_with_reducers
 from interp.adapters.weights import read_head_weights
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
@@ -58,6 +59,7 @@ from interp.progress import tqdm
 from interp.registry import Registry
 from interp.results import Result
 from interp.scores import bootstrap_mean
+from interp.stream.capture import check_streamable, streamed_attention
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -205,11 +207,13 @@ def edge_scores(
     run = setup(model, task, metric=metric, direction=direction, n_pairs=n_pairs, config=config, measured=False)
     m = (steps or IG_STEPS) if METHODS.info(method, "steps") else 1
     step = run.config.minibatch or run.task.n_pairs
-    memory.check(edge_memory(run, graph, m), step, run.info.device, fewer=FEWER_PAIRS)
-    passes = _Passes(run, graph, method, m)
+    fused = fused_attention(run.model, run.config, run.probe.tokens[:1, :8], graph)
+    memory.check(edge_memory(run, graph, m, fused), step, run.info.device, fewer=FEWER_PAIRS)
+    passes = _Passes(run, graph, method, m, fused)
     per_pair, own, donor = passes.all_pairs(step)
     run.clean, run.corrupted = (donor, own) if run.direction == "denoise" else (own, donor)
-    return _result(run, graph, per_pair, method, m, top, passes.passes())
+    attention = "fused (no pattern formed)" if passes.fused else "the model's own"
+    return _result(run, graph, per_pair, method, m, top, passes.passes(), attention=attention)
 
 
 def _exact(
@@ -260,10 +264,11 @@ def _picked(names: list[str], edges: Sequence[str]) -> list[int]:
     return sorted({where[e] for e in edges})
 
 
-def edge_memory(run: Setup, graph: Graph, steps: int) -> Callable[[int], memory.Estimate]:
+def edge_memory(run: Setup, graph: Graph, steps: int, fused: bool = False) -> Callable[[int], memory.Estimate]:
     """Bytes edge attribution needs beyond the model: per minibatch, the model's forward and backward
-    (the gradient pass), the donor's and the own sender outputs and every norm's input kept for the
-    contraction, the receiver gradients, and one chunk's contraction; the per-pair scores for the run."""
+    (the gradient pass; ``fused``: no ``[T, T]`` pattern in it), the donor's and the own sender outputs
+    and every norm's input kept for the contraction, the receiver gradients, and one chunk's
+    contraction; the per-pair scores for the run."""
     info, n, T = run.info, run.task.n_pairs, run.task.seq_len
     shape = memory.Shape.of(run.model, info)
     n_read = memory.positions_read(run.metric, info, T)
@@ -274,7 +279,7 @@ def edge_memory(run: Setup, graph: Graph, steps: int) -> Callable[[int], memory.
 
     def estimate(minibatch: int) -> memory.Estimate:
         b = min(minibatch, n)
-        grad = memory.gradient_estimate(shape, T, b, n_read).per_forward
+        grad = memory.gradient_estimate(shape, T, b, n_read, fused=fused).per_forward
         work = shape.itemsize * b * (T * per_token + c * d * (S + 2 * 3 * H) + S * R)
         return memory.Estimate("edge attribution", 8 * n * graph.n_edges, grad + work, b, "the per-pair edge scores")
 
@@ -285,7 +290,7 @@ class _Passes:
     """The forwards and backwards of one method, and the contraction of their gradients with the
     senders' output differences into per-pair edge scores."""
 
-    def __init__(self, run: Setup, graph: Graph, method: str, steps: int):
+    def __init__(self, run: Setup, graph: Graph, method: str, steps: int, fused: bool = False):
         self.run, self.graph, self.method, self.steps = run, graph, method, steps
         self.model, self.info = run.model, run.info
         w = read_head_weights(run.model, run.info, "edge attribution")
@@ -301,6 +306,7 @@ class _Passes:
         for l, norm in self.mlp_norms.items():
             if not isinstance(norm, torch.nn.Module):
                 self.mlp_norms[l] = blocks[l].ln1  # GPT-J: the MLP reads attention's own norm
+        self.fused = fused  # the attention runs fused (fused_attention)
 
     def all_pairs(self, step: int) -> tuple[Float[Tensor, "pair edge"], Tensor, Tensor]:
         """Per-pair edge scores (in :meth:`Graph.table` order) and the metric of the own and donor prompts."""
@@ -340,12 +346,16 @@ class _Passes:
             with torch.no_grad():
                 own_out, own_value = self._forward(tokens, rows)
             delta = {k: donor_out[k] - own_out[k] for k in donor_out}
+        # no point moves a sender toward the donor: its outputs serve the difference alone, which the
+        # first pass takes in place (one set of sender outputs kept, not two)
+        in_place = all(alpha is None for _, alpha, _ in points)
         for toks, alpha, moved in points:
+            minus = donor_out if delta is None and in_place else None
             with frozen(self.model):
-                outs, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved)
+                outs, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved, minus)
             if delta is None:  # the first point is the own run, unmoved
                 own_value = value.detach()
-                delta = {k: donor_out[k] - outs[k] for k in donor_out}
+                delta = donor_out if in_place else {k: donor_out[k] - outs[k] for k in donor_out}
             total += self._contract(delta, grads, norm_in)
         return total / len(points), own_value.cpu(), donor_value.cpu()
 
@@ -365,10 +375,18 @@ class _Passes:
             return [(tokens, k / m, ("input",)) for k in range(m)]
         return [(tokens, k / m, (node,)) for node in nodes for k in range(1, m + 1)]
 
-    def _sender_hooks(self, keep: dict[str, Tensor]) -> list[tuple[str, Callable]]:
+    def _sender_hooks(
+        self, keep: dict[str, Tensor], minus: dict[str, Tensor] | None = None
+    ) -> list[tuple[str, Callable]]:
+        """Hooks keeping each sender's output in ``keep``; with ``minus``, subtracting it from
+        ``minus``'s tensor in place instead (``keep`` then holds those differences)."""
+
         def grab(key: str) -> Callable:
             def hook(x: Tensor, hook: Any) -> None:
-                keep[key] = x.detach()
+                if minus is None:
+                    keep[key] = x.detach()
+                else:
+                    keep[key] = minus[key].sub_(x.detach().reshape(minus[key].shape))
 
             return hook
 
@@ -381,16 +399,29 @@ class _Passes:
         """A plain forward: every sender's output, and the metric per pair."""
         keep: dict[str, Tensor] = {}
         metric = self.run.metric
-        out = read_out(self.model, tokens, metric, self._sender_hooks(keep), self.info.n_layers)
+        with self._attention() as extra:
+            out = read_out(self.model, tokens, metric, self._sender_hooks(keep) + extra, self.info.n_layers)
         return keep, metric(out, tokens, None, rows)
 
+    def _attention(self) -> AbstractContextManager[list]:
+        """Where :attr:`fused`, the model's attention runs fused (no ``[T, T]`` pattern is formed, its
+        backward neither); the hooks the run must add."""
+        return streamed_attention(self.model, lambda seen: None) if self.fused else nullcontext([])
+
     def _gradient_pass(
-        self, tokens: Tensor, rows: Tensor, donor: dict[str, Tensor], alpha: float | None, moved: tuple[str, ...]
+        self,
+        tokens: Tensor,
+        rows: Tensor,
+        donor: dict[str, Tensor],
+        alpha: float | None,
+        moved: tuple[str, ...],
+        minus: dict[str, Tensor] | None = None,
     ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], dict[str, Tensor]]:
-        """One forward and backward: the senders' outputs, the metric, the gradient at every receiver's
-        input after its norm (``q{l}``, ``k{l}``, ``v{l}``, ``m{l}``, ``logits``) and every norm's input."""
+        """One forward and backward: the senders' outputs (``minus``: subtracted from its tensors in
+        place), the metric, the gradient at every receiver's input after its norm (``q{l}``, ``k{l}``,
+        ``v{l}``, ``m{l}``, ``logits``) and every norm's input."""
         keep: dict[str, Tensor] = {}
-        hooks = self._sender_hooks(keep)
+        hooks = self._sender_hooks(keep, minus)
         if alpha is not None:  # the moved senders' outputs at donor + alpha (own - donor)
             hooks = [*hooks, *[(_hook_name(k), _toward(donor[k], alpha)) for k in moved]]
         start: list[Tensor] = []  # the stream entering block 0, where the backward stops
@@ -415,7 +446,8 @@ class _Passes:
                 else:
                     handles.append(module.register_forward_pre_hook(_on_input(watch)))
             handles.append(self.model.ln_final.register_forward_pre_hook(_grab_input(norm_in, "ln_final")))
-            out = read_out(self.model, tokens, self.run.metric, hooks, self.info.n_layers, grad=True)
+            with self._attention() as extra:
+                out = read_out(self.model, tokens, self.run.metric, hooks + extra, self.info.n_layers, grad=True)
             value = self.run.metric(out, tokens, None, rows)
         finally:
             for h in handles:
@@ -495,6 +527,39 @@ class _Passes:
         k = einsum(grads[f"k{l}"][:, c], self.W_K[l], "b c h e, h d e -> h b c d")
         v = einsum(grads[f"v{l}"][:, c], self.W_V[l], "b c h e, h d e -> h b c d")
         return torch.cat([q, k, v])
+
+
+def fused_attention(model: HookedModel, config: RunConfig, tokens: Tensor, graph: Graph) -> bool:
+    """Does edge attribution run ``model``'s attention fused (the stream engine's capture: no
+    ``[T, T]`` pattern, forward or backward, memory linear in ``T``)? Not where ``config.engine`` is
+    ``"pattern"``, nor on the toy (its own fused path runs either way). Elsewhere only where a short
+    forward and backward of ``tokens`` under the capture reaches every receiver's hook (a bridge that
+    splits a joint q/k/v projection itself does not) and gives the model's own logits; else the
+    model's own attention runs."""
+    if config.engine == "pattern" or is_toy(model):
+        return False
+    try:
+        check_streamable(model)
+    except UsageError:
+        return False
+    L = graph.shape.n_layers
+    names = [f"blocks.{l}.attn.hook_{s}" for l in range(L) for s in "qkv"] + [
+        f"blocks.{l}.attn.hook_z" for l in range(L)
+    ]
+    seen: set[str] = set()
+    hooks = [(name, lambda x, hook, name=name: seen.add(name)) for name in names]  # hook.name: the bridge's own
+    start: list[Tensor] = []
+    hooks.append(("blocks.0.hook_resid_pre", _start(start)))
+    try:
+        with torch.no_grad():
+            want = run_with_reducers(model, tokens, [])
+        with frozen(model), streamed_attention(model, lambda seen: None) as extra:
+            got = run_with_reducers(model, tokens, hooks + extra, grad=True)
+            torch.autograd.grad(got.float().sum(), start)
+    except Exception:  # an attention the capture runs differently, or cannot differentiate
+        return False
+    scale = float(want.abs().max()) + 1e-6
+    return seen >= set(names) and float((got.detach() - want).abs().max()) <= 1e-4 * scale
 
 
 def _by_position(x: Tensor, b: int, T: int) -> Tensor:
