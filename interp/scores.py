@@ -106,14 +106,26 @@ def bootstrap_ratio(
     n = len(pool)
     gen = torch.Generator().manual_seed(seed)
     idx = pool[torch.randint(max(n, 1), (n_boot, n), generator=gen)] if n else torch.zeros(n_boot, 0, dtype=torch.long)
-    pooled = den[idx].sum(1)
-    ratios = torch.where(pooled != 0, num[idx].sum(1) / _nonzero(pooled), nan)
-    degenerate = (pooled == 0) & (total != 0)  # a resample drew only units without this column's targets
     alpha = expanded_alpha(level, n)
-    lo = torch.nanquantile(ratios, alpha, dim=0)
-    hi = torch.nanquantile(ratios, 1 - alpha, dim=0)
-    dropped = int(degenerate.sum(0).max()) if degenerate.numel() else 0
-    return RatioInterval(point.float(), lo.float(), hi.float(), n, empty, dropped, n_boot)
+    rest = num.shape[1:]
+    flat_num, flat_den, flat_total = num.reshape(b, -1), den.reshape(b, -1), total.reshape(-1)
+    # the resamples gathered for a block of columns at a time: [n_boot, n, columns] stays under the budget
+    # (one block where it fits, as before; each column's sums and quantiles are its own either way)
+    cols = max(1, _GATHER_BUDGET // max(1, 8 * n_boot * max(n, 1)))
+    lo, hi, dropped = [], [], 0
+    for c in range(0, max(flat_num.shape[1], 1), cols):
+        part_num, part_den = flat_num[:, c : c + cols], flat_den[:, c : c + cols]
+        pooled = part_den[idx].sum(1)
+        ratios = torch.where(pooled != 0, part_num[idx].sum(1) / _nonzero(pooled), nan)
+        degenerate = (pooled == 0) & (flat_total[c : c + cols] != 0)  # a resample drew only units without its targets
+        lo.append(torch.nanquantile(ratios, alpha, dim=0))
+        hi.append(torch.nanquantile(ratios, 1 - alpha, dim=0))
+        dropped = max(dropped, int(degenerate.sum(0).max()) if degenerate.numel() else 0)
+    low, high = torch.cat(lo).reshape(rest), torch.cat(hi).reshape(rest)
+    return RatioInterval(point.float(), low.float(), high.float(), n, empty, dropped, n_boot)
+
+
+_GATHER_BUDGET = 1 << 26  # bytes of resampled values a bootstrap gathers at once (64 MiB)
 
 
 def _nonzero(x: Tensor) -> Tensor:

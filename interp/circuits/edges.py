@@ -677,9 +677,11 @@ def stability(
     per_pair: Float[Tensor, "pair edge"], top: int, *, n_boot: int = 1000, seed: int = 0, block: int = 50
 ) -> Float[Tensor, " edge"]:
     """The share of ``n_boot`` bootstrap resamples of the pairs in which each edge's mean score is
-    among the ``top`` largest in absolute value (resamples drawn ``block`` at a time)."""
+    among the ``top`` largest in absolute value (resamples drawn ``block`` at a time, fewer where
+    ``block`` resamples of every edge would pass 64 MiB)."""
     n, E = per_pair.shape
     k = min(top, E)
+    block = max(1, min(block, (1 << 26) // max(1, 8 * n * E)))
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(n, (n_boot, n), generator=gen)
     hits = torch.zeros(E, dtype=torch.float64)
