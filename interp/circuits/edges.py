@@ -52,7 +52,7 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
-from interp.patching.edge_patch import EdgeSweeper, EdgeUnits
+from interp.patching.edge_patch import EdgeSweeper, EdgeUnits, on_input
 from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.progress import tqdm
@@ -444,7 +444,7 @@ class _Passes:
                 if name in self.model.hook_dict:  # a bridge: its hook, whether or not the module is called
                     hooks.append((name, watch))
                 else:
-                    handles.append(module.register_forward_pre_hook(_on_input(watch)))
+                    handles.append(module.register_forward_pre_hook(on_input(watch)))
             handles.append(self.model.ln_final.register_forward_pre_hook(_grab_input(norm_in, "ln_final")))
             with self._attention() as extra:
                 out = read_out(self.model, tokens, self.run.metric, hooks + extra, self.info.n_layers, grad=True)
@@ -609,15 +609,6 @@ def _watch(grads: dict[str, Tensor], seen: set[str], key: str) -> Callable:
         return x
 
     return hook
-
-
-def _on_input(hook: Callable) -> Callable:
-    """``hook`` as a module's forward pre-hook, on its first argument."""
-
-    def pre(module: Any, args: tuple) -> tuple:
-        return (hook(args[0], None), *args[1:])
-
-    return pre
 
 
 def _grab_input(keep: dict[str, Tensor], key: str) -> Callable:

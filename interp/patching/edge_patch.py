@@ -39,6 +39,7 @@ from torch import Tensor
 from interp import memory
 from interp.ablation.calls import expand_call
 from interp.ablation.replay import CleanBatch, Sweeper, _rounding, read_out
+from interp.adapters.surgery import by_head
 from interp.adapters.weights import read_head_weights
 from interp.errors import AblationError, UsageError
 from interp.hooks import k_hook, q_hook, v_hook, z_hook
@@ -233,7 +234,7 @@ class EdgeSweeper(Sweeper):
             read_out(self.model, tokens, self.metric, hooks, L)
         return SenderValues(
             keep["input"],
-            [_heads_axis(keep[f"z{l}"], self.info.n_heads) for l in range(L)],
+            [by_head(keep[f"z{l}"], self.info.n_heads) for l in range(L)],
             {l: keep[f"m{l}"].reshape(keep["input"].shape) for l in self.graph.shape.mlp_layers},
         )
 
@@ -396,10 +397,6 @@ def _fixed(value: Tensor) -> Callable:
     return hook
 
 
-def _heads_axis(z: Tensor, n_heads: int) -> Tensor:
-    return z if z.ndim == 4 else z.reshape(*z.shape[:2], n_heads, -1)
-
-
 def _mlp_norms(model: Any, graph: Graph) -> dict[int, torch.nn.Module]:
     """The norm each MLP's input comes out of: its own (``ln2``), or attention's where a parallel
     block shares one (GPT-J)."""
@@ -418,7 +415,6 @@ class _Layout:
     def __init__(self, graph: Graph):
         self.graph = graph
         s = graph.shape
-        self.input = 0
         self.heads: dict[int, slice] = {}
         self.mlp: dict[int, int] = {}
         for i, node in enumerate(graph.senders):
@@ -490,7 +486,7 @@ class _Replay:
                 if name in model.hook_dict:
                     mlp_hooks.append((name, self._shift_mlp(l)))
                 else:
-                    handles.append(blocks[l].mlp.register_forward_pre_hook(_on_input(self._shift_mlp(l))))
+                    handles.append(blocks[l].mlp.register_forward_pre_hook(on_input(self._shift_mlp(l))))
         if self.active[L]:
             handles.append(model.ln_final.register_forward_pre_hook(self._shift_logits))
         for h in handles:
@@ -499,7 +495,7 @@ class _Replay:
 
     def _keep_z(self, l: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> None:
-            zz = _heads_axis(z, self.sw.info.n_heads)
+            zz = by_head(z, self.sw.info.n_heads)
             self.z[l] = zz.reshape(self.rep, self.b, *zz.shape[1:])
 
         return hook
@@ -577,7 +573,7 @@ class _Replay:
             x = self.x[f"ln1.{l}"]
             moved = self._norm_of(self.sw.model.blocks[l].ln1, x, D)  # [rep, b, T, C, d]
             change = einsum(moved, self.sw.W[site][l].to(moved.dtype), "r b t c d, c d e -> r b t c e")
-            yy = _heads_axis(y, change.shape[3])
+            yy = by_head(y, change.shape[3])
             return (yy + change.reshape(yy.shape).to(yy.dtype)).reshape(y.shape)
 
         return hook
@@ -612,7 +608,7 @@ class _Replay:
         return (x + d.to(x.dtype), *args[1:])
 
 
-def _on_input(hook: Callable) -> Callable:
+def on_input(hook: Callable) -> Callable:
     """``hook`` as a module's forward pre-hook, on its first argument."""
 
     def pre(module: Any, args: tuple) -> tuple:
