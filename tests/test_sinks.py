@@ -125,6 +125,56 @@ def test_thresholds_are_options(planted):
     assert low["token"].notna().all() and low["role"].eq("first").all()
 
 
+BOS_LOUD, BOS_OUTLIER = 50.0, 20000.0  # every dimension of position 0 at +-50, one at 20,000
+
+
+@pytest.fixture(scope="module")
+def loud_bos(tmp_path_factory):
+    """A tiny GPT-2 whose position 0 carries +-50 in every residual dimension and 20,000 in dimension
+    17 (through the position embedding, so every layer's output holds them): the BOS state of a
+    trained model, whose own median |x| (50) is far above the layer's (the random weights' ~0.05)."""
+    hf = gpt2_model(n_layer=2, n_head=4, n_embd=D)
+    with torch.no_grad():
+        signs = torch.tensor([1.0, -1.0]).repeat(D // 2)
+        hf.transformer.wpe.weight[0] = BOS_LOUD * signs
+        hf.transformer.wpe.weight[0, MASSIVE_DIM] = BOS_OUTLIER
+    d = tmp_path_factory.mktemp("gpt2-loud-bos")
+    hf.save_pretrained(d)
+    word_tokenizer().save_pretrained(d)
+    return load_model(d, device="cpu")
+
+
+def test_massive_activations_are_measured_against_the_layer_median(loud_bos):
+    """Sun et al.'s criterion: |x| over the median of the sequence's whole layer output. Against the
+    BOS's own hidden state the outlier is only 400x its median and would go unreported."""
+    probe = random_tokens(loud_bos, batch=3, seq_len=16, seed=0)
+    r = sink_scores(loud_bos, probe, config=RunConfig(n_boot=10))
+    m = r.massive
+    assert len(m) == 6  # one per sequence, in both layers' outputs
+    assert set(m["layer"]) == {0, 1} and set(m["position"]) == {0} and set(m["dim"]) == {MASSIVE_DIM}
+    assert (m["value"] > 0.99 * BOS_OUTLIER).all() and (m["magnitude_ratio"] > 1e4).all()
+    assert r.layers["n_massive"].tolist() == [3, 3]
+    assert (r.layers["outlier_ratio_sink"] > 1e4).all()  # position 0 is a sink position
+    # what the BOS's own median would have said: far under 1000x, so no massive activation
+    stats = sink_statistics(loud_bos, probe)
+    own = stats.resid_max[:, :, 0] / stats.resid_median[:, :, 0]
+    assert (own < 500).all() and (stats.resid_median[:, :, 0] > 0.9 * BOS_LOUD).all()
+    assert (stats.resid_seq_median < 1).all()
+
+
+def test_massive_ratio_leaves_padded_slots_out():
+    """The layer median is over real positions only: padding (NaN here) neither counts nor ranks."""
+    from interp.sinks.stats import empty_statistics, reduce_residual
+
+    stats = empty_statistics(1, 1, 1, 4)
+    x = torch.full((1, 4, 8), float("nan"))
+    x[0, :2] = 1.0
+    x[0, 0, 3] = 5000.0  # 16 real entries, median 1
+    reduce_residual(stats, x, 0, slice(0, 1), 100.0, 1000.0, 10)
+    assert float(stats.resid_seq_median[0, 0]) == 1.0
+    assert stats.massive == [(0, 0, 0, 3, 5000.0, 5000.0)]
+
+
 # --------------------------------------------------------------------------------------------
 # invariants, checked against the full patterns
 

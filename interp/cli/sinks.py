@@ -64,7 +64,7 @@ def build_parser(prog: str = "python -m interp.sinks") -> argparse.ArgumentParse
         "--rel-threshold",
         type=flags.float_in(0, low_open=True),
         default=REL_THRESHOLD,
-        help="massive activation: |x| above this times its hidden state's median |x|",
+        help="massive activation: |x| above this times the median |x| of the sequence's layer output",
     )
     flags.add_minibatch_flag(p, "sequences per forward pass (default: every sequence in one)")
     flags.add_engine_flag(p)

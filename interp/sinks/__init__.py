@@ -36,11 +36,15 @@ encoders; ``n_k`` is how many queries see ``k``: ``T - k`` causal, ``T`` encoder
 - **confidence** (Voita et al. 2019): the mean over queries of the largest attention weight;
   ``confidence_no_first`` takes the largest weight among keys other than the first position (not
   renormalised). Both average over the queries that see at least two keys (causal: ``i >= 1``).
-- **massive activations** (Sun et al. 2024): residual-stream entries (``blocks.{l}.hook_resid_post``,
-  so ``layer`` is the block whose output holds them) with ``|x| > abs_threshold`` (100) and
-  ``|x| > rel_threshold`` (1000) times the median ``|x|`` of their own hidden state. Per layer the
-  *outlier ratio* ``max|x| / median|x|`` of each hidden state is averaged over sink positions and
-  over the other positions, next to the largest three magnitudes and the median of each sequence.
+- **massive activations** (Sun et al. 2024, the definition their code applies): residual-stream
+  entries (``blocks.{l}.hook_resid_post``, so ``layer`` is the block whose output holds them) with
+  ``|x| > abs_threshold`` (100) and ``|x| > rel_threshold`` (1000) times the median ``|x|`` of the
+  sequence's whole layer output (every real position and dimension; padded slots left out).
+  ``magnitude_ratio`` is ``|x|`` over that median. Not the median of the entry's own hidden state: a
+  BOS whose state holds several large dimensions has a median far above the layer's and would hide
+  them. Per layer the *outlier ratio* ``max_d |x|`` of a position over that layer median is averaged
+  over sink positions and over the other positions, next to the largest three magnitudes and the
+  median of each sequence.
 
 Memory: the hooks reduce each layer's ``[batch, head, T, T]`` pattern to per-key sums and per-query
 maxima as it is produced, value vectors to their norms and residuals to per-position maxima and

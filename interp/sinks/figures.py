@@ -64,8 +64,8 @@ def residual_curves(layers: pd.DataFrame, meta: Mapping[str, Any]) -> go.Figure:
         y_title="|residual| (mean over sequences)",
         title=f"{short_name(meta['model'])}: largest residual-stream magnitudes by layer",
     )
-    # the two thresholds a massive activation must pass: |x| above abs_threshold, and above
-    # rel_threshold x the median |x| of its hidden state (drawn from each layer's median)
+    # the two thresholds a massive activation must pass (Sun et al. 2024): |x| above abs_threshold, and
+    # above rel_threshold x the median |x| of the sequence's whole layer output (mean over sequences)
     absolute, relative = float(meta["abs_threshold"]), float(meta["rel_threshold"])
     fig.add_hline(
         y=absolute,
@@ -78,7 +78,7 @@ def residual_curves(layers: pd.DataFrame, meta: Mapping[str, Any]) -> go.Figure:
             x=layers["layer"],
             y=relative * layers["resid_median"],
             mode="lines",
-            name=f"{relative:g} x median",
+            name=f"{relative:g} x layer median",
             line=dict(color="#7f7f7f", dash="dot", width=1.5),
         )
     )

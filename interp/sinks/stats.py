@@ -49,10 +49,10 @@ class SinkStatistics:
     confidence_no_first: Float[Tensor, "batch layer head"]  # ... of max_{k >= 1} A[i, k]
     value_norm: Float[Tensor, "batch layer k head"]  # ||v_k|| (NaN if hook_v never fired)
     resid_max: Float[Tensor, "batch layer pos"]  # max_d |x|
-    resid_median: Float[Tensor, "batch layer pos"]  # median_d |x|
+    resid_median: Float[Tensor, "batch layer pos"]  # median_d |x| (of each hidden state alone)
     resid_top: Float[Tensor, "batch layer 3"]  # the 3 largest |x| of each sequence's layer output
-    resid_seq_median: Float[Tensor, "batch layer"]  # median |x| over the whole layer output
-    massive: list[tuple[int, int, int, int, float, float]]  # layer, seq, pos, dim, value, |x|/median
+    resid_seq_median: Float[Tensor, "batch layer"]  # median |x| over the whole layer output (massive's scale)
+    massive: list[tuple[int, int, int, int, float, float]]  # layer, seq, pos, dim, value, |x|/layer median
     max_row_deviation: float  # max |sum_k A[i, k] + sink share - 1| seen (pattern engine: rows above 1 only)
     learned_sink: Float[Tensor, "batch layer head"] | None = None  # sum over queries of the sink's share
     has_sinks: bool = False  # the stream engine saw learned sink logits
@@ -328,24 +328,31 @@ def reduce_residual(
     rel_threshold: float,
     max_massive: int,
 ) -> None:
-    """Reduce one layer's residual output of sequences ``rows`` into magnitudes and massive activations."""
+    """Reduce one layer's residual output of sequences ``rows`` into magnitudes and massive activations.
+
+    An entry is massive (Sun et al. 2024, as their code measures it) when ``|x| > abs_threshold`` and
+    ``|x| > rel_threshold`` times the median ``|x|`` of its sequence's whole layer output: every real
+    position and every dimension (padded slots, NaN here, are left out). Its ratio is against that
+    median. The median of its own hidden state alone would not do: a token whose state holds several
+    large dimensions (the BOS of a trained model) has a median far above the layer's."""
     x = x.detach().float()
     mag = x.abs()
-    med = mag.median(-1).values
     stats.resid_max[rows, layer] = mag.amax(-1).cpu()
-    stats.resid_median[rows, layer] = med.cpu()
+    stats.resid_median[rows, layer] = mag.median(-1).values.cpu()
     flat = mag.flatten(1)
     if bool(flat.isnan().any()):  # padded slots (NaN) are left out: -inf never ranks, nanmedian skips
-        stats.resid_top[rows, layer] = flat.nan_to_num(-float("inf")).topk(min(3, flat.shape[1]), dim=-1).values.cpu()
-        stats.resid_seq_median[rows, layer] = flat.nanmedian(-1).values.cpu()
+        top = flat.nan_to_num(-float("inf")).topk(min(3, flat.shape[1]), dim=-1).values
+        seq_med = flat.nanmedian(-1).values
     else:
-        stats.resid_top[rows, layer] = flat.topk(min(3, flat.shape[1]), dim=-1).values.cpu()
-        stats.resid_seq_median[rows, layer] = flat.median(-1).values.cpu()
-    hits = (mag > abs_threshold) & (mag > rel_threshold * med[..., None])  # NaN compares False
+        top = flat.topk(min(3, flat.shape[1]), dim=-1).values
+        seq_med = flat.median(-1).values
+    stats.resid_top[rows, layer] = top.cpu()
+    stats.resid_seq_median[rows, layer] = seq_med.cpu()
+    hits = (mag > abs_threshold) & (mag > rel_threshold * seq_med[:, None, None])  # NaN compares False
     if hits.any():
         idx = hits.nonzero()
         vals = x[hits]
-        ratio = mag[hits] / med[idx[:, 0], idx[:, 1]].clamp_min(1e-30)
+        ratio = mag[hits] / seq_med[idx[:, 0]].clamp_min(1e-30)
         keep = vals.abs().argsort(descending=True)[:max_massive]
         for (b, t, d), v, r in zip(idx[keep].tolist(), vals[keep].tolist(), ratio[keep].tolist()):
             stats.massive.append((layer, (rows.start or 0) + b, t, d, v, r))

@@ -68,7 +68,7 @@ def _layer_lines(layers: pd.DataFrame, m: Mapping[str, Any]) -> list[str]:
         + ["resid_top1", "outlier_ratio_sink", "outlier_ratio_other", "n_massive"]
     )
     return [
-        "per layer: Sink^eps; largest |residual| and outlier ratio max|x|/median|x| at sink positions vs elsewhere:",
+        "per layer: Sink^eps; largest |residual| and outlier ratio max|x| / layer median |x| at sink positions vs elsewhere:",
         layers[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"),
         "",
     ]
@@ -121,7 +121,7 @@ def _token_lines(tokens: pd.DataFrame, roles: pd.DataFrame, m: Mapping[str, Any]
 
 def _massive_lines(massive: pd.DataFrame, layers: pd.DataFrame, m: Mapping[str, Any], top: int) -> list[str]:
     mas = massive.head(top)
-    limits = f"|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the median of its hidden state"
+    limits = f"|x| > {m['abs_threshold']:g} and > {m['rel_threshold']:g} x the layer output's median |x|"
     if not len(mas):
         i = int(layers["resid_top1"].to_numpy().argmax())
         return [f"no massive activations ({limits}); largest |x| {layers['resid_top1'].iloc[i]:.3g} at layer {i}"]

@@ -293,7 +293,8 @@ def layer_table(
     for j in range(3):
         data[f"resid_top{j + 1}"] = top[:, j].numpy()
     data["resid_median"] = stats.resid_seq_median.mean(0).numpy()
-    ratio = stats.resid_max / stats.resid_median.clamp_min(1e-30)  # [B, L, T]
+    # each position's largest |x| over the layer output's median |x| (the scale massive activations use)
+    ratio = stats.resid_max / stats.resid_seq_median[..., None].clamp_min(1e-30)  # [B, L, T]
     sink = sink_pos[:, None, :].expand_as(ratio)
     data["outlier_ratio_sink"] = _masked_mean(ratio, sink).numpy()
     data["outlier_ratio_other"] = _masked_mean(ratio, ~sink).numpy()
