@@ -323,11 +323,19 @@ def join_scores(tables: Sequence[HeadScores]) -> HeadScores:
 def with_interval(value: float, lo: float, hi: float, fmt: str = ".3f") -> str:
     """``value [lo, hi]``: the value in ``fmt``, its bounds with as many decimals as the value shows
     (``0.0982 [0.0703, 0.1329]``, not ``[0.07031, 0.1329]``); a value ``fmt`` writes in exponent
-    form keeps ``fmt`` for its bounds too."""
+    form keeps ``fmt`` for its bounds too. The interval keeps its width: where ``fmt`` shows fewer
+    decimals than give the width ``hi - lo`` two significant digits, all three take that many
+    (``2.00 [1.81, 2.22]``, never ``2 [2, 2]``)."""
     text = f"{value:{fmt}}"
-    if "e" in text or not math.isfinite(value):
+    if "e" in text or not all(math.isfinite(x) for x in (value, lo, hi)):
         return f"{text} [{lo:{fmt}}, {hi:{fmt}}]"
     places = len(text.split(".")[1]) if "." in text else 0
+    width = hi - lo
+    if width > 0:
+        need = min(12, max(0, math.ceil(-math.log10(width)) + 1))
+        if need > places:
+            places = need
+            text = f"{value:.{places}f}"
     return f"{text} [{lo:.{places}f}, {hi:.{places}f}]"
 
 

@@ -394,7 +394,12 @@ class Sweeper:
         desc: str,
     ) -> bool:
         """Evaluate the head sets of ``todo`` not ``done`` into ``result``, one batched forward per rank
-        and round, each round recorded in the journal; whether a Ctrl-C stopped it."""
+        and round, each round recorded in the journal; whether a Ctrl-C stopped it. An interrupt is
+        honoured for good: once one has stopped this sweeper, later evaluations run nothing (their
+        rows stay NaN) and report it again, so a multi-pass caller cannot take a half-done pass for
+        a finished one."""
+        if self.interrupted:
+            return True
         # every rank's forwards, cut from its whole share as an uninterrupted run cuts them
         world = distributed.world_size()
         me = distributed.rank() if distributed.active() else 0

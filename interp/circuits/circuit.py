@@ -216,7 +216,6 @@ class Circuit(Result):
             model,
             task,
             [self.in_circuit],
-            labels=[self.n_edges],
             source=source,
             metric=metric,
             n_pairs=n_pairs,
@@ -338,9 +337,10 @@ class FaithfulnessCurve(Result):
         if reach is None:
             lines.append(f"no circuit of these sizes reaches faithfulness {FAITHFUL}")
         else:
+            share = reach["n_edges"] / m["graph_edges"] if m.get("graph_edges") else reach["fraction"]
             lines.append(
                 f"smallest circuit reaching faithfulness {FAITHFUL}: {reach['n_edges']:,} edges "
-                f"({reach['fraction']:.2%} of the graph), faithfulness {reach['faithfulness']:.3f}"
+                f"({share:.2%} of the graph, after pruning), faithfulness {reach['faithfulness']:.3f}"
             )
         return lines
 
@@ -376,6 +376,13 @@ def faithfulness_curve(
     :data:`FAITHFUL` (all of them, or 32 evenly spaced), in a second pass, so the smallest faithful
     size is found to within that step (rows with ``mib`` false; CPR and CMD read MIB's rows only)."""
     validate_circuit(how=how, source=source, fractions=fractions)
+    missing = int(np.isnan(np.asarray(scores, dtype=np.float64)).sum())
+    if missing:
+        raise UsageError(
+            f"{missing:,} of {len(scores):,} scores are NaN (exact scores of a subset of edges, or an interrupted "
+            "run?): a circuit of a given size needs every edge scored; score all edges (edge_scores without edges=)",
+            params="scores",
+        )
     ev = _Evaluation(model, task, source, metric, n_pairs, config, journal)
     if len(scores) != ev.graph.n_edges:
         raise UsageError(
@@ -385,7 +392,7 @@ def faithfulness_curve(
     table = ev.rows([select(ev.graph, scores, how, n=n) for n in sizes], sizes)
     table.insert(1, "fraction", list(fractions))
     table["mib"] = True
-    if refine:
+    if refine and not ev.sweeper.interrupted:
         reached = np.flatnonzero(table.faithfulness.to_numpy() >= FAITHFUL)
         if len(reached) and reached[0] > 0:
             lo, hi = sizes[reached[0] - 1], sizes[reached[0]]

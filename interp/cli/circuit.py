@@ -15,22 +15,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from interp._io import ensure_writable_dir
 from interp.adapters import HookedModel
 from interp.circuits import METHODS, EdgeScores, edge_scores, validate_edge_scores
 from interp.circuits.circuit import FAITHFUL, Circuit, FaithfulnessCurve, validate_circuit
 from interp.circuits.eapig import write_eapig_json
 from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, Unread, run_cli, stop_partial
-from interp.errors import UsageError
+from interp.config import RunConfig
+from interp.errors import OutputError, UsageError
 from interp.models import describe
 from interp.patching import METRICS
+from interp.patching.core import refuse_equal
 from interp.patching.edge_patch import SOURCES
 from interp.plots import save_figure
-from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, task_probe
+from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
 from interp.results import plural
 from interp.scores import with_interval
 
@@ -73,7 +80,7 @@ def build_parser(prog: str = "python -m interp.circuit") -> argparse.ArgumentPar
         type=flags.positive_int,
         default=None,
         metavar="N",
-        help="the circuit: N edges greedily from the logits up",
+        help="the circuit: N edges greedily from the logits down",
     )
     which.add_argument(
         "--threshold", type=float, default=None, metavar="T", help="the circuit: every edge whose |score| is at least T"
@@ -100,6 +107,10 @@ def check(args: argparse.Namespace) -> None:
     """Before the model loads: the library's checks of the scores and the circuit asked for, a circuit
     chosen by faithfulness without an evaluation, an export that is not a .json file, the task."""
     validate_edge_scores(method=args.method, steps=args.steps, metric=args.metric, direction=args.direction)
+    named = (("--top", args.top), ("--greedy", args.greedy), ("--threshold", args.threshold))
+    chosen = [flag for flag, value in named if value is not None]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} each choose the circuit: pass one of them")
     how = "greedy" if args.greedy is not None else "threshold" if args.threshold is not None else "top"
     validate_circuit(how=how, source=args.evaluate if args.evaluate != NO_EVALUATION else "patch")
     if args.evaluate == NO_EVALUATION and args.top is None and args.greedy is None and args.threshold is None:
@@ -109,9 +120,26 @@ def check(args: argparse.Namespace) -> None:
         )
     if args.threshold is not None and not args.threshold >= 0:
         raise UsageError(f"--threshold {args.threshold}: the least |score| an edge keeps, a number >= 0")
-    if args.export is not None and Path(args.export).suffix.lower() != ".json":
-        raise UsageError(f"--export {args.export}: EAP-IG's graph is a .json file; name one, e.g. circuit.json")
+    if args.export is not None:
+        check_export(Path(args.export))
     flags.check_task(args.task, args.batch)
+
+
+def check_export(path: Path) -> None:
+    """``--export``, before the model loads: a .json file in a folder that exists (none is made
+    for it) and takes a file, not a folder itself."""
+    if path.suffix.lower() != ".json":
+        raise UsageError(f"--export {path}: EAP-IG's graph is a .json file; name one, e.g. circuit.json")
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"--export {path}: that is a folder; name a .json file, e.g. {path / 'circuit.json'}")
+    if not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist (none is made for --export)"
+        raise UsageError(f"--export {path}: {folder} {what}; name a file in an existing folder")
+    try:
+        ensure_writable_dir(folder)
+    except OutputError:
+        raise UsageError(f"--export {path}: {folder} takes no new file; name a file in a writable folder") from None
 
 
 def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
@@ -141,6 +169,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     if "gap_warning" in m:
         print(m["gap_warning"])
     _print_top(scores)
+    if args.evaluate != NO_EVALUATION:  # faithfulness divides by the gap: refused before any file is written
+        refuse_equal(torch.tensor([m["clean_metric"]]), torch.tensor([m["corrupted_metric"]]), m["metric"], True)
     written = scores.save(out)
     if m.get("partial"):
         stop_partial(written, journals)
@@ -163,6 +193,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         if curve.meta.get("partial"):
             stop_partial(written, journals)
     circuit = _chosen(args, scores, curve)
+    if curve is not None and "faithfulness" not in circuit.meta and circuit.n_edges:
+        _evaluate_chosen(args, model, task, config, circuit)
+    _print_chosen(args, scores, circuit)
     written += circuit.save(out) + save_figure(circuit.figure(), out, STEM)
     if args.export is not None:
         written.append(write_eapig_json(args.export, circuit.to_json()))
@@ -201,19 +234,38 @@ def _chosen(args: argparse.Namespace, scores: EdgeScores, curve: FaithfulnessCur
     if curve is not None:
         hit = curve.table[curve.table.n_edges == circuit.n_edges]
         if len(hit):
-            row = hit.iloc[0]
-            circuit.meta["faithfulness"] = float(row.faithfulness)
-            circuit.meta["faithfulness_ci"] = [float(row.faithfulness_lo), float(row.faithfulness_hi)]
-    print(
-        f"\ncircuit: {plural(circuit.n_edges, 'edge')} of {len(scores.table):,} ({_named(args)}), "
-        f"{plural(len(circuit.nodes), 'node')}"
-        + (
-            f", faithfulness {with_interval(circuit.meta['faithfulness'], *circuit.meta['faithfulness_ci'], '.3f')}"
-            if "faithfulness" in circuit.meta
-            else ""
-        )
-    )
+            _faithfulness_of(circuit, hit.iloc[0])
     return circuit
+
+
+def _faithfulness_of(circuit: Circuit, row: Any) -> None:
+    circuit.meta["faithfulness"] = float(row.faithfulness)
+    circuit.meta["faithfulness_ci"] = [float(row.faithfulness_lo), float(row.faithfulness_hi)]
+
+
+def _evaluate_chosen(
+    args: argparse.Namespace, model: HookedModel, task: TaskProbe, config: RunConfig, circuit: Circuit
+) -> None:
+    """The chosen circuit's own faithfulness, where its size is not on the curve (one more pass)."""
+    own = circuit.evaluate(model, task, source=args.evaluate, metric=args.metric, config=config)
+    _faithfulness_of(circuit, own.table.iloc[0])
+
+
+def _print_chosen(args: argparse.Namespace, scores: EdgeScores, circuit: Circuit) -> None:
+    E = len(scores.table)
+    line = (
+        f"\ncircuit: {plural(circuit.n_edges, 'edge')} of {E:,} ({circuit.n_edges / E:.2%} of the graph; "
+        f"{_named(args)}), {plural(len(circuit.nodes), 'node')}"
+    )
+    if "faithfulness" in circuit.meta:
+        line += f", faithfulness {with_interval(circuit.meta['faithfulness'], *circuit.meta['faithfulness_ci'], '.3f')}"
+    print(line)
+    if not circuit.n_edges:
+        print(
+            f"! the circuit is empty: no input-to-logits path is left after pruning {_named(args)}; "
+            "ask for more edges (--top, --greedy) or a lower --threshold",
+            file=sys.stderr,
+        )
 
 
 def _named(args: argparse.Namespace) -> str:

@@ -148,6 +148,8 @@ class Command:
 
     def __enter__(self) -> Command:
         self._started = time.time()
+        self._stdout = sys.stdout
+        sys.stdout = PipeSafe(sys.stdout)  # `| head`: the rest of the output dropped, the run goes on
         try:
             self._open()
         except BaseException as e:
@@ -230,6 +232,9 @@ class Command:
             self.code = 0
         except BaseException as e:
             self.code = self._failed(e)
+        finally:
+            sys.stdout.flush()
+            sys.stdout = self._stdout
         return True
 
     def _failed(self, e: BaseException) -> int:
@@ -250,6 +255,42 @@ class Command:
         else:
             raise e
         return fail(self.parser, e, code, quiet=not self.lead, aliases=self.aliases)
+
+
+class PipeSafe:
+    """Standard output that a reader closing its end (``| head -3``) does not break: the first
+    :class:`BrokenPipeError` points the descriptor at ``os.devnull`` and the rest of the output is
+    dropped, while the run goes on to write its files and exit as it would have."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream, self.closed_pipe = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.closed_pipe = True
+        try:  # the interpreter's last flush at exit writes to nowhere instead of failing
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # a stream with no descriptor (a test's capture)
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def run_cli(

@@ -81,6 +81,9 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--text is read at --query and --key: drop --at and --task")
     if args.text is not None and args.key is None:
         raise UsageError("--text needs the key position to decompose: pass --key")
+    for flag, pos in (("--query", args.query), ("--key", args.key)):
+        if pos is not None and pos < 0:
+            raise UsageError(f"{flag} {pos}: a token position of your text, 0 or more (positions do not wrap)")
     if args.task is not None:
         if args.at not in (None, "task"):
             raise UsageError(f"--task is read at its read position: drop --at {args.at}")

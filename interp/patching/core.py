@@ -305,13 +305,14 @@ def gap_meta(run: Setup) -> dict[str, Any]:
     return out
 
 
-def refuse_equal(clean: Tensor, corrupted: Tensor, metric: Metric, normalised: bool) -> None:
-    """Refuse a normalised metric whose clean and corrupted means agree, naming both."""
+def refuse_equal(clean: Tensor, corrupted: Tensor, metric: Metric | str, normalised: bool) -> None:
+    """Refuse a normalised metric (or one named so) whose clean and corrupted means agree, naming both."""
+    name = metric if isinstance(metric, str) else metric.name
     gap = float(clean.mean() - corrupted.mean())
     scale = max(float(clean.abs().mean()), float(corrupted.abs().mean()), 1e-12)
     if normalised and abs(gap) <= 1e-6 * scale:
         raise AblationError(
-            f"the clean and corrupted prompts give the same {metric.name} (clean {float(clean.mean()):.6g}, "
+            f"the clean and corrupted prompts give the same {name} (clean {float(clean.mean()):.6g}, "
             f"corrupted {float(corrupted.mean()):.6g}): the normalised effect is undefined; make the corrupted "
             "prompts change the answer, or use a raw metric (raw-logit-diff)"
         )

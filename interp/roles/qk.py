@@ -127,7 +127,36 @@ def validate_qk_attribution(
     if group not in GROUPS:
         raise UsageError(f"unknown grouping group={group!r}: choose from {list(GROUPS)}", params="group")
     if keep:
-        parse_heads(list(keep), "keep")
+        kept = parse_heads(list(keep), "keep")
+        if group == "component":
+            raise UsageError(
+                f"keep={list(keep)} names heads that stay themselves under a grouping: pass group='layer' or "
+                "group='kind' (under group='component' every head is its own already)",
+                params="keep",
+            )
+        both = sorted(set(kept) & set(parse_heads(heads)))
+        if both:
+            l, h = both[0]
+            raise UsageError(
+                f"keep= names {l}.{h}, a head decomposed here: keep names upstream heads whose writes stay apart "
+                "from their group",
+                params="keep",
+            )
+
+
+def text_positions(n_tokens: int, query: int | None, key: int, causal: bool = True) -> tuple[int, int]:
+    """``query`` (default: the last position) and ``key`` as positions of a text of ``n_tokens``
+    tokens, refused where they lie outside it or (``causal``) the key comes after the query; no
+    index wraps."""
+    q = n_tokens - 1 if query is None else query
+    for name, pos in (("query", q), ("key", key)):
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < n_tokens:
+            raise UsageError(
+                f"{name}={pos!r}: your text has {n_tokens} tokens, so a position is 0 to {n_tokens - 1}", params=name
+            )
+    if causal and key > q:
+        raise UsageError(f"key {key} is after query {q}: a query attends to keys at or before it", params="key")
+    return q, key
 
 
 # ---- targets ----------------------------------------------------------------------------------
@@ -360,6 +389,16 @@ def qk_attribution(
         raise UsageError(
             f"head(s) {bad} are not in {info.name} ({info.n_layers} layers x {info.n_heads} heads)", params="heads"
         )
+    absent = [
+        f"{l}.{h}"
+        for l, h in (parse_heads(list(keep)) if keep else [])
+        if not (0 <= l < info.n_layers and 0 <= h < info.n_heads)
+    ]
+    if absent:
+        raise UsageError(
+            f"keep= names head(s) {absent} that are not in {info.name} ({info.n_layers} layers x {info.n_heads} heads)",
+            params="keep",
+        )
     check_decomposable(model, layers)
     src = _targets(model, probe_or_tokens, at)
     B, T = src.tokens.shape
@@ -368,6 +407,12 @@ def qk_attribution(
     bad_rows = src.pairs[(src.pairs[:, 0] >= B) | (src.pairs[:, 1] >= T) | (src.pairs[:, 2] >= T)]
     if len(bad_rows):
         raise UsageError(f"target {bad_rows[0].tolist()} is outside the {B} sequences of {T} tokens", params="at")
+    late = src.pairs[src.pairs[:, 2] > src.pairs[:, 1]]
+    if info.is_causal and len(late):
+        b, q, k = late[0].tolist()
+        raise UsageError(
+            f"target {[b, q, k]}: key {k} is after query {q}: a query attends to keys at or before it", params="at"
+        )
     check_interface(model, src.tokens, layers)
     run = clean_run(model, src.tokens, layers, src.attention_mask)
     keep_set = {f"{l}.{h}" for l, h in parse_heads(list(keep))} if keep else set()
@@ -502,8 +547,8 @@ def qk_source(
             raise UsageError("text= is read at one key position: pass key=", params="key")
         probe = TokenProbe.from_texts(model, text)
         T = probe.seq_len
-        q = T - 1 if query is None else query % T
-        return probe, torch.tensor([[0, q, key % T]]), f"your text ({T} tokens), query {q}, key {key % T}"
+        q, k = text_positions(T, query, key, describe(model).is_causal)
+        return probe, torch.tensor([[0, q, k]]), f"your text ({T} tokens), query {q}, key {k}"
     if at == "task":
         pairs = task_probe(model, task, n_pairs=batch, seed=seed, framed=framed)
         return pairs, "task", f"the {pairs.name} task ({pairs.n_pairs} pairs), read at position {pairs.read_position}"
