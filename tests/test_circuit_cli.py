@@ -39,13 +39,16 @@ def test_the_toy_repeat_circuit_prints_its_top_edges_the_faithful_size_and_the_a
     curve = FaithfulnessCurve.load(out)
     reach = curve.meta["smallest_faithful"]
     assert (
-        f"smallest circuit reaching faithfulness 0.8: {reach['n_edges']} edges ({reach['fraction']:.2%} of the graph)"
-        in text
+        f"smallest circuit reaching faithfulness 0.8: {reach['n_edges']} edges "
+        f"({reach['n_edges'] / curve.meta['graph_edges']:.2%} of the graph, after pruning)" in text
     )
     assert f"CPR {curve.meta['cpr']:.3f} (area under the curve), CMD {curve.meta['cmd']:.3f}" in text
     circuit = Circuit.load(out)
     assert circuit.n_edges == reach["n_edges"] and circuit.meta["faithfulness"] >= 0.8
-    assert f"circuit: {circuit.n_edges} edges of 81 (the smallest found reaching faithfulness 0.8)" in text
+    assert (
+        f"circuit: {circuit.n_edges} edges of 81 ({circuit.n_edges / 81:.2%} of the graph; the smallest found reaching faithfulness 0.8)"
+        in text
+    )
     assert f"circuit of {circuit.n_edges} of 81 edges" in circuit.figure().layout.title.text
     # the library, called as a notebook would, gives the same curve
     model = interp.load_model("toy")
