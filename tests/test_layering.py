@@ -67,6 +67,8 @@ LAYERS: dict[str, float] = {
     "texts": 7,
     # models: loading them, the adapters behind one interface, the bundled toy (it draws its training)
     "models": 6,
+    # model files that are not Hugging Face folders: GGUF files, models that packages ship
+    "model_files": 5.5,
     "adapters": 5,
     "toy": 4,
     # result tables (each draws its own figure), the figures they draw (from data, never naming a

@@ -57,3 +57,60 @@ def test_device_and_dtype_errors():
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         resolve_dtype("float8")
     assert resolve_dtype("bf16") is torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF files (the packaged trained models themselves: tests/test_real_models.py)
+
+
+def test_missing_gguf_file_is_named(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such GGUF file"):
+        load_model(tmp_path / "absent.gguf", device="cpu")
+
+
+def _gguf(path, architecture: str) -> None:
+    """A tiny valid GGUF file of ``architecture`` holding one float32 tensor."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("kind", ["architecture", "not a GGUF file"])
+def test_gguf_transformers_cannot_read_is_refused_in_one_line(tmp_path, monkeypatch, kind):
+    """An architecture transformers' GGUF reader does not know, or bytes that are no GGUF file at all:
+    one line that says which file and what to do, and nothing half-written left in the cache."""
+    monkeypatch.setenv("INTERP_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    if kind == "architecture":
+        _gguf(path, "rwkv6")
+    else:
+        pytest.importorskip("gguf")
+        path.write_bytes(b"not a gguf file at all" * 100)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(path, device="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and f"transformers cannot read {path}" in msg and "export it again" in msg
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []
+
+
+def test_gguf_without_the_gguf_package_says_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ModelLoadError, match="needs the gguf package: pip install gguf"):
+        load_model(path, device="cpu")
+
+
+def test_revision_of_a_gguf_file_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="GGUF file"):
+        load_model(tmp_path / "m.gguf", revision="main")

