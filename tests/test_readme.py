@@ -42,6 +42,7 @@ import pandas as pd
 import pytest
 
 from interp.cli import COMMANDS, main
+from interp.model_files import PACKAGED
 from tests.readme import ROOT, Command, inline_code, python_snippets, readme_text, shell_commands
 from tests.test_readme_commands import is_scale_out
 
@@ -76,6 +77,8 @@ def why_not_here(command: Command) -> str | None:
     if model is not None and not OFFLINE_MODELS.match(model) and not _made_earlier(model, command):
         if model.startswith(("./", "/", "~")):
             return f"{model} stands for your own model directory"
+        if model in PACKAGED:
+            return f"{model} is a packaged trained model: tests/test_real_models.py checks its numbers"
         return f"needs the Hub model {model} (tests never touch the network)"
     folders = _flag(words, "--checkpoints")
     if folders is not None and not list(ROOT.glob(folders)):
