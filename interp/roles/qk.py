@@ -134,12 +134,13 @@ def validate_qk_attribution(
                 "group='kind' (under group='component' every head is its own already)",
                 params="keep",
             )
-        both = sorted(set(kept) & set(parse_heads(heads)))
-        if both:
-            l, h = both[0]
+        top = max(l for l, _ in parse_heads(heads))
+        late = [(l, h) for l, h in kept if l >= top]
+        if late:
+            l, h = late[0]
             raise UsageError(
-                f"keep= names {l}.{h}, a head decomposed here: keep names upstream heads whose writes stay apart "
-                "from their group",
+                f"keep= names {l}.{h}, which writes to no head decomposed here (their inputs come from layers "
+                f"below {top}): keep names upstream heads whose writes stay apart from their group",
                 params="keep",
             )
 
