@@ -32,6 +32,7 @@ from interp.errors import ModelLoadError
 
 GGUF_SUFFIX = ".gguf"
 REAL_EXTRA = 'pip install "interp[real]"'
+REINSTALL = "(command line: {} --force-reinstall)"  # a package's pip command, to reinstall it
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,13 @@ def _package_file(p: Packaged, module: str, rel: str) -> Path:
     spec = importlib.util.find_spec(module)  # the package's folder, without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"--model {p.name} is {p.title}, shipped by a package that is not installed ({module}): "
-            f"{p.pip} (or {REAL_EXTRA})"
+            f"the model {p.name!r} is {p.title}, shipped by a package that is not installed ({module}): "
+            f"install it (command line: {p.pip}; or {REAL_EXTRA})"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / rel
     if not path.is_file():
         raise ModelLoadError(
-            f"the package {module} is installed but has no {rel}: reinstall it ({p.pip} --force-reinstall)"
+            f"the package {module} is installed but has no {rel}: reinstall it {REINSTALL.format(p.pip)}"
         )
     return path
 
@@ -131,7 +132,7 @@ def _assembled(p: Packaged, files: list[Path]) -> Path:
         if p.sha256 is not None and digest.hexdigest() != p.sha256:
             raise ModelLoadError(
                 f"the parts of {p.title} do not add up to the file their package states (SHA-256 "
-                f"{digest.hexdigest()[:12]}..., expected {p.sha256[:12]}...): reinstall them ({p.pip} --force-reinstall)"
+                f"{digest.hexdigest()[:12]}..., expected {p.sha256[:12]}...): reinstall them " + REINSTALL.format(p.pip)
             )
         os.replace(tmp, target)
     finally:

