@@ -157,8 +157,8 @@ class Result(Shown):
         return type(self).KIND
 
     def file_table(self) -> pd.DataFrame:
-        """The table as the CSV (and the JSON's rows) hold it."""
-        return self.table
+        """The table as the CSV (and the JSON's rows) hold it: heads as ``L0H10`` (:func:`file_frame`)."""
+        return file_frame(self.table)
 
     def json_body(self, files: pd.DataFrame) -> dict[str, Any]:
         """What the JSON holds after its ``kind`` and provenance: the meta and the rows."""
@@ -327,18 +327,49 @@ def read_csv(path: str | Path, **kwargs: Any) -> pd.DataFrame:
     return pd.read_csv(path, float_precision="round_trip", **kwargs)
 
 
+# the columns that name a head as "0.10" in memory (a path's sender, a composition's source, a QK
+# term's query side): saved as ``L0H10`` like ``label``, read back as "0.10"
+HEAD_NAME_COLUMNS = ("sender", "receiver", "src", "dst", "query", "key")
+_HEAD_NAME = re.compile(r"^(\d+)\.(\d+)$")
+
+
+def file_name(name: Any) -> Any:
+    """A component's name as saved: a head ``"0.10"`` -> ``"L0H10"``; any other name as it is."""
+    m = _HEAD_NAME.match(name) if isinstance(name, str) else None
+    return file_label(int(m[1]), int(m[2])) if m else name
+
+
+def memory_name(name: Any) -> Any:
+    """The inverse of :func:`file_name`: ``"L0H10"`` -> ``"0.10"``."""
+    m = _FILE_LABEL.match(name) if isinstance(name, str) else None
+    return f"{int(m[1])}.{int(m[2])}" if m else name
+
+
 def file_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """A per-head frame as saved: ``label`` written ``L0H10`` (from the integer layer and head)."""
-    if not {"layer", "head", "label"} <= set(frame.columns):
+    """A frame as saved: ``label`` written ``L0H10`` (from the integer layer and head), and so each
+    head named in a :data:`HEAD_NAME_COLUMNS` column."""
+    names = [c for c in HEAD_NAME_COLUMNS if c in frame and not pd.api.types.is_numeric_dtype(frame[c])]
+    labelled = {"layer", "head", "label"} <= set(frame.columns)
+    if not (labelled or names):
         return frame
     out = frame.copy()
-    out["label"] = [file_label(l, h) for l, h in zip(out["layer"], out["head"])]
+    if labelled:
+        out["label"] = [file_label(l, h) for l, h in zip(out["layer"], out["head"])]
+    for c in names:
+        out[c] = [file_name(v) for v in out[c]]
     return out
 
 
 def memory_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The inverse of :func:`file_frame`: ``label`` back to the ``0.10`` form the toolkit prints."""
-    if "label" in frame and len(frame) and frame["label"].astype(str).str.match(_FILE_LABEL).all():
-        frame = frame.copy()
+    """The inverse of :func:`file_frame`: ``label`` and the head names back to the ``0.10`` form the
+    toolkit prints."""
+    names = [c for c in HEAD_NAME_COLUMNS if c in frame and not pd.api.types.is_numeric_dtype(frame[c])]
+    relabel = "label" in frame and len(frame) and frame["label"].astype(str).str.match(_FILE_LABEL).all()
+    if not (relabel or names):
+        return frame
+    frame = frame.copy()
+    if relabel:
         frame["label"] = [f"{l}.{h}" for l, h in zip(frame["layer"], frame["head"])]
+    for c in names:
+        frame[c] = [memory_name(v) for v in frame[c]]
     return frame

@@ -31,6 +31,7 @@ def test_toy_end_to_end(tmp_path, capsys):
     assert want <= names
     roles = pd.read_csv(out / "roles.csv", dtype={"label": str})
     assert len(roles) == 8 and {"copy_suppression", "successor", "sep", "entropy", "positional", "role"} <= set(roles)
+    assert roles["label"].tolist()[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"]  # no reader takes it for 0.1
     parts = pd.read_csv(out / "logit_attribution_parts.csv")
     assert (parts["total"] - parts["model"]).abs().max() < 1e-4
 

@@ -17,7 +17,9 @@ import pytest
 from interp.patching.paths import PathScores
 from interp.patching.result import PatchScores
 from interp.plots import NEUTRAL, heatmap
+from interp.results import load_result
 from interp.roles.composition import Compositions
+from interp.roles.qk_result import QKAttribution
 from interp.scores import NOISE_FLOOR_FRACTION, HeadScores
 
 H = 12  # GPT-2 small's heads per layer: labels 0.1 and 0.10 both exist
@@ -137,3 +139,51 @@ def test_the_layer_by_head_grid_ticks_whole_heads_only():
     fig = heatmap(HeadScores.from_grids({"induction": np.zeros((12, H))}), ["induction"])
     assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick == 1
     assert list(fig.layout.xaxis.range) == [-0.5, H - 0.5]
+
+
+# ---- saved tables ------------------------------------------------------------------------------
+
+
+def qk_attribution() -> QKAttribution:
+    """Heads 3.1 and 3.10, each with query components 0.1 and 0.10 (and a non-head one)."""
+    rows = [
+        {"head": head, "layer": 3, "query": q, "key": "embed", "query_kind": "head", "key_kind": "embed"}
+        | {"contrast": c, "contrast_lo": c - 0.1, "contrast_hi": c + 0.1, "score": c, "score_lo": c, "score_hi": c}
+        for n, (head, q) in enumerate((h, q) for h in ("3.1", "3.10") for q in ("0.1", "0.10", "mlp.0"))
+        for c in [0.25 * n]
+    ]
+    return QKAttribution(pd.DataFrame(rows), {"model": "gpt2", "at": "induction", "totals": {}})
+
+
+@pytest.mark.parametrize("kind", ["path", "composition", "qk"])
+def test_saved_tables_keep_heads_1_and_10_apart(kind, tmp_path):
+    """Read with a plain ``pd.read_csv`` (as a spreadsheet would), "0.1" and "0.10" were both the
+    number 0.1: every head a table names is saved as ``L0H10``, and loads back as "0.10"."""
+    result, columns = {
+        "path": (path_scores(np.zeros((H, H))), ["sender", "receiver"]),
+        "composition": (compositions(), ["src", "dst"]),
+        "qk": (qk_attribution(), ["label", "query"]),
+    }[kind]
+    if kind == "composition":  # as composition_scores names them
+        t = result.table
+        t["src"] = [f"{l}.{h}" for l, h in zip(t["src_layer"], t["src_head"])]
+        t["dst"] = [f"{l}.{h}" for l, h in zip(t["dst_layer"], t["dst_head"])]
+    csv, js = result.save(tmp_path)[:2]
+    plain = pd.read_csv(csv)
+    for column in columns:
+        names = plain[column].astype(str)
+        heads = names[names.str.startswith("L")]
+        assert len(heads) and heads.str.fullmatch(r"L\d+H\d+").all(), (column, names.tolist())
+        assert {"L0H1", "L0H10"} <= set(names) or {"L1H1", "L1H10"} <= set(names) or {"L3H1", "L3H10"} <= set(names)
+    back = load_result(js)
+    own = result.table[back.table.columns]
+    pd.testing.assert_frame_equal(back.table.reset_index(drop=True), own.reset_index(drop=True), check_dtype=False)
+
+
+def test_qk_attribution_saves_integer_layer_and_head_columns(tmp_path):
+    csv = qk_attribution().save(tmp_path)[0]
+    plain = pd.read_csv(csv)
+    assert list(plain.columns[:5]) == ["layer", "head", "label", "query", "key"]
+    assert plain["head"].tolist() == [1, 1, 1, 10, 10, 10] and plain["layer"].dtype.kind == "i"
+    assert plain["label"].tolist() == ["L3H1"] * 3 + ["L3H10"] * 3
+    assert plain["query"].tolist() == ["L0H1", "L0H10", "mlp.0"] * 2

@@ -48,6 +48,7 @@ from interp.probes.prompts import check_prompt_rows, prompt_ids
 from interp.probes.task import TASKS, task_probe
 from interp.progress import announcer, forward_work
 from interp.registry import Registry
+from interp.results import file_frame
 from interp.roles import logit_attribution
 from interp.roles.composition import N_RANDOM
 from interp.roles.ov import K_LOWEST
@@ -254,7 +255,7 @@ SHOW = {
 def _print_roles(merged: HeadScores, baselines: dict[str, float], args: argparse.Namespace, out: Path) -> Path:
     """``roles.csv`` written, the chance levels and the heads with a role printed."""
     roles = role_table(merged, baselines, threshold=args.threshold)
-    path = atomic_write(out / f"{STEM}.csv", roles.to_csv(index=False))
+    path = atomic_write(out / f"{STEM}.csv", file_frame(roles).to_csv(index=False))
     cols = [c for c in role_columns() if c in roles and roles[c].notna().any()]
     print("\nchance levels: " + ", ".join(f"{c} {baselines[c]:.3f}" for c in cols if c in baselines))
     named = roles[roles["role"] != ""]

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from interp.errors import UsageError
-from interp.results import Result, read_csv
+from interp.results import Result, file_frame, memory_frame, read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -64,16 +64,25 @@ class QKAttribution(Result):
         title = title or f"why {head} attends ({value} at {self.meta.get('at', '')}): {self.meta.get('model', '')}"
         return pair_heatmap(self.grid(head, value), title=title, total=total)
 
+    def file_table(self) -> pd.DataFrame:
+        """The table as saved: integer ``layer`` and ``head``, the head's ``label`` as ``L1H2`` and
+        the heads among the components likewise (``L0H3``), so no reader takes one for a number."""
+        t = self.table.rename(columns={"head": "label"})
+        t.insert(0, "head", [int(str(name).split(".")[1]) for name in t["label"]])
+        t.insert(0, "layer", t.pop("layer"))
+        return file_frame(t)
+
     def json_body(self, files: pd.DataFrame) -> dict[str, Any]:
         """The JSON holds the meta; the rows are the CSV's."""
         return {"meta": self.meta}
 
     @classmethod
     def from_json(cls, blob: Mapping[str, Any], path: Path) -> QKAttribution:
-        """The table from the CSV beside ``path``, the meta from its JSON."""
-        return cls(
-            read_csv(path.with_suffix(".csv"), dtype={"head": str, "query": str, "key": str}), dict(blob["meta"])
-        )
+        """The table from the CSV beside ``path`` (heads back to ``1.2``), the meta from its JSON."""
+        t = memory_frame(read_csv(path.with_suffix(".csv"), dtype={"label": str, "query": str, "key": str}))
+        t = t.drop(columns="head").rename(columns={"label": "head"})
+        t.insert(0, "head", t.pop("head"))
+        return cls(t, dict(blob["meta"]))
 
 
 def head_totals(result: QKAttribution, head: str) -> dict[str, float]:
