@@ -49,12 +49,13 @@ def decode_file(
     A file that is not valid ``encoding`` text raises :class:`DatasetLoadError` in one line naming
     the file, where decoding failed and what to pass instead (``encoding=``); an unknown encoding is a :class:`UsageError`. ``kind`` names a file whose format
     is UTF-8 by definition (``"task file"``: JSON is UTF-8): its error says to save it as UTF-8.
+    A leading byte-order mark is dropped.
     Every text file a command reads goes through here.
     """
     codec = check_encoding(encoding)
     raw = Path(path).read_bytes() if data is None else data
-    try:
-        return raw.decode(codec)
+    try:  # a byte-order mark ("CSV UTF-8" in a spreadsheet) is the file's, not its first character
+        return raw.decode(codec).removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         bad = raw[e.start : min(e.end, e.start + 4)].hex(" ")

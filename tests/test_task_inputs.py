@@ -116,3 +116,20 @@ def test_a_receiver_no_sender_can_reach_is_refused_before_any_forward(toy):
         "receivers=0.1,1.2: receiver 0.1 is in layer 0, and no sender is in an earlier layer: no path reaches it; "
         "choose receivers in layer 1 or later, or receivers=logits"
     )
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl"])
+def test_a_task_file_saved_with_a_byte_order_mark_reads_as_without(toy, tmp_path, name):
+    """A spreadsheet's "CSV UTF-8" starts with a BOM; read as text it glued itself to the first
+    column's name, and the file was refused as lacking ``clean``."""
+    body = {
+        "t.csv": "clean,corrupted,answer,wrong\nab a,cb a,b,c\n",
+        "t.jsonl": '{"clean": "ab a", "corrupted": "cb a", "answer": "b", "wrong": "c"}\n',
+    }[name]
+    plain, marked = tmp_path / name, tmp_path / f"bom_{name}"
+    plain.write_text(body, encoding="utf-8")
+    marked.write_text(body, encoding="utf-8-sig")
+    assert marked.read_bytes()[:3] == b"\xef\xbb\xbf"
+    want, got = read_task(toy, plain), read_task(toy, marked)
+    for side in ("clean", "corrupted", "answer", "wrong"):
+        assert getattr(got, side).tolist() == getattr(want, side).tolist()
