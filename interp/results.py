@@ -216,20 +216,49 @@ def saved_path(
     return path
 
 
-def load_result(path: str | Path) -> Result:
+# the saved results of a shape of their own (several files, no one table): their JSON's ``kind`` ->
+# the class whose ``load(path)`` reads them back
+LOADERS = {
+    "atlas": "interp.report.atlas:Atlas",
+    "logit_attribution": "interp.roles.logit:LogitAttribution",
+    "head_map": "interp.roles.encoder:HeadMap",
+    "gates": "interp.ablation.gates:GateSweep",
+    "sinks_summary": "interp.sinks.report:SinkReport",
+}
+
+
+def _loader(kind: str) -> Any:
+    module, name = LOADERS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_result(path: str | Path) -> Shown:
     """Any saved result, by the ``kind`` its JSON holds: a :class:`~interp.scores.HeadScores`, a
-    :class:`~interp.patching.PatchScores`, a :class:`~interp.patching.paths.PathScores`, ..."""
+    :class:`~interp.patching.PatchScores`, a :class:`~interp.patching.paths.PathScores`, an
+    :class:`~interp.report.Atlas`, a :class:`~interp.sinks.SinkReport` (from its ``_summary.json``), ..."""
     for home in HOMES:  # the classes register themselves as their modules load
         importlib.import_module(home)
     path = saved_path(path, "", "result")
     blob = json.loads(path.read_text(encoding="utf-8"))
     kind = blob.get("kind") if isinstance(blob, dict) else None
+    if kind is None and isinstance(blob, dict) and path.name.endswith("_summary.json") and "top_massive" in blob:
+        kind = "sinks_summary"  # written before the summary said its kind
+    if kind == "sinks_summary":
+        return _loader(kind).load(path.parent, path.name[: -len("_summary.json")])
+    if kind in LOADERS:
+        return _loader(kind).load(path)
     if kind in RESULTS:
         return RESULTS.get(kind).from_json(blob, path)
     for name in reversed(RESULTS.names()):  # the most derived class first
         if RESULTS.get(name).claims(blob, path):
             return RESULTS.get(name).from_json(blob, path)
-    raise UsageError(f"{path} holds no result this toolkit reads (kind {kind!r}): choose from {list(RESULTS.names())}")
+    if isinstance(blob, dict) and {"cfg", "nodes", "edges"} <= set(blob):
+        raise UsageError(
+            f"{path} is an EAP-IG graph JSON: read it with interp.Circuit.from_eapig(path, model), which needs the "
+            "model it was made on"
+        )
+    kinds = [*RESULTS.names(), *LOADERS]
+    raise UsageError(f"{path} holds no result this toolkit reads (kind {kind!r}): choose from {kinds}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from interp.probes import repeated_tokens
 from interp.probes.task import task_probe
 from interp.report import head_atlas
 from interp.report.build import atlas_sizes
-from interp.results import plural
+from interp.results import load_result, plural
 from interp.roles import composition_scores, head_map, logit_attribution
 from interp.roles.logit import LogitAttribution
 from interp.scores import HeadScores
@@ -148,6 +148,8 @@ def test_logit_attribution_has_the_common_shape_and_round_trips(toy, tmp_path):
     np.testing.assert_array_equal(back.per_position, r.per_position)  # bit for bit, NaN where NaN
     assert back.meta == r.meta
     assert LogitAttribution.load(tmp_path / "logit_attribution.json").meta == r.meta
+    via = load_result(tmp_path / "logit_attribution.json")
+    assert type(via) is LogitAttribution and via.table.equals(back.table) and via.parts.equals(back.parts)
 
 
 def test_logit_attribution_load_says_what_is_missing(tmp_path):

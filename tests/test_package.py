@@ -199,10 +199,15 @@ def test_results_save_and_load_back(toy, tmp_path):
     assert back.table.shape == report.table.shape and back.sink_rate == report.sink_rate
     with pytest.raises(UsageError, match="no saved sink report in"):
         interp.SinkReport.load(tmp_path)
+    whole = interp.load_result(tmp_path / "sinks" / "sinks_summary.json")  # the report, not its head table
+    assert type(whole) is interp.SinkReport and whole.layers.equals(back.layers) and whole.massive.equals(back.massive)
+    assert type(interp.load_result(tmp_path / "sinks" / "sinks.json")) is interp.HeadScores
     gates = interp.train_gates(toy, probe, interp.incontext_loss(probe), [0.0, 1.0], steps=5)
     gates.save(tmp_path)
     loaded = interp.GateSweep.load(tmp_path)
     pd.testing.assert_frame_equal(loaded.table, gates.table, check_dtype=False)
+    via = interp.load_result(tmp_path / "gates.json")
+    assert type(via) is interp.GateSweep and via.table.equals(loaded.table)
     np.testing.assert_allclose(loaded.grid(1.0), gates.grid("lambda=1"))
     rows = gates.table[gates.table["lambda"] == 1.0]
     assert gates.grid(1.0).shape == (2, 4)

@@ -16,6 +16,7 @@ from interp.models import load_model
 from interp.probes import repeated_tokens
 from interp.report import attention_patterns, head_atlas, role_table, uniform_baselines
 from interp.report.build import atlas_sizes
+from interp.results import load_result
 from interp.scores import HeadScores
 from tests.helpers import one_thread
 
@@ -114,6 +115,8 @@ def test_atlas_loads_back_and_draws_its_figure(toy_atlas, tmp_path):
     )
     np.testing.assert_allclose(back.grid("induction"), toy_atlas.grid("induction"))
     assert Atlas.load(tmp_path / "atlas.json").named("previous-token") == ["0.1"]
+    via = load_result(tmp_path / "atlas.json")
+    assert type(via) is Atlas and via.roles.equals(back.roles) and via.named("induction") == back.named("induction")
     panels = [t for t in toy_atlas.figure().data if t.type == "heatmap"]
     assert len(panels) == 7 and np.allclose(panels[3].z, toy_atlas.grid("induction"))  # + copy suppression
     # a loaded atlas has no renderer of its own: its page is drawn when one is passed

@@ -92,3 +92,24 @@ def test_an_unknown_kind_is_refused_with_the_kinds_there_are(tmp_path):
     with pytest.raises(UsageError, match=r"holds no result this toolkit reads \(kind 'nonsense'\): choose from \["):
         load_result(tmp_path / "x.json")
     assert {"head_scores", "patch_head", "path_patching", "faithfulness", "composition"} <= set(RESULTS.names())
+
+
+def test_an_eapig_graph_json_is_pointed_to_circuit_from_eapig(tmp_path):
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps({"cfg": {"n_layers": 2}, "nodes": {}, "edges": {}}))
+    with pytest.raises(UsageError) as e:
+        load_result(path)
+    assert str(e.value) == (
+        f"{path} is an EAP-IG graph JSON: read it with interp.Circuit.from_eapig(path, model), which needs the "
+        "model it was made on"
+    )
+
+
+def test_a_head_map_loads_back_through_load_result(tmp_path):
+    from interp.roles.encoder import HeadMap
+
+    distance = np.array([[0.0, 0.5], [0.5, 0.0]])
+    m = HeadMap(distance, np.array([[0.0, 1.0], [1.0, 0.0]]), {"model": "toy", "n_layers": 1, "n_heads": 2})
+    m.save(tmp_path)
+    back = load_result(tmp_path / "head_map.json")
+    assert type(back) is HeadMap and np.array_equal(back.distance, distance) and back.meta == m.meta

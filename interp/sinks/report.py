@@ -148,6 +148,7 @@ class SinkReport(Shown):
             atomic_write_json(
                 out / f"{stem}_summary.json",
                 {
+                    "kind": "sinks_summary",
                     "meta": self.meta,
                     "layers": records(self.layers),
                     "roles": records(self.roles()),
