@@ -133,3 +133,16 @@ def test_a_task_file_saved_with_a_byte_order_mark_reads_as_without(toy, tmp_path
     want, got = read_task(toy, plain), read_task(toy, marked)
     for side in ("clean", "corrupted", "answer", "wrong"):
         assert getattr(got, side).tolist() == getattr(want, side).tolist()
+
+
+def test_an_answer_equal_to_its_wrong_answer_is_refused(toy, tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("clean,corrupted,answer,wrong\nab a,cb a,b,c\nab a,cb a,b,b\nab c,cb c,b,b\n")
+    with pytest.raises(UsageError) as e:
+        read_task(toy, f)
+    assert str(e.value) == (
+        f"pair 1: the answer 'b' and the wrong answer 'b' share token id {_byte('b')}: the logit difference would "
+        "cancel it, whatever the model does; give a wrong answer other than the answer (2 pairs of 3 like this)"
+    )
+    with pytest.raises(UsageError, match=r"^pair 0: the answer \['b', 'c'\] and the wrong answer 'c' share token id"):
+        TaskProbe.from_pairs(toy, ["ab"], ["cb"], [["b", "c"]], ["c"])

@@ -215,6 +215,15 @@ class TaskProbe:
             raise UsageError(
                 f"pair {bad[0][0]}: token id {bad[0][1]} is outside the model's vocabulary of {info.d_vocab}"
             )
+        same = [(i, sorted(set(a) & set(w))) for i, (a, w) in enumerate(zip(ans, wr)) if set(a) & set(w)]
+        if same:
+            i, ids = same[0]
+            raise UsageError(
+                f"pair {i}: the answer {answer[i]!r} and the wrong answer {wrong[i]!r} share token id "
+                f"{', '.join(map(str, ids))}: the logit difference would cancel it, whatever the model does; "
+                f"give a wrong answer other than the answer ({len(same)} pair{'s' if len(same) != 1 else ''} of "
+                f"{len(ans)} like this)"
+            )
         tokens = torch.tensor(rows_c + rows_k, dtype=torch.long)
         if bool(((tokens < 0) | (tokens >= info.d_vocab)).any()):
             raise UsageError(f"a prompt holds a token id outside the model's vocabulary of {info.d_vocab}")
