@@ -12,6 +12,7 @@ import pytest
 import interp
 from interp.circuits import Circuit, EdgeScores, FaithfulnessCurve
 from interp.cli.circuit import cli
+from interp.models import describe
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,6 +63,8 @@ def test_the_toy_repeat_circuit_prints_its_top_edges_the_faithful_size_and_the_a
     assert set(blob) == {"cfg", "nodes", "edges"}
     assert sum(e["in_graph"] for e in blob["edges"].values()) == circuit.n_edges  # the toy's heads are not grouped
     assert Circuit.from_eapig(export, model).edges == circuit.edges
+    width = describe(model).d_model  # EAP-IG sizes its neuron tensors by it: never 0
+    assert blob["cfg"]["d_model"] == width and Circuit.from_eapig(export, model).to_json()["cfg"]["d_model"] == width
     assert f"  {export}" in text.splitlines()
 
 

@@ -252,12 +252,13 @@ class Circuit(Result):
             config=config,
         )
 
-    def to_json(self) -> dict[str, Any]:
-        """EAP-IG's graph JSON of this circuit (``Graph.from_json`` reads it)."""
+    def to_json(self, d_model: int | None = None) -> dict[str, Any]:
+        """EAP-IG's graph JSON of this circuit (``Graph.from_json`` reads it); its ``cfg`` holds
+        ``d_model`` (the model's width), else the one the circuit was read with (``meta["d_model"]``)."""
         from interp.circuits.eapig import to_eapig
 
         scores = self.table["score"].to_numpy() if "score" in self.table else None
-        return to_eapig(self.graph, self.in_circuit, scores)
+        return to_eapig(self.graph, self.in_circuit, scores, d_model=d_model or self.meta.get("d_model"))
 
     @classmethod
     def from_eapig(cls, data: dict[str, Any] | str | Path, graph: Graph | HookedModel) -> Circuit:
@@ -270,7 +271,9 @@ class Circuit(Result):
         if not isinstance(graph, Graph):
             graph = graph_of(graph, "a circuit")
         in_graph, scores = from_eapig(data, graph)
-        return cls.of(graph, in_graph, scores, read_from="EAP-IG graph JSON")
+        width = data["cfg"].get("d_model")
+        meta = {"d_model": int(width)} if isinstance(width, int) and width > 0 else {}
+        return cls.of(graph, in_graph, scores, read_from="EAP-IG graph JSON", **meta)
 
     def figure(self, title: str | None = None) -> go.Figure:
         """The circuit's edges drawn as a graph (:func:`~interp.circuits.figure.graph_figure`)."""

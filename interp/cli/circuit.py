@@ -198,7 +198,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     _print_chosen(args, scores, circuit)
     written += circuit.save(out) + save_figure(circuit.figure(), out, STEM)
     if args.export is not None:
-        written.append(write_eapig_json(args.export, circuit.to_json()))
+        written.append(write_eapig_json(args.export, circuit.to_json(d_model=describe(model).d_model)))
     if journals is not None:
         journals.finish()
     return written
