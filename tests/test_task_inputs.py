@@ -146,3 +146,12 @@ def test_an_answer_equal_to_its_wrong_answer_is_refused(toy, tmp_path):
     )
     with pytest.raises(UsageError, match=r"^pair 0: the answer \['b', 'c'\] and the wrong answer 'c' share token id"):
         TaskProbe.from_pairs(toy, ["ab"], ["cb"], [["b", "c"]], ["c"])
+
+
+def test_a_one_pair_task_is_one_pair_in_what_is_printed(toy, tmp_path):
+    from interp.roles.qk import qk_source
+
+    f = tmp_path / "t.csv"
+    f.write_text("clean,corrupted,answer,wrong\nab a,cb a,b,c\n")
+    _, at, said = qk_source(toy, at="task", task=str(f), batch=1)
+    assert at == "task" and said == "the t task (1 pair), read at position 4"

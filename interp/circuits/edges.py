@@ -57,7 +57,7 @@ from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.progress import tqdm
 from interp.registry import Registry
-from interp.results import Result
+from interp.results import Result, plural
 from interp.scores import bootstrap_mean
 from interp.stream.capture import check_streamable, streamed_attention
 
@@ -315,7 +315,7 @@ class _Passes:
         mask = self.graph.edges.T  # receiver-major, as the table
         starts = range(0, n, step)
         sizes = (
-            f"{self.graph.describe()}; {n} pairs of {self.run.task.seq_len} tokens, {len(starts)} minibatch(es) "
+            f"{self.graph.describe()}; {plural(n, 'pair')} of {self.run.task.seq_len} tokens, {len(starts)} minibatch(es) "
             f"of {self.passes()} forward and backward pass(es) each"
         )
         for start in tqdm(

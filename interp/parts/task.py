@@ -12,6 +12,7 @@ from interp.parts.ablation import replayed, vocab
 from interp.parts.base import Given, NotApplicable, PartResult, part
 from interp.parts.shape import n_heads
 from interp.progress import forward_work
+from interp.results import plural
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ def _task_work(info: ModelInfo, sizes: TaskSizes) -> tuple[str, float]:
     d, n = info.d_model, n_heads(info)
     work = forward_work(sizes.pairs * sizes.tokens, replayed(info) + 3 * info.n_layers, d)
     work += forward_work(sizes.pairs * n, 0, d, vocab(info))
-    return f"the task part ({n} heads patched x {sizes.pairs} pairs of {sizes.tokens} tokens)", work
+    return f"the task part ({n} heads patched x {plural(sizes.pairs, 'pair')} of {sizes.tokens} tokens)", work
 
 
 def _task_applies(info: ModelInfo, sizes: TaskSizes, given: Given) -> NotApplicable | None:

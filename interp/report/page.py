@@ -20,6 +20,7 @@ from interp.parts.table import ROLES, THRESHOLD, role_columns
 from interp.plots import DIVERGING, EFFECT, PRETTY, Scale, curves, heatmap, short_name
 from interp.report.atlas import Atlas
 from interp.report.viewer import CARD_JS, VIEWER_JS
+from interp.results import plural
 from interp.roles.qk import TARGETS
 from interp.scores import HeadScores
 
@@ -204,7 +205,7 @@ def _task_section(atlas: Atlas) -> str:
         )
     what = "the task's own metric" if t["metric"] == "logit-diff" else f"the task's own metric, {t['metric']}"
     text = (
-        f"{t['n_pairs']} pairs of a clean and a corrupted prompt of {t['seq_len']} tokens, read at position "
+        f"{plural(t['n_pairs'], 'pair')} of a clean and a corrupted prompt of {t['seq_len']} tokens, read at position "
         f"{t['read_position']}; metric {t['metric']} ({what}): clean {t['clean_metric']:.4g}, corrupted "
         f"{t['corrupted_metric']:.4g}. Patching effect (exact, denoising): run the corrupted prompt, patch in one "
         "head's clean output at every position, and measure the fraction of the clean-corrupted gap it restores (1: "

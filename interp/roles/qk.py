@@ -50,6 +50,7 @@ from interp.probes import TokenProbe
 from interp.probes.needle import NeedleProbe
 from interp.probes.task import TaskProbe
 from interp.registry import Registry
+from interp.results import plural
 from interp.roles.qk_parts import (
     WHAT,
     CleanRun,
@@ -552,7 +553,11 @@ def qk_source(
         return probe, torch.tensor([[0, q, k]]), f"your text ({T} tokens), query {q}, key {k}"
     if at == "task":
         pairs = task_probe(model, task, n_pairs=batch, seed=seed, framed=framed)
-        return pairs, "task", f"the {pairs.name} task ({pairs.n_pairs} pairs), read at position {pairs.read_position}"
+        return (
+            pairs,
+            "task",
+            f"the {pairs.name} task ({plural(pairs.n_pairs, 'pair')}), read at position {pairs.read_position}",
+        )
     if at == "retrieval":
         probe = needle_probe(model, seq_len=seq_len, batch=batch, seed=seed)
         return probe, "retrieval", f"{batch} needle sequences of {probe.seq_len} tokens"
