@@ -117,10 +117,20 @@ class Shown:
 
         rows = self.shown_rows()[self.shown_columns(2 * SHOWN_COLUMNS)]
         table = rows.to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
-        figure = self.figure().to_html(  # type: ignore[attr-defined]
-            full_html=False, include_plotlyjs="cdn", config={"displaylogo": False}
-        )
+        figure = notebook_figure(self.figure())  # type: ignore[attr-defined]
         return f"<div><p><b>{html.escape(self.headline())}</b></p>{table}{figure}</div>"
+
+
+_PLOTLY_IN_NOTEBOOK = [False]  # whether this session's notebook has been given plotly.js
+
+
+def notebook_figure(fig: Any) -> str:
+    """A figure's HTML for a notebook cell, offline: plotly.js inlined in the session's first one
+    (as plotly's own ``init_notebook_mode(connected=False)`` does), the later ones drawn with it;
+    never loaded from the network."""
+    first = not _PLOTLY_IN_NOTEBOOK[0]
+    _PLOTLY_IN_NOTEBOOK[0] = True
+    return fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False})
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ rows, never whole arrays) and, in a notebook, a summary table and its figure (``
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -170,3 +172,16 @@ def test_one_shared_view_serves_every_class(results):
     for name in CLASSES:
         own = [k for k in ("__repr__", "_repr_html_") if k in vars(type(results[name]))]
         assert not own, f"{name} defines {own}"
+
+
+def test_a_notebook_figure_never_loads_plotly_from_the_network(results, monkeypatch):
+    """Offline, a CDN script never arrives and the cell stays blank: plotly.js is inlined in the
+    session's first figure, and the later ones draw with it."""
+    from interp import results as module
+
+    monkeypatch.setattr(module, "_PLOTLY_IN_NOTEBOOK", [False])
+    first, second = (results["HeadScores"]._repr_html_() for _ in range(2))
+    for page in (first, second):
+        assert not re.search(r"<script[^>]*\bsrc=", page)  # a script fetched from elsewhere
+    assert len(first) > len(second) + 1_000_000  # plotly.js itself, once
+    assert "Plotly.newPlot" in second
