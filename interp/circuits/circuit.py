@@ -1,7 +1,7 @@
 """Circuits: subgraphs of edges, extracted from edge scores and evaluated exactly.
 
 A :class:`Circuit` is a set of the graph's edges (a boolean per edge, in :meth:`Graph.table` order).
-It is extracted from scores (:data:`HOWS`: the top ``n`` by absolute score, greedy from the logits up,
+It is extracted from scores (:data:`HOWS`: the top ``n`` by absolute score, greedy from the logits down,
 or a threshold, as EAP-IG's ``apply_topn``, ``apply_greedy`` and ``apply_threshold`` do), and then
 pruned: an edge stays only where its sender is reached from the input and its receiver reaches the
 logits along the circuit's own edges.

@@ -111,7 +111,7 @@ class EdgeScores(Result):
 
     def circuit(self, n: int | None = None, *, how: str = "top", threshold: float | None = None) -> Circuit:
         """The circuit ``how`` extracts from these scores (:data:`~interp.circuits.circuit.HOWS`):
-        the top ``n`` edges by absolute score, ``n`` edges greedily from the logits up, or every edge
+        the top ``n`` edges by absolute score, ``n`` edges greedily from the logits down, or every edge
         whose absolute score reaches ``threshold``; pruned to the edges on input-to-logits paths."""
         from interp.circuits.circuit import Circuit, select
 
