@@ -38,7 +38,10 @@ from interp.texts import BYTES_NOTE
 def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
     p = flags.base_parser(prog, "Why a head attends where it does: its score split into (query, key) component pairs.")
     flags.set_help(
-        p, "batch", "probe sequences (default: 10; 4 needle sequences for --at retrieval; 20 task pairs)", batch=None
+        p,
+        "batch",
+        "probe sequences (default: 10; 4 needle sequences for --at retrieval; a task file's every pair, a bundled task's 20)",
+        batch=None,
     )
     heads = p.add_mutually_exclusive_group(required=True)
     heads.add_argument("--head", dest="heads", help="the head LAYER.HEAD, e.g. 1.2")
@@ -69,6 +72,8 @@ def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
     return p
 
 
+# the library's parameter -> the flag that sets it, where their names differ
+ALIASES = {"block_len": "seq_len", "n_pairs": "batch"}
 UNREAD = (
     Unread("--query", "it applies to --text", lambda args: args.text is None),
     Unread("--key", "it applies to --text", lambda args: args.text is None),
@@ -141,4 +146,4 @@ def _write(result: QKAttribution, out: Path) -> list[Path]:
 
 
 def cli(argv: Sequence[str] | None = None, prog: str = "python -m interp.qk") -> int:
-    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD)
+    return run_cli(build_parser(prog), main, argv, STEM, check=check, unread=UNREAD, aliases=ALIASES)

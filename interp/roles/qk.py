@@ -518,7 +518,8 @@ def _per_sequence(terms: Tensor, matrix: Tensor, batch: Tensor, B: int) -> Tenso
     return out.index_add_(0, batch, grouped)
 
 
-DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4, "task": 20}  # sequences or pairs
+# sequences; a task file gives every pair, a bundled task its own default
+DEFAULT_BATCH = {"induction": 10, "previous": 10, "sink": 10, "retrieval": 4}
 
 
 def qk_source(
@@ -538,12 +539,13 @@ def qk_source(
     a line saying what it is: ``text`` read at one ``query`` (default: the last position) and ``key``
     position; a task's pairs (``at="task"``, ``task``, ``batch`` of them); a needle probe
     (``"retrieval"``); else ``batch`` repeated-token sequences of ``seq_len`` tokens a block (default
-    20) for ``at``. ``batch`` defaults to :data:`DEFAULT_BATCH` of the target."""
+    20) for ``at``. ``batch`` defaults to :data:`DEFAULT_BATCH` of the target (a task: every pair
+    of its file, or a bundled task's own number)."""
     from interp.probes import repeated_tokens
     from interp.probes.needle import needle_probe
     from interp.probes.task import task_probe
 
-    batch = batch or DEFAULT_BATCH[at or "induction"]
+    asked, batch = batch, batch or DEFAULT_BATCH.get(at or "induction", 0)
     if text is not None:
         if key is None:
             raise UsageError("text= is read at one key position: pass key=", params="key")
@@ -552,7 +554,7 @@ def qk_source(
         q, k = text_positions(T, query, key, describe(model).is_causal)
         return probe, torch.tensor([[0, q, k]]), f"your text ({T} tokens), query {q}, key {k}"
     if at == "task":
-        pairs = task_probe(model, task, n_pairs=batch, seed=seed, framed=framed)
+        pairs = task_probe(model, task, n_pairs=asked, seed=seed, framed=framed)  # a file: every pair
         return (
             pairs,
             "task",

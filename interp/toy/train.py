@@ -342,7 +342,7 @@ def plot_history(history: list[dict], directory: Path) -> list[Path]:
     fig.update_yaxes(title_text="attention score", range=[0, 1], secondary_y=True)
 
     written = [directory / "training.html"]
-    atomic_write(written[0], fig.to_html(include_plotlyjs=True, full_html=True)  # offline, like every page)
+    atomic_write(written[0], fig.to_html(include_plotlyjs=True, full_html=True))  # offline, like every page
     fig.update_layout(width=900, height=500)
     png = save_png(fig, directory / "training.png")  # through a Chrome/Chromium, when one is found
     return written + ([png] if png else [])
