@@ -88,3 +88,19 @@ def test_help_lists_every_target_and_grouping_from_their_registries(capsys):
     assert f"--at {{{','.join(TARGETS)}}}" in text and f"--group {{{','.join(GROUPS)}}}" in text
     assert all(flat(f"{name}: {TARGETS.doc(name)}") in text for name in TARGETS)
     assert all(flat(f"{name}: {GROUPS.doc(name)}") in text for name in GROUPS)
+
+
+def test_a_task_file_gives_every_pair_and_errors_name_the_flags(tmp_path, capsys):
+    """``--at task`` takes a task file whole (as patch and circuit do), not 20 pairs of it; a
+    refusal from the library names this command's flags, not the library's parameters."""
+    f = tmp_path / "two.csv"
+    f.write_text("clean,corrupted,answer,wrong\nab a,cb a,b,c\nab d,cb d,b,c\n")
+    base = ["--head", "1.2", "--n-boot", "50", "--no-progress", "--device", "cpu"]
+    assert cli([*base, "--at", "task", "--task", str(f), "--out", str(tmp_path / "a")]) == 0
+    assert "qk attribution at task: the two task (2 pairs), read at position 4" in capsys.readouterr().out.splitlines()
+    with pytest.raises(SystemExit):
+        cli([*base, "--seq-len", "300", "--out", str(tmp_path / "b")])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m interp.qk: error: probe of 601 tokens (BOS + 2 x 300) is longer than the model's context of 256 "
+        "tokens: the longest block for 2 repeats is 127; pass --seq-len 127 or less (or lower n_repeats=)"
+    )
