@@ -139,6 +139,13 @@ def test_a_head_outside_the_model_and_a_probe_without_repeats_are_refused(toy):
         qk_attribution(toy, tokens, heads="5.0", at="previous")
     with pytest.raises(UsageError, match="reads the structure of a probe"):
         qk_attribution(toy, tokens, heads="1.2", at="induction")
+    with pytest.raises(UsageError) as e:  # the target named, not a tensor's repr
+        qk_attribution(toy, tokens, heads="1.2", at=torch.tensor([[0, 0, 0]]))
+    assert str(e.value) == (
+        "none of the 1 target given is a key its query sees beside another in layer 1 (target [0, 0, 0]: query 0 "
+        "of sequence 0 does not see key 0 beside another: a padded key, one outside the layer's window, or a query "
+        "with one key to see)"
+    )
 
 
 def test_frozen_norm_fitted_on_a_sample_of_positions_is_the_norm_itself():

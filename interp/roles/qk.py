@@ -425,8 +425,17 @@ def qk_attribution(
         pairs = src.pairs[ok]
         dropped = max(dropped, int((~ok).sum()))
         if not len(pairs):
+            named = (
+                f"no target of at={at!r}"
+                if isinstance(at, str)
+                else f"none of the {plural(len(src.pairs), 'target')} given"
+            )
+            b, q, k = src.pairs[0].tolist()
             raise UsageError(
-                f"no target of at={at!r} is a key its query sees beside another in layer {layer}", params="at"
+                f"{named} is a key its query sees beside another in layer {layer} (target "
+                f"{[b, q, k]}: query {q} of sequence {b} does not see key {k} beside another: a padded key, one "
+                "outside the layer's window, or a query with one key to see)",
+                params="at",
             )
         hs = [h for l, h in wanted if l == layer]
         terms = _layer_terms(model, info, run, layer, hs, pairs)
