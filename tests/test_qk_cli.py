@@ -26,6 +26,7 @@ def test_toy_induction_head_prints_its_top_pairs_with_cis_and_writes_its_files(t
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
     assert "qk attribution at induction: 10 sequences of a 20-token block repeated twice" in lines
+    assert not [line for line in lines if line.startswith("! CIs from")]  # 10 sequences: no flag
     at = next(i for i, line in enumerate(lines) if line.startswith("head 1.2: contrast "))
     assert lines[at].endswith("top pairs, 95% CI over sequences:") and " over 200 targets " in lines[at]
     printed = [line.split(maxsplit=2) for line in lines[at + 2 : at + 5]]
@@ -104,3 +105,18 @@ def test_a_task_file_gives_every_pair_and_errors_name_the_flags(tmp_path, capsys
         "python -m interp.qk: error: probe of 601 tokens (BOS + 2 x 300) is longer than the model's context of 256 "
         "tokens: the longest block for 2 repeats is 127; pass --seq-len 127 or less (or lower n_repeats=)"
     )
+
+
+def test_cis_over_one_text_are_flagged(tmp_path, capsys):
+    """One text is one sequence: its CIs have zero width, flagged as every command flags CIs over
+    fewer than 5 sequences (printed and in the JSON)."""
+    import json
+
+    out = tmp_path / "qk"
+    argv = ["--head", "1.2", "--text", "abcabcabc", "--key", "2", "--top", "2", "--no-progress", "--device", "cpu"]
+    assert cli([*argv, "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    note = "! CIs from 1 sequence: fewer than 5, so an interval says little about the spread; use a larger batch"
+    at = lines.index(note)
+    assert lines[at - 1].endswith("]!") and lines[at - 2].endswith("]!")  # the two pairs shown, each flagged
+    assert json.loads((out / "qk_attribution.json").read_text())["ci_warning"] == note

@@ -20,7 +20,7 @@ from interp.cli import flags
 from interp.cli.common import Unread, run_cli
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.results import plural
+from interp.results import few_ci_sequences, few_sequences_note, plural
 from interp.roles.qk import (
     GROUPS,
     STEM,
@@ -117,6 +117,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     print(f"qk attribution at {args.at or 'your positions'}: {what}", flush=True)
     result = qk_attribution(model, source, heads=args.heads, at=at, group=args.group, keep=args.keep, config=config)
     level = int(round(100 * config.level))
+    few = few_ci_sequences(result.table, result.meta)
     for head in result.heads:
         totals = head_totals(result, head)
         print(
@@ -126,9 +127,12 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         top = result.top(args.top, head=head)
         shown = pd.DataFrame({"query side": top["query"], "key side": top["key"]})
         shown["contrast"] = [
-            with_interval(v, a, b, ".3g") for v, a, b in zip(top["contrast"], top["contrast_lo"], top["contrast_hi"])
+            with_interval(v, a, b, ".3g") + ("!" if few else "")
+            for v, a, b in zip(top["contrast"], top["contrast_lo"], top["contrast_hi"])
         ]
         print(shown.to_string(index=False))
+    if few is not None:
+        print(few_sequences_note(few))
     if result.meta.get("softcap"):
         print(f"\n{result.meta['softcap']}")
     return _write(result, out)

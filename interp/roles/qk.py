@@ -455,6 +455,7 @@ def qk_attribution(
         group=group,
         keep=sorted(keep_set),
         n_sequences=B,
+        ci_sequences={v: B for v in ("contrast", "score")},  # what the CIs resample
         seq_len=T,
         n_targets=int(len(src.pairs)) - dropped,
         dropped_targets=dropped,

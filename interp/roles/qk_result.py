@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from interp.errors import UsageError
-from interp.results import Result, file_frame, memory_frame, read_csv
+from interp.results import Result, few_ci_sequences, few_sequences_note, file_frame, memory_frame, read_csv
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -73,8 +73,9 @@ class QKAttribution(Result):
         return file_frame(t)
 
     def json_body(self, files: pd.DataFrame) -> dict[str, Any]:
-        """The JSON holds the meta; the rows are the CSV's."""
-        return {"meta": self.meta}
+        """The JSON holds the few sequences' warning (or null) and the meta; the rows are the CSV's."""
+        few = few_ci_sequences(self.table, self.meta)
+        return {"ci_warning": few_sequences_note(few) if few is not None else None, "meta": self.meta}
 
     @classmethod
     def from_json(cls, blob: Mapping[str, Any], path: Path) -> QKAttribution:
