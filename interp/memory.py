@@ -256,6 +256,20 @@ def check(
     raise UsageError(f"{need}, but the {device.type} has {gib(available)} free: {todo}", params=named(todo))
 
 
+def check_bootstrap(n_boot: int, n_units: int | None = None) -> None:
+    """Refuse, before the work, ``n_boot`` resamples of ``n_units`` units (None: not known yet, so at
+    least one) that cannot fit in what the CPU has free: a resample's indices, the values they gather
+    and its statistic (8 bytes each)."""
+    need, room = 3 * 8 * n_boot * max(n_units or 1, 1), free_bytes("cpu")
+    if room is not None and need > room:
+        of = f" of {n_units} units" if n_units else ""
+        raise UsageError(
+            f"{n_boot} bootstrap resamples{of} need {'about' if n_units else 'at least'} {gib(need)}, but the cpu "
+            f"has {gib(room)} free: pass a smaller n_boot= (the default is 1000)",
+            params="n_boot",
+        )
+
+
 def named(text: str) -> tuple[str, ...]:
     """The parameters a message names, each written ``name=`` in it (``"pass minibatch=2"``: minibatch)."""
     return tuple(dict.fromkeys(re.findall(r"(?<![\w.=-])([a-z_][a-z0-9_]*)=", text)))

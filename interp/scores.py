@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp import memory
 from interp.errors import UsageError
 from interp.results import (
     MIN_CI_SEQUENCES,
@@ -104,6 +105,7 @@ def bootstrap_ratio(
     pool = torch.nonzero(has).flatten()
     empty = tuple(int(i) for i in torch.nonzero(~has).flatten())
     n = len(pool)
+    memory.check_bootstrap(n_boot, n)
     gen = torch.Generator().manual_seed(seed)
     idx = pool[torch.randint(max(n, 1), (n_boot, n), generator=gen)] if n else torch.zeros(n_boot, 0, dtype=torch.long)
     alpha = expanded_alpha(level, n)

@@ -115,3 +115,45 @@ def test_an_allocation_that_fails_anyway_is_one_line_and_exit_1(toy, tmp_path, c
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("python -m interp.patch: error: out of memory ([enforce fail at alloc_cpu.cpp:127]")
     assert line.endswith(": run fewer sequences per forward (--minibatch), or fewer of them (--batch)")
+
+
+def test_a_batch_of_random_tokens_too_large_to_draw_is_refused_before_drawing(tmp_path, capsys, monkeypatch):
+    """``--batch 100000000`` ended in a ``bad_alloc`` traceback inside the draw (circuit, patch, qk):
+    the probe's own tokens are sized first, in one line naming the flag."""
+    from interp.cli.qk import cli as qk
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 10 << 20)  # 10 MiB free: one resample fits
+    out = tmp_path / "out"
+    argv = ["--model", "toy", "--device", "cpu", "--head", "1.2", "--batch", "100000", "--n-boot", "1"]
+    with pytest.raises(SystemExit) as e:
+        qk([*argv, "--no-progress", "--out", str(out)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and line == (
+        "python -m interp.qk: error: 100000 sequences of 20 random tokens need about 30.5 MiB to draw, but the "
+        "cpu has 10 MiB free: pass a smaller --batch"
+    )
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
+def test_bootstrap_resamples_too_many_to_hold_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """``--n-boot 1000000000`` failed only after the scoring: the resamples are sized from the
+    command line, before the model loads (no/such-model is never loaded), and by the bootstrap itself."""
+    import torch
+
+    from interp.cli.qk import cli as qk
+    from interp.scores import bootstrap_ratio
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1 << 20)  # 1 MiB free
+    out = tmp_path / "out"
+    argv = ["--model", "no/such-model", "--head", "1.2", "--n-boot", "100000", "--batch", "10", "--out", str(out)]
+    with pytest.raises(SystemExit) as e:
+        qk(argv)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and line == (
+        "python -m interp.qk: error: 100000 bootstrap resamples of 10 units need about 22.9 MiB, but the cpu has "
+        "1 MiB free: pass a smaller --n-boot (the default is 1000)"
+    )
+    with pytest.raises(UsageError) as e:
+        bootstrap_ratio(torch.ones(10, 3), torch.ones(10, 3), n_boot=100_000)
+    assert e.value.params == ("n_boot",) and str(e.value).startswith("100000 bootstrap resamples of 10 units need")
+    assert bootstrap_ratio(torch.ones(10, 3), torch.ones(10, 3), n_boot=1000).n_boot == 1000  # 0.23 MiB: fits

@@ -29,7 +29,7 @@ from interp.errors import InterpError, ModelLoadError, RankFailedError, UsageErr
 from interp.interrupts import interrupted
 from interp.journal import Journals, run_arguments
 from interp.lock import out_lock
-from interp.memory import out_of_memory
+from interp.memory import check_bootstrap, out_of_memory
 from interp.models import load_model, resolve_device, resolve_dtype
 from interp.progress import lines as progress_lines
 from interp.saving import cli_owned
@@ -164,6 +164,8 @@ class Command:
         refuse_unread(self.parser, args, sys.argv[1:] if self.argv is None else self.argv, self._unread)
         if self._check is not None:
             self._check(args)
+        if isinstance(getattr(args, "n_boot", None), int):  # sized before any work, at the batch asked
+            check_bootstrap(args.n_boot, getattr(args, "batch", None))
         # the device is resolved once, here, before the process group exists ("auto" -> cpu/cuda:N)
         self.device = resolve_device(distributed.rank_device(args.device))
         resolve_dtype(args.dtype)

@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from interp import memory
 from interp.adapters import HookedModel
 from interp.errors import UsageError
 from interp.models import ModelInfo, describe
@@ -171,6 +172,13 @@ def draw_blocks(model: HookedModel, info: ModelInfo, batch: int, n: int, seed: i
     vocab = ordinary_vocab(info, getattr(model, "tokenizer", None))
     if len(vocab) < 2:
         raise UsageError("the model's vocabulary has fewer than 2 ordinary tokens to draw from")
+    need, room = 2 * batch * n * 8, memory.free_bytes("cpu")  # the rows and the picks they are gathered from
+    if room is not None and need > room:
+        raise UsageError(
+            f"{batch} sequences of {n} random tokens need about {memory.gib(need)} to draw, but the cpu has "
+            f"{memory.gib(room)} free: pass a smaller batch=",
+            params="batch",
+        )
     gen = torch.Generator().manual_seed(seed)
     if len(vocab) >= n:
         picks = torch.stack([torch.randperm(len(vocab), generator=gen)[:n] for _ in range(batch)])
