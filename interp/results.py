@@ -72,6 +72,7 @@ class Shown:
     ranked by (largest first); ``None`` keeps the table's own order."""
 
     shown_by: ClassVar[str | None] = None
+    key_columns: ClassVar[tuple[str, ...]] = ()  # a class's own columns naming a row, before KEY_COLUMNS
 
     def ranked_by(self) -> str | None:
         """The column the top rows are ranked by: :attr:`shown_by` where the table has it."""
@@ -89,7 +90,7 @@ class Shown:
         """At most ``n`` columns: those naming a row (:data:`KEY_COLUMNS`), the ranked one and its CI,
         then the rest in the table's order."""
         cols = list(self.table.columns)  # type: ignore[attr-defined]
-        first = [c for c in KEY_COLUMNS if c in cols]
+        first = [c for c in dict.fromkeys((*self.key_columns, *KEY_COLUMNS)) if c in cols]
         by = self.ranked_by()
         ranked = [c for c in (by, f"{by}_lo", f"{by}_hi") if by is not None and c in cols]
         skip = {"layer", "head"} if "label" in first else set()

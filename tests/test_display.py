@@ -185,3 +185,20 @@ def test_a_notebook_figure_never_loads_plotly_from_the_network(results, monkeypa
         assert not re.search(r"<script[^>]*\bsrc=", page)  # a script fetched from elsewhere
     assert len(first) > len(second) + 1_000_000  # plotly.js itself, once
     assert "Plotly.newPlot" in second
+
+
+def test_a_qk_attribution_shows_the_pair_each_row_is():
+    """Its rows are (head, query side, key side) terms: the repr shows all three before the
+    contrast (``key`` was cut off by the column limit)."""
+    from interp.roles.qk_result import QKAttribution
+
+    rows = [
+        {"head": "1.2", "layer": 1, "query": q, "key": k, "query_kind": "head", "key_kind": "head"}
+        | {"contrast": c, "contrast_lo": c - 0.1, "contrast_hi": c + 0.1, "score": c, "score_lo": c, "score_hi": c}
+        for q, k, c in (("embed", "0.1", 0.5), ("0.3", "0.0", 0.9))
+    ]
+    r = QKAttribution(pd.DataFrame(rows), {"model": "toy"})
+    assert r.shown_columns() == ["head", "query", "key", "contrast", "contrast_lo", "contrast_hi"]
+    lines = repr(r).splitlines()
+    assert lines[1].split() == ["head", "query", "key", "contrast", "contrast_lo", "contrast_hi"]
+    assert lines[2].split()[:4] == ["1.2", "0.3", "0.0", "0.9"]  # the largest contrast first

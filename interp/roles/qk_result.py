@@ -28,6 +28,7 @@ class QKAttribution(Result):
     KIND = STEM
     what = "QK attribution"
     shown_by = "contrast"
+    key_columns = ("head", "query", "key")  # a term is a head's (query side, key side) pair
 
     @property
     def heads(self) -> list[str]:
