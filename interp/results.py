@@ -327,11 +327,11 @@ def few_ci_sequences(table: pd.DataFrame, meta: Mapping[str, Any]) -> int | None
     return n if few else None
 
 
-def few_sequences_note(n: int) -> str:
+def few_sequences_note(n: int, unit: str = "sequence") -> str:
     """The warning under a table (and in a figure) whose CIs rest on fewer than
-    :data:`MIN_CI_SEQUENCES` probe sequences."""
+    :data:`MIN_CI_SEQUENCES` probe sequences (``unit``: what they are, e.g. a task's ``"pair"``)."""
     return (
-        f"! CIs from {n} sequence{'s' if n != 1 else ''}: fewer than {MIN_CI_SEQUENCES}, so an interval "
+        f"! CIs from {plural(n, unit)}: fewer than {MIN_CI_SEQUENCES}, so an interval "
         "says little about the spread; use a larger batch"
     )
 

@@ -119,3 +119,19 @@ def _refused(capsys, tmp_path, argv):
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_line_before_the_model_loads(tmp_path, capsys, argv, said):
     assert _refused(capsys, tmp_path, argv) == f"python -m interp.circuit: error: {said}"
+
+
+def test_cis_over_two_pairs_are_flagged_as_patch_flags_them(tmp_path, capsys):
+    assert cli([*BASE, "--task", "repeat", "--batch", "2", "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    note = "! CIs from 2 pairs: fewer than 5, so an interval says little about the spread; use a larger batch"
+    top = lines.index(next(line for line in lines if line.startswith("top 10 edges by |score|")))
+    assert all(" stability " in line and "]!  stability" in line for line in lines[top + 1 : top + 11])
+    assert lines[top + 11] == note
+    chosen = next(i for i, line in enumerate(lines) if line.startswith("circuit: "))
+    assert lines[chosen].endswith("]!") and lines[chosen + 1] == note
+
+
+def test_cis_over_enough_pairs_are_not_flagged(tmp_path, capsys):
+    assert cli([*BASE, "--task", "repeat", "--batch", "6", "--out", str(tmp_path / "out")]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("! CIs from")]
