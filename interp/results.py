@@ -58,6 +58,10 @@ SHOWN_COLUMNS = 6  # the columns its repr shows (its notebook table: twice as ma
 KEY_COLUMNS = ("label", "sender", "receiver", "kind", "ranking", "revision", "role")
 
 
+# an edge table's columns as a repr shows them: the edge names its sender and receiver
+EDGE_COLUMNS = ("edge", "in_circuit", "score", "score_lo", "score_hi", "stability", "site")
+
+
 def plural(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1: ``1 pair``, ``3 pairs`` (``plural``: an irregular
     plural, ``1 query``/``2 queries``)."""

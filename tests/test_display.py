@@ -202,3 +202,43 @@ def test_a_qk_attribution_shows_the_pair_each_row_is():
     lines = repr(r).splitlines()
     assert lines[1].split() == ["head", "query", "key", "contrast", "contrast_lo", "contrast_hi"]
     assert lines[2].split()[:4] == ["1.2", "0.3", "0.0", "0.9"]  # the largest contrast first
+
+
+def test_edge_results_show_the_signed_score_the_circuit_and_the_curves_figures():
+    """EdgeScores showed ``abs_score`` alone; a Circuit every row without its size or faithfulness;
+    a FaithfulnessCurve five rows of empty circuits and not its CPR, CMD or smallest faithful size."""
+    from interp.circuits import Circuit, EdgeScores, FaithfulnessCurve
+
+    edges = pd.DataFrame(
+        {
+            "edge": ["a0.h0->logits", "input->a0.h0<q>", "input->logits"],
+            "sender": ["a0.h0", "input", "input"],
+            "receiver": ["logits", "a0.h0<q>", "logits"],
+            "site": ["logits", "q", "logits"],
+            "score": [-0.5, 0.2, 0.01],
+            "score_lo": [-0.6, 0.1, 0.0],
+            "score_hi": [-0.4, 0.3, 0.02],
+            "stability": [1.0, 0.9, 0.5],
+        }
+    )
+    edges["abs_score"] = edges["score"].abs()
+    lines = repr(EdgeScores(edges, {"model": "toy"})).splitlines()
+    assert lines[1].split() == ["edge", "score", "score_lo", "score_hi", "stability", "site"]
+    assert lines[2].split()[:2] == ["a0.h0->logits", "-0.5"]  # ranked by |score|, shown signed
+    inside = edges.assign(in_circuit=[True, False, True])
+    meta = {"model": "toy", "faithfulness": 0.9, "faithfulness_ci": [0.85, 0.95]}
+    lines = repr(Circuit(inside, meta)).splitlines()
+    assert lines[0] == "Circuit of toy: 2 edges of 3, faithfulness 0.900 [0.850, 0.950]"
+    assert [line.split()[0] for line in lines[2:]] == ["a0.h0->logits", "input->logits"]  # its own edges only
+    curve = pd.DataFrame(
+        {"size": [0, 1, 2, 3], "fraction": [0.001, 0.3, 0.6, 1.0], "n_edges": [0, 0, 2, 3], "metric": [0.0] * 4}
+        | {"faithfulness": [0.0, 0.0, 0.9, 1.0], "faithfulness_lo": [0.0] * 4, "faithfulness_hi": [1.0] * 4}
+    )
+    reach = {"n_edges": 2, "fraction": 0.6, "faithfulness": 0.9}
+    meta = {"model": "toy", "cpr": 0.5, "cmd": 0.4, "smallest_faithful": reach, "graph_edges": 3}
+    lines = repr(FaithfulnessCurve(curve, meta)).splitlines()
+    assert lines[0] == (
+        "FaithfulnessCurve of toy: CPR 0.500 (area under the curve), CMD 0.400 (area between it and 1); smallest "
+        "circuit reaching faithfulness 0.8: 2 edges (66.67% of the graph, after pruning), faithfulness 0.900"
+    )
+    assert [int(line.split()[2]) for line in lines[2:]] == [2, 3]  # the circuits that keep edges

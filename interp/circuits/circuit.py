@@ -41,7 +41,8 @@ from interp.patching.edge_patch import SOURCE, SOURCES, CodeUnits, EdgeSweeper
 from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import TaskProbe
 from interp.registry import Registry
-from interp.results import Result
+from interp.results import EDGE_COLUMNS, SHOWN_COLUMNS, SHOWN_ROWS, Result, plural
+from interp.scores import with_interval
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -165,6 +166,23 @@ class Circuit(Result):
     KIND = "circuit"
     what = "circuit"
     shown_by = "abs_score"
+
+    def headline(self) -> str:
+        """The class, the model, the circuit's size in the graph and its faithfulness (where evaluated)."""
+        m = self.meta
+        line = f"Circuit of {m.get('model', 'a model')}: {plural(self.n_edges, 'edge')} of {len(self.table):,}"
+        if "faithfulness" in m:
+            line += f", faithfulness {with_interval(m['faithfulness'], *m['faithfulness_ci'], '.3f')}"
+        return line
+
+    def shown_rows(self, n: int = SHOWN_ROWS) -> pd.DataFrame:
+        """The circuit's own edges, largest ``|score|`` first."""
+        inside = self.table[self.table["in_circuit"]]
+        by = self.ranked_by()
+        return (inside.sort_values(by, ascending=False, kind="mergesort") if by else inside).head(n)
+
+    def shown_columns(self, n: int = SHOWN_COLUMNS) -> list[str]:
+        return [c for c in EDGE_COLUMNS if c in self.table][:n]
 
     @classmethod
     def of(
@@ -292,6 +310,15 @@ class FaithfulnessCurve(Result):
     KIND = "circuit_faithfulness"
     what = "circuit faithfulness"
     shown_by = None
+
+    def headline(self) -> str:
+        """The class, the model, then :meth:`summary`: CPR and CMD, the smallest faithful circuit."""
+        return f"FaithfulnessCurve of {self.meta.get('model', 'a model')}: " + "; ".join(self.summary())
+
+    def shown_rows(self, n: int = SHOWN_ROWS) -> pd.DataFrame:
+        """The sizes that keep edges (the smallest sizes prune to none), one row per circuit kept."""
+        kept = self.table[self.table["n_edges"] > 0].drop_duplicates("n_edges")
+        return kept.head(n)
 
     def figure(self, title: str | None = None) -> go.Figure:
         """Faithfulness against the share of the graph's edges, with its CI, on a log axis."""
