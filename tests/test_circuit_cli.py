@@ -135,3 +135,16 @@ def test_cis_over_two_pairs_are_flagged_as_patch_flags_them(tmp_path, capsys):
 def test_cis_over_enough_pairs_are_not_flagged(tmp_path, capsys):
     assert cli([*BASE, "--task", "repeat", "--batch", "6", "--out", str(tmp_path / "out")]) == 0
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("! CIs from")]
+
+
+def test_the_circuit_keeps_its_edges_cis_and_stability(tmp_path, capsys):
+    """circuit.csv/json (and so the figure's hover) dropped the scores' CIs and stability."""
+    out = tmp_path / "out"
+    assert cli([*BASE, "--task", "repeat", "--batch", "6", "--out", str(out)]) == 0
+    scores, circuit = EdgeScores.load(out / "edge_scores.json"), Circuit.load(out / "circuit.json")
+    for column in ("score", "score_lo", "score_hi", "stability"):
+        np.testing.assert_array_equal(circuit.table[column].to_numpy(), scores.table[column].to_numpy())
+    assert (circuit.table["score_lo"] < circuit.table["score_hi"]).any()
+    hover = [t.hovertext[0] for t in circuit.figure().data if t.hovertext is not None and len(t.hovertext)]
+    edges = [text for text in hover if "<br>score " in text]  # an edge's hover (a node's says other things)
+    assert edges and all("<br>stability " in text and "] (CI)" in text for text in edges), edges[:2]

@@ -127,7 +127,11 @@ class EdgeScores(Result):
             **({"threshold": threshold} if threshold is not None else {}),
         }
         meta = {k: self.meta[k] for k in ("model", "task", "method", "direction", "metric") if k in self.meta}
-        return Circuit.of(self.graph, keep, scores, **meta, **asked)
+        circuit = Circuit.of(self.graph, keep, scores, **meta, **asked)
+        at = circuit.table.columns.get_loc("score") + 1
+        for n, column in enumerate(c for c in ("score_lo", "score_hi", "stability") if c in self.table):
+            circuit.table.insert(at + n, column, self.table[column].to_numpy())  # its CSV, hover and repr show them
+        return circuit
 
     def faithfulness_curve(
         self,
