@@ -77,6 +77,7 @@ class Shown:
 
     shown_by: ClassVar[str | None] = None
     key_columns: ClassVar[tuple[str, ...]] = ()  # a class's own columns naming a row, before KEY_COLUMNS
+    fixed_columns: ClassVar[tuple[str, ...]] = ()  # where set, the columns shown: these, those the table has
 
     def ranked_by(self) -> str | None:
         """The column the top rows are ranked by: :attr:`shown_by` where the table has it."""
@@ -94,6 +95,8 @@ class Shown:
         """At most ``n`` columns: those naming a row (:data:`KEY_COLUMNS`), the ranked one and its CI,
         then the rest in the table's order."""
         cols = list(self.table.columns)  # type: ignore[attr-defined]
+        if self.fixed_columns:
+            return [c for c in self.fixed_columns if c in cols][:n]
         first = [c for c in dict.fromkeys((*self.key_columns, *KEY_COLUMNS)) if c in cols]
         by = self.ranked_by()
         ranked = [c for c in (by, f"{by}_lo", f"{by}_hi") if by is not None and c in cols]
@@ -258,7 +261,7 @@ def load_result(path: str | Path) -> Shown:
     kind = blob.get("kind") if isinstance(blob, dict) else None
     if kind is None and isinstance(blob, dict) and path.name.endswith("_summary.json") and "top_massive" in blob:
         kind = "sinks_summary"  # written before the summary said its kind
-    if kind == "sinks_summary":
+    if kind == "sinks_summary":  # the report's stem is the summary's, less "_summary"
         return _loader(kind).load(path.parent, path.name[: -len("_summary.json")])
     if kind in LOADERS:
         return _loader(kind).load(path)

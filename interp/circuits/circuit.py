@@ -41,7 +41,7 @@ from interp.patching.edge_patch import SOURCE, SOURCES, CodeUnits, EdgeSweeper
 from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import TaskProbe
 from interp.registry import Registry
-from interp.results import EDGE_COLUMNS, SHOWN_COLUMNS, SHOWN_ROWS, Result, plural
+from interp.results import EDGE_COLUMNS, SHOWN_ROWS, Result, plural
 from interp.scores import with_interval
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ class Circuit(Result):
     KIND = "circuit"
     what = "circuit"
     shown_by = "abs_score"
+    fixed_columns = EDGE_COLUMNS
 
     def headline(self) -> str:
         """The class, the model, the circuit's size in the graph and its faithfulness (where evaluated)."""
@@ -180,9 +181,6 @@ class Circuit(Result):
         inside = self.table[self.table["in_circuit"]]
         by = self.ranked_by()
         return (inside.sort_values(by, ascending=False, kind="mergesort") if by else inside).head(n)
-
-    def shown_columns(self, n: int = SHOWN_COLUMNS) -> list[str]:
-        return [c for c in EDGE_COLUMNS if c in self.table][:n]
 
     @classmethod
     def of(

@@ -57,7 +57,7 @@ from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.progress import tqdm
 from interp.registry import Registry
-from interp.results import EDGE_COLUMNS, SHOWN_COLUMNS, Result, plural
+from interp.results import EDGE_COLUMNS, Result, plural
 from interp.scores import bootstrap_mean
 from interp.stream.capture import check_streamable, streamed_attention
 
@@ -98,10 +98,7 @@ class EdgeScores(Result):
     KIND = STEM
     what = "edge scores"
     shown_by = "abs_score"
-
-    def shown_columns(self, n: int = SHOWN_COLUMNS) -> list[str]:
-        """The edge, its signed score and CI, its stability (ranked by ``|score|``)."""
-        return [c for c in EDGE_COLUMNS if c in self.table][:n]
+    fixed_columns = EDGE_COLUMNS  # the edge, its signed score and CI, its stability (ranked by |score|)
 
     def top(self, n: int = DEFAULT_TOP) -> pd.DataFrame:
         """The ``n`` edges of largest absolute score, largest first (ties in table order)."""

@@ -38,7 +38,7 @@ from interp.patching.core import refuse_equal
 from interp.patching.edge_patch import SOURCES
 from interp.plots import save_figure
 from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
-from interp.results import MIN_CI_SEQUENCES, few_sequences_note, plural
+from interp.results import few_ci_sequences, few_sequences_note, plural
 from interp.scores import with_interval
 
 STEM = "circuit"
@@ -213,18 +213,12 @@ def _print_top(scores: EdgeScores) -> None:
     level = int(round(100 * scores.meta.get("ci_level", 0.95)))
     print(f"\ntop {plural(len(top), 'edge')} by |score| ({scores.meta['metric']} units, {level}% CI over pairs):")
     width = max(len(e) for e in top.edge)
-    few = _few_pairs(scores.meta)
+    few = few_ci_sequences(scores.table, scores.meta)
     for row in top.itertuples():
         ci = with_interval(row.score, row.score_lo, row.score_hi, ".4g") + ("!" if few else "")
         print(f"  {row.edge:<{width}}  {ci}  stability {row.stability:.2f}")
     if few:
         print(few_sequences_note(few, "pair"))
-
-
-def _few_pairs(meta: dict) -> int | None:
-    """The task's pairs, where the CIs over them rest on fewer than :data:`MIN_CI_SEQUENCES`."""
-    n = meta.get("n_pairs")
-    return int(n) if isinstance(n, int) and n < MIN_CI_SEQUENCES else None
 
 
 def _chosen(args: argparse.Namespace, scores: EdgeScores, curve: FaithfulnessCurve | None) -> Circuit:
@@ -266,7 +260,7 @@ def _print_chosen(args: argparse.Namespace, scores: EdgeScores, circuit: Circuit
         f"\ncircuit: {plural(circuit.n_edges, 'edge')} of {E:,} ({circuit.n_edges / E:.2%} of the graph; "
         f"{_named(args)}), {plural(len(circuit.nodes), 'node')}"
     )
-    few = _few_pairs(scores.meta)
+    few = few_ci_sequences(scores.table, scores.meta)
     if "faithfulness" in circuit.meta:
         line += f", faithfulness {with_interval(circuit.meta['faithfulness'], *circuit.meta['faithfulness_ci'], '.3f')}"
         line += "!" if few else ""

@@ -555,7 +555,6 @@ def qk_source(
     from interp.probes.needle import needle_probe
     from interp.probes.task import task_probe
 
-    asked, batch = batch, batch or DEFAULT_BATCH.get(at or "induction", 0)
     if text is not None:
         if key is None:
             raise UsageError("text= is read at one key position: pass key=", params="key")
@@ -564,12 +563,13 @@ def qk_source(
         q, k = text_positions(T, query, key, describe(model).is_causal)
         return probe, torch.tensor([[0, q, k]]), f"your text ({T} tokens), query {q}, key {k}"
     if at == "task":
-        pairs = task_probe(model, task, n_pairs=asked, seed=seed, framed=framed)  # a file: every pair
+        pairs = task_probe(model, task, n_pairs=batch, seed=seed, framed=framed)  # None: a file's every pair
         return (
             pairs,
             "task",
             f"the {pairs.name} task ({plural(pairs.n_pairs, 'pair')}), read at position {pairs.read_position}",
         )
+    batch = batch or DEFAULT_BATCH[at or "induction"]
     if at == "retrieval":
         probe = needle_probe(model, seq_len=seq_len, batch=batch, seed=seed)
         return probe, "retrieval", f"{batch} needle sequences of {probe.seq_len} tokens"
