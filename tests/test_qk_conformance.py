@@ -20,12 +20,9 @@ from interp.errors import UsageError
 from interp.roles.qk import qk_attribution, qk_terms
 from tests.conformance import FAMILIES, TOL, build
 
-DESCRIBED = "gpt2 gptj gpt_neox opt llama mistral mixtral qwen2 phi3 gemma2 gpt_oss".split()
+DESCRIBED = "gpt2 gptj gpt_neox opt llama mistral mixtral qwen2 phi3 gemma2 gpt_oss qwen3 gemma3 olmo2".split()
 REFUSED = {
     "bloom": "Hugging Face's attention interface",
-    "qwen3": "normalises them (q_norm, k_norm)",
-    "gemma3": "normalises them (q_norm, k_norm)",
-    "olmo2": "normalises them (q_norm, k_norm)",
     "qwen3_next": "sigmoid gate",
     "deepseek_v3": "latent attention",
     "bert": "post-LayerNorm",
@@ -95,11 +92,14 @@ def test_terms_add_up_to_the_score_and_give_the_models_own_pattern(family):
             lse = torch.logaddexp(lse, sink)
         got = torch.exp(logits - lse)
         ref_row = want[b, :, i, rows[at, 2]].T
-        assert (got - ref_row).abs().max() <= TOL, (family, b, i)
+        # both sides' logits carry float32 error within TOL of their size (the reference's too: qk-norm
+        # families reach scores near 50), and a softmax moves no weight by more than its largest logit error
+        size = max(1.0, float(terms.model_score[at].abs().max()))
+        assert (got - ref_row).abs().max() <= TOL * size, (family, b, i)
         assert ref_row.max() > 0.2  # attention far from uniform
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])
 def test_key_side_streamed_in_blocks_gives_the_contrast_of_every_key(family, monkeypatch):
     """Keys read 4 positions at a time, queries only where the targets are: no replay sees the
     whole sequence, and each target's contrast equals its score minus the mean of the model's own

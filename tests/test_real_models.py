@@ -149,3 +149,33 @@ def test_gemma3_parks_attention_on_the_bos(gemma3):
 
     r = sink_scores(gemma3, random_tokens(gemma3, batch=4, seq_len=32, seed=0), config=RUN)
     assert r.sink_rate > 0.5 and r.tokens.iloc[0]["role"] == "first" and r.tokens.iloc[0]["is_sink"]
+
+
+def _key_sides(model, head: str):
+    """QK attribution of ``head`` at the induction targets: the key side's share of the contrast, by
+    component (summed over the query side), and the result."""
+    from interp.roles.qk import qk_attribution
+
+    r = qk_attribution(model, repeated_tokens(model, batch=4, block_len=30, seed=0), heads=head, config=RUN)
+    return r.table.groupby("key")["contrast"].sum().sort_values(ascending=False), r
+
+
+@needs_smollm2
+def test_smollm2_induction_head_keys_on_the_previous_token_head(smollm2):
+    keys, r = _key_sides(smollm2, "18.6")
+    total = r.meta["totals"]["18.6"]["contrast"]
+    assert r.meta["max_error"] < 1e-4 * abs(total)  # the terms add up to the model's own contrast
+    assert keys.index[0] == "16.0" and keys.iloc[0] > 0.5 * total  # the previous-token head (0.875)
+
+
+@needs_gemma3
+def test_gemma3_qk_norms_frozen_and_induction_head_keys_on_a_previous_token_head(gemma3):
+    """Gemma 3 normalises queries and keys (q_norm, k_norm): frozen at the run's scale, the terms
+    still add up, and 5.1's key side is 4.1, the second previous-token head (0.58)."""
+    keys, r = _key_sides(gemma3, "5.1")
+    total = r.meta["totals"]["5.1"]["contrast"]
+    assert r.meta["max_error"] < 1e-4 * abs(total)
+    assert "q_norm" in r.meta["notes"][0] and "k_norm" in r.meta["notes"][0]
+    assert keys.index[0] == "4.1" and keys.iloc[0] > 0.5 * total
+    prev = _induction(gemma3).grid("prev_token")
+    assert prev[4, 1] > 0.5

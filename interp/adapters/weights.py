@@ -176,6 +176,31 @@ def post_attention_norm_site(model: Any, layer: int) -> NormSite | None:
     return NormSite(f"{prefix}.hook_in", f"{prefix}.hook_scale", f"{prefix}.hook_out", centered)
 
 
+QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")  # the attention's own query/key norms
+
+
+def qk_norm_modules(model: Any, layer: int) -> dict[str, torch.nn.Module]:
+    """The norms layer ``layer``'s attention passes its queries and keys through after the
+    projection (Qwen 3, Gemma 3, OLMo 2), by attribute name: empty without them."""
+    attn = getattr(model.blocks[layer], "attn", None)
+    inner = getattr(attn, "original_component", attn)
+    return {n: m for n in QK_NORMS if isinstance(m := getattr(inner, n, None), torch.nn.Module)}
+
+
+def qk_norm_sites(model: Any, layer: int) -> dict[str, NormSite] | None:
+    """Where each of those norms' input, scale and output are hooked (a bridge hooks them all);
+    ``None`` where one is not hooked, so its scale cannot be read."""
+    sites = {}
+    for name, module in qk_norm_modules(model, layer).items():
+        prefix = f"blocks.{layer}.attn.{name}"
+        if f"{prefix}.hook_scale" not in model.hook_dict or f"{prefix}.hook_in" not in model.hook_dict:
+            return None
+        inner = getattr(module, "original_component", module)
+        centered = "rms" not in f"{type(module).__name__} {type(inner).__name__}".lower()
+        sites[name] = NormSite(f"{prefix}.hook_in", f"{prefix}.hook_scale", f"{prefix}.hook_out", centered)
+    return sites
+
+
 def final_softcap(model: Any) -> float | None:
     """The cap ``c`` of the final logits, ``c * tanh(logit / c)`` (Gemma 2), ``None`` when uncapped."""
     for name in ("output_logits_soft_cap", "final_logit_softcapping"):
@@ -186,6 +211,7 @@ def final_softcap(model: Any) -> float | None:
 
 
 __all__ = [
+    "QK_NORMS",
     "HeadWeights",
     "final_softcap",
     "NormSite",
@@ -195,5 +221,7 @@ __all__ = [
     "latent_refusal",
     "per_query_head",
     "post_attention_norm_site",
+    "qk_norm_modules",
+    "qk_norm_sites",
     "read_head_weights",
 ]

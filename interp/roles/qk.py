@@ -4,7 +4,7 @@ components, one on the query side and one on the key side.
 Layer ``l``'s query at position ``i`` and key at position ``j`` are each a sum of one part per
 upstream component (:mod:`interp.roles.qk_parts`: the embeddings, every earlier head and MLP, the
 norm's bias and the attention's own query/key biases, with the input norm frozen at the run's
-scale). The score ``scale * q_i . k_j`` is then exactly ``sum over (c, c') of scale * q_i[c] . k_j[c']``
+scale, and so are the query and key norms of the QK-norm families: Qwen 3, Gemma 3, OLMo 2). The score ``scale * q_i . k_j`` is then exactly ``sum over (c, c') of scale * q_i[c] . k_j[c']``
 (rotary acts linearly on each side, so the pairs stay exact; on grouped-query attention the key
 side is the head's key/value group). ALiBi's ``slope * (j - i)`` is a pair of its own, ``(alibi,
 alibi)``. Under a logit softcap (Gemma 2) the score decomposed is the one *before* the cap
@@ -447,7 +447,9 @@ def qk_attribution(
             )
         worst = max(worst, err)
         rows += _head_rows(terms, layer, hs, pairs, B, _grouping(terms.components, group, keep_set), cfg, totals)
-        notes.append(f"layer {layer}: input norm {terms.report.norm}, its scale frozen at the run's own")
+        norms = terms.report.qk_norms
+        extra = f" and query/key norms ({', '.join(norms)}), each scale" if norms else ", its scale"
+        notes.append(f"layer {layer}: input norm {terms.report.norm}{extra} frozen at the run's own")
     a0 = run.inputs[layers[0]]
     meta = run_header(info, src.probe, kind=STEM, n_boot=cfg.n_boot, ci_level=cfg.level, seed=cfg.seed, **src.meta)
     meta.update(

@@ -13,7 +13,10 @@ layer:
 - ``norm_bias``: the input norm's own bias ``b`` (a LayerNorm's).
 
 The query and key the model attends with (after rotary: :class:`~interp.adapters.AttentionInputs`)
-are affine in that normalized input at each position, whatever the architecture does in between.
+are affine in that normalized input at each position, whatever the architecture does in between,
+once the attention's own query/key norms (``q_norm``, ``k_norm``: Qwen 3, Gemma 3, OLMo 2) are
+frozen the same way: each position's (and head's) scale is the run's own, read from the norm's
+hooks, so ``q_norm(W_q x)`` becomes ``W_q x / s_q * w_q``, linear in ``x``.
 So each part's query and key are read by running the layer's own attention module again on that
 part alone (the call the run made, recorded, its hidden input replaced, in float64, at the positions
 asked: the targets' queries and keys, then one block of keys at a time), minus a run on
@@ -21,8 +24,9 @@ zero input; the zero run itself is ``qk_bias``, the attention's own query/key bi
 Nothing is assumed about the projections: the model's module computes every part, and the parts of
 every query and key add up to the model's own (checked by the caller).
 
-Refused before any forward: latent attention, per-head output gates, query/key norms, and encoders
-(post-LayerNorm blocks: a layer's input is a norm of the sum, not a sum of parts).
+Refused before any forward: latent attention, per-head output gates, query/key norms whose scale is
+not hooked (a model that is not a bridge), and encoders (post-LayerNorm blocks: a layer's input is
+a norm of the sum, not a sum of parts).
 """
 
 from __future__ import annotations
@@ -41,14 +45,20 @@ from torch import Tensor
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
 from interp.adapters.bridge import gated_attention_modules
 from interp.adapters.info import ModelInfo
-from interp.adapters.weights import NormSite, input_norm_site, post_attention_norm_site, read_head_weights
+from interp.adapters.weights import (
+    NormSite,
+    input_norm_site,
+    post_attention_norm_site,
+    qk_norm_modules,
+    qk_norm_sites,
+    read_head_weights,
+)
 from interp.errors import UsageError
 from interp.hooks import resid_post_hook
-from interp.roles.frozen import centered, gain_and_bias
+from interp.roles.frozen import FrozenNorm, centered, freeze, gain_and_bias
 from interp.stream.blockwise import attention_output, own_attention
 
 WHAT = "QK attribution"
-QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
 CACHES = ("past_key_values", "past_key_value", "layer_past")
 KEY_BLOCK = 1024  # positions of keys read at once when summing a target's window
 FIT_ROWS = 4096  # positions a frozen norm's gain and bias are fitted on
@@ -96,15 +106,12 @@ def refusal(model: HookedModel, info: ModelInfo, layers: list[int]) -> str | Non
             f"{WHAT} reads each earlier head's output as its pattern times its values through W_O, and "
             f"{info.name}'s attention in layers {gated} multiplies each head's output by a sigmoid gate: refused"
         )
-    blocks = getattr(model, "blocks", None)
     for l in layers:
-        attn = getattr(blocks[l], "attn", None) if blocks is not None else None
-        inner = getattr(attn, "original_component", attn)
-        norms = [n for n in QK_NORMS if isinstance(getattr(inner, n, None), torch.nn.Module)]
-        if norms:
+        norms = qk_norm_modules(model, l)
+        if norms and qk_norm_sites(model, l) is None:
             return (
-                f"{WHAT} needs each query and key to be affine in the layer's input, and {info.name}'s "
-                f"attention normalises them ({', '.join(norms)}) after the projection: refused"
+                f"{WHAT} freezes the query and key norms ({', '.join(norms)}) of {info.name}'s attention at the "
+                "run's own scale, and their scale is not hooked (load the model as a TransformerBridge): refused"
             )
     return None
 
@@ -187,6 +194,7 @@ def clean_run(
     if _learned_positions(model):
         names.append("hook_pos_embed")
     sites = [post_attention_norm_site(model, l) for l in range(last)] + [input_norm_site(model, l) for l in layers]
+    sites += [site for l in layers for site in (qk_norm_sites(model, l) or {}).values()]
     names += [n for site in sites if site is not None for n in (site.input, site.scale, site.output)]
     hooks = [(n, grab(n)) for n in dict.fromkeys(names)]
 
@@ -350,17 +358,22 @@ def _at_positions(x: Any, pos: Tensor, T: int) -> Any:
     return x
 
 
-def replayer(model: HookedModel, layer: int, call: tuple[tuple, dict]) -> Any:
+def replayer(
+    model: HookedModel, layer: int, call: tuple[tuple, dict], norms: dict[str, FrozenNorm] | None = None
+) -> Any:
     """``replay(x, pos)``: the query and key (float64, as the model attends) of layer ``layer``'s
     attention run again on the normalized input ``x`` ``[batch, len(pos), d_model]`` at positions
     ``pos`` of the recorded ``call``, every other argument of it read at those positions (rotary
     tables, position ids, a mask). A query or key depends on its own position's input alone, so a
-    block of positions gives what the whole run would there. The attention itself is never computed."""
+    block of positions gives what the whole run would there. The attention itself is never computed.
+    ``norms``: the attention's query/key norms (by attribute name), each frozen at the run's scale
+    at ``pos`` in place of the module's own, so the query and key stay affine in ``x``."""
     adapter = adapter_for(model)
     attn = model.blocks[layer].attn
     modules = [attn] + (
         [attn.original_component] if isinstance(getattr(attn, "original_component", None), torch.nn.Module) else []
     )
+    norm_modules = qk_norm_modules(model, layer)
     args, kwargs = call
     kwargs = {k: (None if _is_cache(k, v) else False if k == "use_cache" else v) for k, v in kwargs.items()}
     positional = bool(args) and isinstance(args[0], Tensor)
@@ -385,17 +398,30 @@ def replayer(model: HookedModel, layer: int, call: tuple[tuple, dict]) -> Any:
         at_args, at_kwargs = _as_float64(_at_positions((args[1:] if positional else args, kwargs), pos, T))
         call_args = (x, *at_args) if positional else at_args
         call_kwargs = at_kwargs if positional else {**at_kwargs, "hidden_states": x}
-        with torch.no_grad(), _in_float64(modules), adapter.capture_attention(on_attention, attend) as hooks:
-            with model.hooks(fwd_hooks=hooks) if hooks else nullcontext():
-                try:
-                    attn(*call_args, **call_kwargs)
-                except _Caught:
-                    pass
+        handles = [norm_modules[n].register_forward_hook(_frozen_output(f, pos), with_kwargs=True) for n, f in (norms or {}).items()]
+        try:
+            with torch.no_grad(), _in_float64(modules), adapter.capture_attention(on_attention, attend) as hooks:
+                with model.hooks(fwd_hooks=hooks) if hooks else nullcontext():
+                    try:
+                        attn(*call_args, **call_kwargs)
+                    except _Caught:
+                        pass
+        finally:
+            for h in handles:
+                h.remove()
         if "q" not in got:
             raise UsageError(f"{WHAT}: replaying layer {layer}'s attention gave no query and key: refused")
         return got["q"].double(), got["k"].double()
 
     return replay
+
+
+def _frozen_output(norm: FrozenNorm, pos: Tensor) -> Any:
+    def hook(module: Any, args: tuple, kwargs: dict, out: Any) -> Tensor:
+        x = args[0] if args else next(v for v in kwargs.values() if isinstance(v, Tensor))
+        return norm(x, pos)
+
+    return hook
 
 
 @dataclass
@@ -406,6 +432,7 @@ class LayerParts:
     norm: str  # "LayerNorm", "RMSNorm" or "none"
     residual_error: float = 0.0  # largest |sum of parts - the layer's input| at the targets' positions
     norm_error: float = 0.0  # largest |sum of normalized parts - the norm's output| there
+    qk_norms: list[str] = field(default_factory=list)  # the attention's query/key norms, frozen the same way
 
 
 def visible_keys(a: AttentionInputs, pairs: Int[Tensor, "n 3"]) -> tuple[Tensor, Tensor, Tensor]:
@@ -496,7 +523,10 @@ def qk_parts(
         w, b = gain_and_bias(site, g, max_rows=FIT_ROWS)
         w, b = w.to(resid.device), b.to(resid.device)
         report.norm = "LayerNorm" if site.centered else "RMSNorm"
-    replay = replayer(model, layer, run.calls[layer])
+    n_pos = resid.shape[1]
+    norms = {n: freeze(site, g, n_pos, max_rows=FIT_ROWS) for n, site in (qk_norm_sites(model, layer) or {}).items()}
+    report.qk_norms = list(norms)
+    replay = replayer(model, layer, run.calls[layer], norms)
 
     def sides(normalized: Reader) -> Sides:
         q, k = replay(normalized(points), points)
