@@ -26,11 +26,12 @@ same output as each other with one edge patched; a model where they differ is re
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from einops import einsum
 from jaxtyping import Float, Int8
@@ -376,7 +377,8 @@ class EdgeSweeper(Sweeper):
 
     def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:
         """The replay's estimate, plus every sender's output on both prompts kept for every pair and,
-        per batched forward, the shifted inputs of the widest layer's receivers."""
+        per batched forward, the shifted inputs of the widest layer's receivers and every sender's
+        projected difference for each of the two codes (:meth:`_Replay._projected`)."""
         base = super().memory_estimate(minibatch)
         info, T = self.info, self.probe.seq_len
         item = memory.Shape.of(self.model, info).itemsize
@@ -386,6 +388,7 @@ class EdgeSweeper(Sweeper):
         b = min(minibatch or self.minibatch, self.probe.batch)
         kept = base.kept + item * self.probe.batch * T * senders
         per_forward = base.per_forward + item * self.chunk_size * b * T * info.d_model * (3 * widest + 2)
+        per_forward += item * self.chunk_size * b * T * info.d_model * 2 * len(g.senders)
         kept_is = "the clean pass and every sender's output on both prompts, kept"
         return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
 
@@ -447,7 +450,8 @@ class _Replay:
         self.z: list[Tensor | None] = [self._rep(self.own.z[l]) if l < start else None for l in range(L)]
         self.mlp: dict[int, Tensor | None] = {l: self._rep(v) if l < start else None for l, v in self.own.mlp.items()}
         self.x: dict[str, Tensor] = {}  # each norm's input, as the forward hands it
-        self.shifted: dict[str, Tensor] = {}  # each layer's receivers' change, per site
+        self.stacked: dict[int, Tensor] = {}  # per code: every sender's difference (see _fill)
+        self.filled: dict[int, set[int]] = {}  # per code: the sender groups filled so far
         self.inside = False
         self.hooks: list[tuple[str, Callable]] = []
         self._build()
@@ -527,41 +531,68 @@ class _Replay:
 
     def _shift(self, receivers: list[int]) -> Tensor | None:
         """``D``, ``[rep, b, T, C, d_model]``: for each receiver, the sum over its senders coded
-        otherwise of (chosen output - actual output); ``None`` when nothing is."""
-        sw = self.sw
+        otherwise of (chosen output - actual output); ``None`` when nothing is. One batched product
+        per code of the receivers' codes with every upstream sender's difference, each difference
+        computed once per forward (:meth:`_fill`)."""
         codes = self.codes[:, :, receivers]  # [rep, sender, C]
         if not bool((codes != ACTUAL).any()):
             return None
-        n_up = sw.graph.upstream(receivers[0])
+        n_up = self.sw.graph.upstream(receivers[0])
         D = None
-        lay = sw.layout
-        groups: list[tuple[slice, Tensor, Tensor, Tensor, Tensor | None]] = []
-        own, src = self.own, self.source
-        groups.append((slice(0, 1), self._rep(own.input), src.input, own.input, None))
+        for code in (SOURCE, OWN):
+            m = codes[:, :n_up] == code  # [rep, n_up, C]
+            used = m.any(0).any(-1).cpu().numpy()
+            if not used.any():
+                continue
+            P = self._fill(code, used)  # [rep, sender, b * T * d]
+            term = torch.bmm(m.transpose(1, 2).to(P.dtype), P[:, :n_up])  # [rep, C, b * T * d]
+            D = term if D is None else D + term
+        rep, C = D.shape[:2]
+        return D.reshape(rep, C, self.b, self.T, -1).permute(0, 2, 3, 1, 4)
+
+    def _groups(self) -> Iterator[tuple[slice, Tensor | None, Tensor, Tensor, Tensor | None]]:
+        """Each sender group (the input, one layer's heads, one MLP): its senders, their actual,
+        source and own outputs and the heads' ``W_O``."""
+        sw, lay, own, src = self.sw, self.sw.layout, self.own, self.source
+        yield slice(0, 1), self._rep(own.input), src.input, own.input, None
         for l in range(sw.info.n_layers):
-            sl = lay.heads[l]
-            if sl.start < n_up:
-                groups.append((sl, self.z[l], src.z[l], own.z[l], sw.W_O[l]))
-            if l in lay.mlp and lay.mlp[l] < n_up:
+            yield lay.heads[l], self.z[l], src.z[l], own.z[l], sw.W_O[l]
+            if l in lay.mlp:
                 i = lay.mlp[l]
-                groups.append((slice(i, i + 1), self.mlp[l], src.mlp[l], own.mlp[l], None))
-        for sl, actual, source, own_value, W_O in groups:
-            part = codes[:, sl]  # [rep, n, C]
-            if not bool((part != ACTUAL).any()):
+                yield slice(i, i + 1), self.mlp[l], src.mlp[l], own.mlp[l], None
+
+    def _fill(self, code: int, used: np.ndarray) -> Tensor:
+        """The differences (chosen - actual) of every sender as it enters the residual stream
+        (through ``W_O`` for heads), ``[rep, sender, b * T * d_model]``, filled for the ``used``
+        senders not yet filled: a sender's actual output is fixed once its layer has run, and every
+        later receiver reads it, so each is computed once per forward. Below the replay's first
+        block every copy holds the own run: one copy's difference stands for them all."""
+        P = self.stacked.get(code)
+        if P is None:
+            d = self.sw.info.d_model
+            dtype = self.own.input.dtype
+            P = torch.zeros(
+                self.rep, len(self.sw.graph.senders), self.b * self.T * d, dtype=dtype, device=self.codes.device
+            )
+            self.stacked[code] = P
+        filled = self.filled.setdefault(code, set())
+        for sl, actual, source, own_value, W_O in self._groups():
+            if sl.start >= len(used):
+                break
+            if sl.start in filled or not used[sl].any():
                 continue
             if actual is None:
                 raise AblationError("edge patching read a sender before the forward computed it")
-            for code, chosen in ((SOURCE, source), (OWN, own_value)):
-                m = (part == code).to(actual.dtype)
-                if not bool(m.any()):
-                    continue
-                diff = chosen.to(actual.dtype).expand(self.b, *chosen.shape[1:])[None] - actual
-                if W_O is None:  # [rep, b, T, d]: one sender
-                    term = einsum(diff, m[:, 0], "r b t d, r c -> r b t c d")
-                else:
-                    term = einsum(diff, m, W_O.to(actual.dtype), "r b t h e, r h c, h e d -> r b t c d")
-                D = term if D is None else D + term
-        return D
+            chosen = source if code == SOURCE else own_value
+            a = actual[:1] if actual.stride(0) == 0 else actual
+            diff = chosen.to(a.dtype).expand(self.b, *chosen.shape[1:])[None] - a
+            if W_O is None:  # [rep, b, T, d]: one sender
+                diff = diff[..., None, :]
+            else:
+                diff = einsum(diff, W_O.to(a.dtype), "r b t h e, h e d -> r b t h d")
+            P[:, sl] = diff.permute(0, 3, 1, 2, 4).reshape(diff.shape[0], diff.shape[3], -1).to(P.dtype)
+            filled.add(sl.start)
+        return P
 
     def _shift_head(self, l: int, site: str) -> Callable:
         receivers = self.sw.layout.sites[l].get(site, [])
