@@ -378,7 +378,7 @@ class EdgeSweeper(Sweeper):
     def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:
         """The replay's estimate, plus every sender's output on both prompts kept for every pair and,
         per batched forward, the shifted inputs of the widest layer's receivers and every sender's
-        projected difference for each of the two codes (:meth:`_Replay._projected`)."""
+        projected difference for each of the two codes (:meth:`_Replay._fill`)."""
         base = super().memory_estimate(minibatch)
         info, T = self.info, self.probe.seq_len
         item = memory.Shape.of(self.model, info).itemsize

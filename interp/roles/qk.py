@@ -4,7 +4,8 @@ components, one on the query side and one on the key side.
 Layer ``l``'s query at position ``i`` and key at position ``j`` are each a sum of one part per
 upstream component (:mod:`interp.roles.qk_parts`: the embeddings, every earlier head and MLP, the
 norm's bias and the attention's own query/key biases, with the input norm frozen at the run's
-scale, and so are the query and key norms of the QK-norm families: Qwen 3, Gemma 3, OLMo 2). The score ``scale * q_i . k_j`` is then exactly ``sum over (c, c') of scale * q_i[c] . k_j[c']``
+scale, and so are the query and key norms of the QK-norm families: Qwen 3, Gemma 3, OLMo 2). The
+score ``scale * q_i . k_j`` is then exactly ``sum over (c, c') of scale * q_i[c] . k_j[c']``
 (rotary acts linearly on each side, so the pairs stay exact; on grouped-query attention the key
 side is the head's key/value group). ALiBi's ``slope * (j - i)`` is a pair of its own, ``(alibi,
 alibi)``. Under a logit softcap (Gemma 2) the score decomposed is the one *before* the cap

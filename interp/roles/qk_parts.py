@@ -398,7 +398,10 @@ def replayer(
         at_args, at_kwargs = _as_float64(_at_positions((args[1:] if positional else args, kwargs), pos, T))
         call_args = (x, *at_args) if positional else at_args
         call_kwargs = at_kwargs if positional else {**at_kwargs, "hidden_states": x}
-        handles = [norm_modules[n].register_forward_hook(_frozen_output(f, pos), with_kwargs=True) for n, f in (norms or {}).items()]
+        handles = [
+            norm_modules[n].register_forward_hook(_frozen_output(f, pos), with_kwargs=True)
+            for n, f in (norms or {}).items()
+        ]
         try:
             with torch.no_grad(), _in_float64(modules), adapter.capture_attention(on_attention, attend) as hooks:
                 with model.hooks(fwd_hooks=hooks) if hooks else nullcontext():
