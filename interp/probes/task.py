@@ -39,6 +39,7 @@ from interp.probes.draw import draw_blocks, drop_given_prefix, frame_tokens
 from interp.probes.probe import TokenProbe
 from interp.probes.user import text_ids
 from interp.registry import Registry
+from interp.results import plural
 from interp.texts import decode_file, token_list
 
 COLUMNS = ("clean", "corrupted", "answer", "wrong")
@@ -221,8 +222,7 @@ class TaskProbe:
             raise UsageError(
                 f"pair {i}: the answer {answer[i]!r} and the wrong answer {wrong[i]!r} share token id "
                 f"{', '.join(map(str, ids))}: the logit difference would cancel it, whatever the model does; "
-                f"give a wrong answer other than the answer ({len(same)} pair{'s' if len(same) != 1 else ''} of "
-                f"{len(ans)} like this)"
+                f"give a wrong answer other than the answer ({plural(len(same), 'pair')} of {len(ans)} like this)"
             )
         tokens = torch.tensor(rows_c + rows_k, dtype=torch.long)
         if bool(((tokens < 0) | (tokens >= info.d_vocab)).any()):
