@@ -284,3 +284,38 @@ def test_gpt2_config_sizes_give_its_edge_count_without_weights():
 
     cfg = GPT2Config()  # GPT-2 small's sizes; no model built
     assert count_edges(cfg.n_layer, cfg.n_head) == 32491
+
+
+def test_integration_steps_are_taken_one_at_a_time_with_progress_within_them(monkeypatch, capsys):
+    # a huge --steps is neither built as a list of points up front (1e9 of them: MemoryError after
+    # half a minute) nor silent: the sizes line says the passes and the bar counts them as they go
+    from interp import progress
+    from interp.circuits import edges
+
+    model, config = planted_model(n_ctx=64), interp.RunConfig(n_boot=20, progress=True)
+    with progress.lines():
+        edge_scores(model, "repeat", method="eap-ig-inputs", steps=4, n_pairs=4, config=config)
+    err = capsys.readouterr().err
+    assert "1 minibatch(es) of 4 forward and backward pass(es) each" in err
+    assert [l.split(",")[0] for l in err.splitlines() if l.startswith("edge attribution (eap-ig-inputs): ")][1:] == [
+        "edge attribution (eap-ig-inputs): 1/4 (25%)",
+        "edge attribution (eap-ig-inputs): 2/4 (50%)",
+        "edge attribution (eap-ig-inputs): 3/4 (75%)",
+        "edge attribution (eap-ig-inputs): 4/4 (100%)",
+    ]
+
+    class Enough(Exception):
+        pass
+
+    contract, done = edges._Passes._contract, []
+
+    def counted(self, *a):
+        done.append(1)
+        if len(done) == 3:
+            raise Enough
+        return contract(self, *a)
+
+    monkeypatch.setattr(edges._Passes, "_contract", counted)
+    with progress.lines(), pytest.raises(Enough):
+        edge_scores(model, "repeat", method="eap-ig-inputs", steps=10**9, n_pairs=4, config=config)
+    assert "of 1,000,000,000 forward and backward pass(es) each" in capsys.readouterr().err

@@ -705,3 +705,16 @@ def test_path_patching_and_faithfulness_hand_the_metric_the_clean_prompt():
     ranking = {"exact": patch_heads(model, task)}
     curves = [faithfulness_curves(model, task, ranking, metric=m) for m in ("logit-diff", needs)]
     np.testing.assert_allclose(curves[1].table["faithfulness"], curves[0].table["faithfulness"], atol=1e-5)
+
+
+def test_eap_ig_shows_progress_within_its_steps(carrier, capsys):
+    from interp import progress
+
+    model, task = carrier
+    with progress.lines():
+        patch_heads(model, task, method="eap-ig", steps=4, config=RunConfig(n_boot=20, progress=True))
+    err = capsys.readouterr().err
+    assert (
+        "attribution patching (eap-ig, 4 steps): " in err and " 1 minibatch(es) of 4 gated forward and backward" in err
+    )
+    assert "attribution patching (eap-ig, 4 steps): 4/4 (100%)" in err

@@ -30,7 +30,7 @@ pattern is asked for (the toy runs its fused attention).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -321,16 +321,15 @@ class _Passes:
         starts = range(0, n, step)
         sizes = (
             f"{self.graph.describe()}; {plural(n, 'pair')} of {self.run.task.seq_len} tokens, {len(starts)} minibatch(es) "
-            f"of {self.passes()} forward and backward pass(es) each"
+            f"of {self.passes():,} forward and backward pass(es) each"
         )
-        for start in tqdm(
-            starts, desc=f"edge attribution ({self.method})", disable=not self.run.config.progress, sizes=sizes
-        ):
-            rows = torch.arange(start, min(start + step, n))
-            scores, o, d = self._block(rows)
-            parts.append(scores.transpose(1, 2)[:, mask])
-            own.append(o)
-            donor.append(d)
+        desc, on = f"edge attribution ({self.method})", self.run.config.progress
+        with tqdm(total=len(starts) * self.passes(), desc=desc, disable=not on, sizes=sizes, unit="pass") as bar:
+            for start in starts:  # the bar counts gradient passes: an integration's steps show as they go
+                scores, o, d = self._block(torch.arange(start, min(start + step, n)), bar.update)
+                parts.append(scores.transpose(1, 2)[:, mask])
+                own.append(o)
+                donor.append(d)
         return torch.cat(parts), torch.cat(own).float(), torch.cat(donor).float()
 
     def passes(self) -> int:
@@ -338,7 +337,7 @@ class _Passes:
         nodes = 1 + self.info.n_layers + len(self.graph.shape.mlp_layers)
         return {"eap": 1, "clean-corrupted": 2, "eap-ig-inputs": self.steps}.get(self.method, nodes * self.steps)
 
-    def _block(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _block(self, rows: Tensor, done: Callable[[], Any]) -> tuple[Tensor, Tensor, Tensor]:
         probe = self.run.probe
         tokens = probe.tokens[rows.to(probe.tokens.device)]
         donor_tokens = probe.donor[rows.to(probe.donor.device)]
@@ -347,38 +346,39 @@ class _Passes:
         total = torch.zeros(len(rows), len(self.graph.senders), len(self.graph.receivers), dtype=torch.float64)
         points = self._points(tokens, donor_tokens, list(donor_out))
         delta, own_value = None, None
-        if points[0][1] is not None:  # no point is the own run unmoved: one plain forward of it
+        if METHODS.info(self.method, "steps"):  # no point is the own run unmoved: one plain forward of it
             with torch.no_grad():
                 own_out, own_value = self._forward(tokens, rows)
             delta = {k: donor_out[k] - own_out[k] for k in donor_out}
-        # no point moves a sender toward the donor: its outputs serve the difference alone, which the
-        # first pass takes in place (one set of sender outputs kept, not two)
-        in_place = all(alpha is None for _, alpha, _ in points)
+        # else no point moves a sender toward the donor: its outputs serve the difference alone, which
+        # the first pass (the own run, unmoved) takes in place (one set of sender outputs kept, not two)
         for toks, alpha, moved in points:
-            minus = donor_out if delta is None and in_place else None
+            minus = donor_out if delta is None else None
             with frozen(self.model):
-                outs, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved, minus)
-            if delta is None:  # the first point is the own run, unmoved
-                own_value = value.detach()
-                delta = donor_out if in_place else {k: donor_out[k] - outs[k] for k in donor_out}
+                _, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved, minus)
+            if delta is None:
+                own_value, delta = value.detach(), donor_out
             total += self._contract(delta, grads, norm_in)
-        return total / len(points), own_value.cpu(), donor_value.cpu()
+            done()
+        return total / self.passes(), own_value.cpu(), donor_value.cpu()
 
     def _points(
         self, tokens: Tensor, donor_tokens: Tensor, nodes: list[str]
-    ) -> list[tuple[Tensor, float | None, tuple[str, ...]]]:
-        """The points the gradient is averaged over, as EAP-IG takes them: (the prompts run, how far
-        from the donor's value toward the own, which senders are moved). ``eap-ig-inputs``: the input
-        at ``k / m`` for ``k = 0 .. m - 1``; ``eap-ig-activations``: each of the input, a layer's heads
-        and a layer's MLP alone at ``k / m`` for ``k = 1 .. m``."""
+    ) -> Iterator[tuple[Tensor, float | None, tuple[str, ...]]]:
+        """The :meth:`passes` points the gradient is averaged over, as EAP-IG takes them, one at a
+        time (``steps`` may be large): (the prompts run, how far from the donor's value toward the own,
+        which senders are moved). ``eap-ig-inputs``: the input at ``k / m`` for ``k = 0 .. m - 1``;
+        ``eap-ig-activations``: each of the input, a layer's heads and a layer's MLP alone at ``k / m``
+        for ``k = 1 .. m``. The eap-ig points never run the own prompts unmoved; the others do first."""
         m = self.steps
         if self.method == "eap":
-            return [(tokens, None, ())]
-        if self.method == "clean-corrupted":
-            return [(tokens, None, ()), (donor_tokens, None, ())]
-        if self.method == "eap-ig-inputs":
-            return [(tokens, k / m, ("input",)) for k in range(m)]
-        return [(tokens, k / m, (node,)) for node in nodes for k in range(1, m + 1)]
+            yield tokens, None, ()
+        elif self.method == "clean-corrupted":
+            yield from ((tokens, None, ()), (donor_tokens, None, ()))
+        elif self.method == "eap-ig-inputs":
+            yield from ((tokens, k / m, ("input",)) for k in range(m))
+        else:
+            yield from ((tokens, k / m, (node,)) for node in nodes for k in range(1, m + 1))
 
     def _sender_hooks(
         self, keep: dict[str, Tensor], minus: dict[str, Tensor] | None = None

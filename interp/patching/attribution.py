@@ -22,6 +22,8 @@ from interp.ablation.gradient import frozen, gated_forward
 from interp.ablation.modes import PatchAblation
 from interp.ablation.replay import read_out, unembeds_read_positions
 from interp.patching.core import Setup, refuse_equal
+from interp.progress import tqdm
+from interp.results import plural
 
 
 def attribution_values(run: Setup, *, steps: int = 1) -> tuple[Float[Tensor, "unit pair"], dict[str, Any]]:
@@ -53,7 +55,11 @@ def attribution_values(run: Setup, *, steps: int = 1) -> tuple[Float[Tensor, "un
     n = run.task.n_pairs
     step = run.config.minibatch or n
     parts, own_values = [], []
-    for start in range(0, n, step):
+    starts = range(0, n, step)
+    sizes = f"{plural(n, 'pair')}, {len(starts)} minibatch(es) of {steps:,} gated forward and backward pass(es) each"
+    desc = "attribution patching" + (f" (eap-ig, {steps} steps)" if steps > 1 else "")
+    bar = tqdm(total=len(starts) * steps, desc=desc, disable=not run.config.progress, sizes=sizes, unit="pass")
+    for start in starts:  # the bar counts passes: an integration's steps show as they go
         rows = torch.arange(start, min(start + step, n))
         tokens = probe.tokens[rows.to(probe.tokens.device)]
         shape = (len(rows), H) if run.by == "head" else (len(rows), T, H)
@@ -70,7 +76,9 @@ def attribution_values(run: Setup, *, steps: int = 1) -> tuple[Float[Tensor, "un
             for l, g in enumerate(grads):
                 if g is not None:
                     delta[:, l] -= g.detach().float().cpu() / steps
+            bar.update()
         parts.append(delta)  # [b, L, H] or [b, L, T, H]
+    bar.close()
     own, donor = torch.cat(own_values).float(), torch.cat(donor_values).float()
     run.clean, run.corrupted = (donor, own) if run.direction == "denoise" else (own, donor)
     refuse_equal(run.clean, run.corrupted, metric, run.normalised)
