@@ -57,6 +57,18 @@ def test_probe_longer_than_context_writes_nothing(gpt2_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_refusal_names_the_block_flags(gpt2_dir, tmp_path, capsys):
+    # the library's block_len= and n_repeats= as this command's --seq-len and --repeats
+    with pytest.raises(SystemExit):
+        cli(["--model", str(gpt2_dir), "--out", str(tmp_path / "o"), "--seq-len", "100", "--repeats", "3"])
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith("the longest block for 3 repeats is 85; pass --seq-len 85 or less (or lower --repeats)")
+    )
+
+
 @pytest.mark.parametrize(
     "flag, value, message",
     [

@@ -55,7 +55,12 @@ def test_encoder_probe_is_framed_cls_sep_and_bidirectional(bert_tiny):
         (
             dict(block_len=200, n_repeats=2),
             "probe of 401 tokens (BOS + 2 x 200) is longer than the model's context of 256 tokens: "
-            "the longest block for 2 repeats is 127; pass block_len=127 or less (or lower n_repeats=)",
+            "the longest block for 2 repeats is 127; pass block_len=127 or less",  # 2 repeats: none fewer
+        ),
+        (
+            dict(block_len=100, n_repeats=3),
+            "probe of 301 tokens (BOS + 3 x 100) is longer than the model's context of 256 tokens: "
+            "the longest block for 3 repeats is 85; pass block_len=85 or less (or lower n_repeats=)",
         ),
     ],
 )
@@ -63,6 +68,7 @@ def test_bad_probe_arguments(gpt2_tiny, kwargs, message):
     with pytest.raises(ValueError) as err:
         repeated_tokens(gpt2_tiny, **kwargs)
     assert str(err.value).startswith(message)
+    assert ("lower n_repeats=" in str(err.value)) == (kwargs.get("n_repeats", 2) > 2)  # 2 is the fewest
 
 
 def test_probe_constructors_have_one_implementation_and_the_old_names_warn(gpt2_tiny):

@@ -103,7 +103,7 @@ def test_a_task_file_gives_every_pair_and_errors_name_the_flags(tmp_path, capsys
         cli([*base, "--seq-len", "300", "--out", str(tmp_path / "b")])
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "python -m interp.qk: error: probe of 601 tokens (BOS + 2 x 300) is longer than the model's context of 256 "
-        "tokens: the longest block for 2 repeats is 127; pass --seq-len 127 or less (or lower n_repeats=)"
+        "tokens: the longest block for 2 repeats is 127; pass --seq-len 127 or less"
     )
 
 

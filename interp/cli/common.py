@@ -410,6 +410,10 @@ def _quiet(on: bool, *, stderr: bool = True) -> Iterator[None]:
             yield
 
 
+# the repeated-token probe's parameters, as every command with flags.add_block_flags names them
+BLOCK_ALIASES = {"block_len": "seq_len", "n_repeats": "repeats"}
+
+
 def in_flags(parser: argparse.ArgumentParser, error: BaseException, aliases: Mapping[str, str] | None = None) -> str:
     """``error``'s message as a command line says it: each parameter it names (``error.params``,
     written ``name=`` in the message) shown as the parser's flag for it, ``minibatch=4`` as
@@ -419,8 +423,9 @@ def in_flags(parser: argparse.ArgumentParser, error: BaseException, aliases: Map
     no flag for stays as written."""
     message = " ".join(str(error).split())
     actions = {a.dest: a for a in parser._actions if a.option_strings}
+    aliases = {**BLOCK_ALIASES, **(aliases or {})}
     for param in getattr(error, "params", ()):
-        action = actions.get((aliases or {}).get(param, param))
+        action = actions.get(aliases.get(param, param))
         if action is None:
             continue
         flag, switch = action.option_strings[-1], action.nargs == 0

@@ -73,7 +73,7 @@ def build_parser(prog: str = "python -m interp.qk") -> argparse.ArgumentParser:
 
 
 # the library's parameter -> the flag that sets it, where their names differ
-ALIASES = {"block_len": "seq_len", "n_pairs": "batch"}
+ALIASES = {"n_pairs": "batch"}
 UNREAD = (
     Unread("--query", "it applies to --text", lambda args: args.text is None),
     Unread("--key", "it applies to --text", lambda args: args.text is None),

@@ -93,7 +93,7 @@ def repeated_tokens(
         f"{n_repeats} x {block_len}",
         lambda room: (
             f"the longest block for {n_repeats} repeats is {room // n_repeats}; pass block_len={room // n_repeats} "
-            "or less (or lower n_repeats=)"
+            f"or less{' (or lower n_repeats=)' if n_repeats > 2 else ''}"  # 2 is the fewest: none to lower
         ),
         params=("block_len", "n_repeats"),
     )
