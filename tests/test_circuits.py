@@ -293,6 +293,17 @@ def test_trained_toy_circuit_curve_is_monotone_enough_and_finds_a_faithful_circu
     assert circuit.n_edges == reach["n_edges"] and {"a1.h2->logits", "a0.h1->a1.h2<k>"} <= set(circuit.edges)
     again = Circuit.load(circuit.save(tmp_path)[1])
     assert again.edges == circuit.edges and again.graph.n_edges == 81
+    # the figure marks the level 0.8, the smallest circuit reaching it and a chosen one with its CI
+    chosen = scores.circuit(10)
+    chosen.meta.update(faithfulness=0.25, faithfulness_ci=[0.125, 0.375])
+    fig = curve.figure(chosen=chosen)
+    assert [s.y0 for s in fig.layout.shapes] == [1.0, 0.0, 0.8]
+    marks = {t.name: t for t in fig.data[1:]}
+    star = marks[f"smallest reaching 0.8: {reach['n_edges']} edges"]
+    assert star.x == (reach["n_edges"] / 81,) and star.y == (reach["faithfulness"],)
+    diamond = marks[f"chosen: {chosen.n_edges} edges, faithfulness 0.250 [0.125, 0.375]"]
+    assert diamond.x == (chosen.n_edges / 81,) and diamond.error_y.arrayminus == (0.125,)
+    assert len(curve.figure().data) == 2  # nothing chosen: the curve and the star
 
 
 def test_a_circuit_round_trips_through_eap_igs_json(toy, tmp_path):

@@ -20,7 +20,7 @@ CMD the area between it and 1 (trapezoids over the fractions, as MIB computes th
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -318,8 +318,10 @@ class FaithfulnessCurve(Result):
         kept = self.table[self.table["n_edges"] > 0].drop_duplicates("n_edges")
         return kept.head(n)
 
-    def figure(self, title: str | None = None) -> go.Figure:
-        """Faithfulness against the share of the graph's edges, with its CI, on a log axis."""
+    def figure(self, title: str | None = None, chosen: Circuit | None = None) -> go.Figure:
+        """Faithfulness against the share of the graph's edges, with its CI, on a log axis; the level
+        :data:`FAITHFUL` and the smallest circuit reaching it marked, and ``chosen`` (a circuit with its
+        faithfulness in its meta, as the command's) where given."""
         import plotly.graph_objects as go
 
         from interp.plots.style import styled
@@ -345,6 +347,15 @@ class FaithfulnessCurve(Result):
         )
         fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
         fig.add_hline(y=0.0, line_dash="dot", line_color="grey")
+        fig.add_hline(
+            y=FAITHFUL,
+            line_dash="dash",
+            line_color="#2ca02c",
+            annotation_text=f"faithfulness {FAITHFUL}",
+            annotation_position="top left",
+        )
+        for trace in _marks(m, chosen):
+            fig.add_trace(trace)
         cpr = f", CPR {m['cpr']:.3f}, CMD {m['cmd']:.3f}" if "cpr" in m else ""
         fig.update_layout(
             title=title
@@ -352,7 +363,8 @@ class FaithfulnessCurve(Result):
             xaxis={"title": "share of the graph's edges", "type": "log", "tickformat": ".1%"},
             yaxis={"title": "faithfulness"},
             width=900,
-            height=500,
+            height=560,
+            legend={"orientation": "h", "x": 0, "y": -0.22, "yanchor": "top"},
         )
         return styled(fig)
 
@@ -532,6 +544,27 @@ class _Evaluation:
         if self.sweeper.interrupted:
             meta["partial"] = True
         return meta
+
+
+def _marks(meta: Mapping[str, Any], chosen: Circuit | None) -> list[go.Scatter]:
+    """The curve figure's marked circuits: the smallest reaching :data:`FAITHFUL`, and ``chosen``
+    (with its CI) where it has a faithfulness, each at its share of the graph's edges."""
+    import plotly.graph_objects as go
+
+    E, marks = meta.get("graph_edges"), []
+    reach = meta.get("smallest_faithful")
+    if reach is not None:
+        x = reach["n_edges"] / E if E else reach["fraction"]
+        name = f"smallest reaching {FAITHFUL}: {plural(reach['n_edges'], 'edge')}"
+        star = {"symbol": "star", "size": 16, "color": "#2ca02c"}
+        marks.append(go.Scatter(x=[x], y=[reach["faithfulness"]], mode="markers", marker=star, name=name))
+    if chosen is not None and "faithfulness" in chosen.meta and E and chosen.n_edges:
+        f, (lo, hi) = chosen.meta["faithfulness"], chosen.meta["faithfulness_ci"]
+        name = f"chosen: {plural(chosen.n_edges, 'edge')}, faithfulness {f:.3f} [{lo:.3f}, {hi:.3f}]"
+        bar = {"type": "data", "symmetric": False, "array": [hi - f], "arrayminus": [f - lo]}
+        diamond = {"symbol": "diamond-open", "size": 14, "color": "#d62728", "line": {"width": 2}}
+        marks.append(go.Scatter(x=[chosen.n_edges / E], y=[f], mode="markers", marker=diamond, error_y=bar, name=name))
+    return marks
 
 
 def _faithful(table: pd.DataFrame, meta: dict[str, Any]) -> dict[str, Any]:

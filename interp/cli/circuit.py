@@ -189,13 +189,15 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         )
         for line in curve.summary():
             print(f"  {line}")
-        written += curve.save(out) + save_figure(curve.figure(), out, curve.KIND)
+        written += curve.save(out)
         if curve.meta.get("partial"):
-            stop_partial(written, journals)
+            stop_partial(written + save_figure(curve.figure(), out, curve.KIND), journals)
     circuit = _chosen(args, scores, curve)
     if curve is not None and "faithfulness" not in circuit.meta and circuit.n_edges:
         _evaluate_chosen(args, model, task, config, circuit)
     _print_chosen(args, scores, circuit)
+    if curve is not None:  # the chosen circuit marked on the curve
+        written += save_figure(curve.figure(chosen=circuit), out, curve.KIND)
     written += circuit.save(out) + save_figure(circuit.figure(), out, STEM)
     if args.export is not None:
         written.append(write_eapig_json(args.export, circuit.to_json(d_model=describe(model).d_model)))

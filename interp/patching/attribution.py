@@ -58,8 +58,10 @@ def attribution_values(run: Setup, *, steps: int = 1) -> tuple[Float[Tensor, "un
     starts = range(0, n, step)
     sizes = f"{plural(n, 'pair')}, {len(starts)} minibatch(es) of {steps:,} gated forward and backward pass(es) each"
     desc = "attribution patching" + (f" (eap-ig, {steps} steps)" if steps > 1 else "")
-    bar = tqdm(total=len(starts) * steps, desc=desc, disable=not run.config.progress, sizes=sizes, unit="pass")
-    for start in starts:  # the bar counts passes: an integration's steps show as they go
+    bar = tqdm(
+        total=len(starts) * steps, desc=desc, disable=not run.config.progress or steps == 1, sizes=sizes, unit="pass"
+    )
+    for start in starts:  # the bar counts passes: an integration's steps show as they go (one pass: no bar)
         rows = torch.arange(start, min(start + step, n))
         tokens = probe.tokens[rows.to(probe.tokens.device)]
         shape = (len(rows), H) if run.by == "head" else (len(rows), T, H)

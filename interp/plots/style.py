@@ -46,7 +46,7 @@ TEMPLATE = go.layout.Template(
     layout=dict(
         autotypenumbers="strict",
         font=dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=13, color="#1f2933"),
-        title=dict(x=0.0, xanchor="left", font=dict(size=16)),
+        title=dict(x=0.0, xanchor="left", pad=dict(l=16), font=dict(size=16)),  # padded: a flush title is cut
         paper_bgcolor="white",
         plot_bgcolor="white",
         colorway=["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"],
