@@ -111,23 +111,42 @@ def bootstrap_ratio(
     alpha = expanded_alpha(level, n)
     rest = num.shape[1:]
     flat_num, flat_den, flat_total = num.reshape(b, -1), den.reshape(b, -1), total.reshape(-1)
-    # the resamples gathered for a block of columns at a time: [n_boot, n, columns] stays under the budget
-    # (one block where it fits, as before; each column's sums and quantiles are its own either way)
-    cols = max(1, _GATHER_BUDGET // max(1, 8 * n_boot * max(n, 1)))
+    draws = torch.zeros(n_boot, b, dtype=torch.float64).scatter_add_(1, idx, torch.ones(idx.shape, dtype=torch.float64))
+    # each resample's pooled sums are its draw counts times the units' values (one product); a block of
+    # columns at a time keeps [n_boot, columns] under the budget (each column's quantiles are its own)
+    cols = max(1, _GATHER_BUDGET // (32 * n_boot))
     lo, hi, dropped = [], [], 0
     for c in range(0, max(flat_num.shape[1], 1), cols):
-        part_num, part_den = flat_num[:, c : c + cols], flat_den[:, c : c + cols]
-        pooled = part_den[idx].sum(1)
-        ratios = torch.where(pooled != 0, part_num[idx].sum(1) / _nonzero(pooled), nan)
+        pooled = draws @ flat_den[:, c : c + cols]
+        ratios = torch.where(pooled != 0, draws @ flat_num[:, c : c + cols] / _nonzero(pooled), nan)
         degenerate = (pooled == 0) & (flat_total[c : c + cols] != 0)  # a resample drew only units without its targets
-        lo.append(torch.nanquantile(ratios, alpha, dim=0))
-        hi.append(torch.nanquantile(ratios, 1 - alpha, dim=0))
+        low, high = _quantiles(ratios, (alpha, 1 - alpha))
+        lo.append(low), hi.append(high)
         dropped = max(dropped, int(degenerate.sum(0).max()) if degenerate.numel() else 0)
     low, high = torch.cat(lo).reshape(rest), torch.cat(hi).reshape(rest)
     return RatioInterval(point.float(), low.float(), high.float(), n, empty, dropped, n_boot)
 
 
-_GATHER_BUDGET = 1 << 26  # bytes of resampled values a bootstrap gathers at once (64 MiB)
+def _quantiles(x: Float[Tensor, "draws columns"], levels: Sequence[float]) -> list[Tensor]:
+    """Each column's quantiles at ``levels``, NaN left out: ``torch.nanquantile``'s linear
+    interpolation to the bit, from one sort of the columns for all the levels (NaN where a column
+    holds no number)."""
+    ordered = x.sort(0).values  # NaN sorts last
+    valid = (~x.isnan()).sum(0)
+    last = (valid - 1).clamp_min(0)
+    out = []
+    for q in levels:
+        rank = q * last.double()
+        below = rank.floor().long()
+        above = (below + 1).clamp_max(last)
+        value = torch.lerp(
+            ordered.gather(0, below[None])[0], ordered.gather(0, above[None])[0], (rank - below).to(x.dtype)
+        )
+        out.append(torch.where(valid > 0, value, torch.full_like(value, float("nan"))))
+    return out
+
+
+_GATHER_BUDGET = 1 << 26  # bytes of resampled statistics a bootstrap holds at once (64 MiB)
 
 
 def _nonzero(x: Tensor) -> Tensor:

@@ -213,12 +213,18 @@ class BridgeAdapter(HookedAdapter):
             for layer in range(self.n_layers):
                 release_kept_pattern(self.model, layer)
 
-    @contextlib.contextmanager
-    def capture_attention(self, on_attention: OnAttention, attend: Attend | None = None) -> Iterator[HookList]:
+    def _attention_modules(self) -> tuple[list[Any], dict[int, Any], dict[int, int]]:
+        """The bridge's attention components, the configs whose attention implementation is switched
+        and ``{id(module): layer}`` for every module inside a layer's wrapped attention: read once per
+        model (a replay calls :meth:`capture_attention` hundreds of times) and again if its attention
+        components are replaced."""
         model = self.model
         blocks = getattr(model, "blocks", [])
         index = [l for l in self.describe().attention_layers] if blocks else []  # linear-attention layers have none
         attns = [blocks[l].attn for l in index]
+        cached = model.__dict__.get(_MODULES)
+        if cached is not None and len(cached[0]) == len(attns) and all(a is b for a, b in zip(cached[0], attns)):
+            return cached
         hf_model = getattr(model, "original_model", None)
         wrapped = [getattr(a, "original_component", None) for a in attns]
         if not attns or hf_model is None or any(w is None for w in wrapped):
@@ -239,6 +245,12 @@ class BridgeAdapter(HookedAdapter):
                 params="engine",
             )
         layers = {id(sub): layer for layer, w in zip(index, wrapped) for sub in w.modules()}
+        model.__dict__[_MODULES] = (attns, configs, layers)  # past nn.Module's registration: it dies with the model
+        return attns, configs, layers
+
+    @contextlib.contextmanager
+    def capture_attention(self, on_attention: OnAttention, attend: Attend | None = None) -> Iterator[HookList]:
+        attns, configs, layers = self._attention_modules()
         _register()
         saved = {key: c._attn_implementation for key, c in configs.items()}
         _ACTIVE.append(_Capture(layers, on_attention, attend))
@@ -255,6 +267,8 @@ class BridgeAdapter(HookedAdapter):
                 c._attn_implementation = saved[key]
             _ACTIVE.pop()
 
+
+_MODULES = "_interp_attention_modules"  # where a bridge keeps what capture_attention reads from it
 
 __all__ = ["IMPLEMENTATION", "BridgeAdapter", "keeps_patterns", "release_kept_pattern", "use_eager_attention"]
 

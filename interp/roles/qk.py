@@ -39,9 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from interp.adapters import HookedModel, describe
@@ -50,22 +51,19 @@ from interp.errors import UsageError
 from interp.probes import TokenProbe
 from interp.probes.needle import NeedleProbe
 from interp.probes.task import TaskProbe
+from interp.progress import tqdm
 from interp.registry import Registry
 from interp.results import plural
+from interp.roles.qk_layer import LayerSides, QKTerms, layer_sides, layer_terms, sequence_terms
 from interp.roles.qk_parts import (
     WHAT,
     CleanRun,
     Component,
     LayerParts,
-    Sides,
-    Windows,
     check_decomposable,
     check_interface,
     clean_run,
-    qk_parts,
     visible_keys,
-    window_key_sums,
-    window_sums,
 )
 from interp.roles.qk_result import STEM, VALUES, QKAttribution, head_totals
 from interp.scores import bootstrap_ratio
@@ -110,10 +108,19 @@ def parse_heads(heads: str | Sequence[Any], param: str = "heads") -> list[tuple[
 
 
 def validate_qk_attribution(
-    *, heads: str | Sequence[Any], at: str | Tensor = "induction", group: str = "component", keep: Sequence[str] = ()
+    *,
+    heads: str | Sequence[Any],
+    at: str | Tensor = "induction",
+    group: str = "component",
+    keep: Sequence[str] = (),
+    top: int | None = None,
 ) -> None:
     """The model-free checks of :func:`qk_attribution`."""
     parse_heads(heads)
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise UsageError(
+            f"top= keeps each head's top pairs: a whole number of at least 1 (or None), got {top!r}", params="top"
+        )
     if isinstance(at, str):
         if at not in TARGETS:
             raise UsageError(
@@ -239,77 +246,6 @@ def _task_targets(task: TaskProbe) -> _Input:
     return _Input(clean, None, torch.tensor(rows, dtype=torch.long), meta)
 
 
-# ---- one layer --------------------------------------------------------------------------------
-
-
-@dataclass
-class QKTerms:
-    """Per target and head, every (query component, key component) pair's term of the score and of
-    the contrast, and the model's own score and contrast (from the query and key it attended with)."""
-
-    components: list[Component]
-    score: Float[Tensor, "n head c c"]  # each pair's term of the score
-    contrast: Float[Tensor, "n head c c"]  # each pair's term of the contrast
-    model_score: Float[Tensor, "n head"]
-    model_contrast: Float[Tensor, "n head"]
-    report: LayerParts
-
-
-def _layer_terms(model: HookedModel, info: Any, run: CleanRun, layer: int, heads: list[int], pairs: Tensor) -> QKTerms:
-    """Every component pair's term of the score and the contrast of ``heads`` of ``layer`` at ``pairs``:
-    the query side read at the targets' queries only, the key side's window sums streamed in blocks
-    of keys (:func:`~interp.roles.qk_parts.window_key_sums`)."""
-    a = run.inputs[layer]
-    dev = a.q.device
-    b, i, j = pairs.to(dev).unbind(-1)
-    lo, hi, _ = visible_keys(a, pairs)
-    h = torch.tensor(heads, device=dev)
-    g = h // (a.q.shape[1] // a.k.shape[1])  # the key/value head each query head reads
-    real = torch.ones(a.k.shape[0], a.k.shape[2], dtype=torch.float64, device=dev)
-    if a.key_mask is not None:
-        real = a.key_mask.to(dev).double()
-    windows = Windows(b, lo.to(dev), hi.to(dev), real)
-    points = torch.unique(torch.cat([i, j])).contiguous()  # sorted: where the targets' queries and keys are
-    at_i, at_j = torch.searchsorted(points, i.contiguous()), torch.searchsorted(points, j.contiguous())
-    n = torch.arange(len(pairs), device=dev)
-    n_other = window_sums(real[:, None, :, None], real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - 1
-
-    def sides(s: Sides) -> tuple[Tensor, Tensor, Tensor]:
-        qi = s.q[b[:, None], h[None], at_i[:, None]]  # [n, head, d]
-        kj = s.k[b[:, None], g[None], at_j[:, None]]
-        mean = (s.k_sums[n[:, None], g[None]] - kj) / n_other[..., None]
-        return qi, kj, mean
-
-    comps, Q, K, M = [], [], [], []
-    report = LayerParts(layer, "none")
-    for comp, part in qk_parts(model, info, run, layer, report, points, windows):
-        qi, kj, mean = sides(part)
-        comps.append(comp)
-        Q.append(qi), K.append(kj), M.append(mean)
-    Qs, Ks, Ms = torch.stack(Q), torch.stack(K), torch.stack(M)
-    value = a.scale * torch.einsum("cnhd,enhd->nhce", Qs, Ks)
-    contrast = a.scale * torch.einsum("cnhd,enhd->nhce", Qs, Ks - Ms)
-    own = Sides(
-        a.q[:, :, points].double(),
-        a.k[:, :, points].double(),
-        window_key_sums(lambda pos: a.k[:, :, pos].double(), windows),
-    )
-    qi, kj, mean = sides(own)
-    model_score = a.scale * (qi * kj).sum(-1)
-    model_contrast = a.scale * (qi * (kj - mean)).sum(-1)
-    if a.bias_slopes is not None:  # ALiBi: a pair of its own
-        slope = a.bias_slopes.to(dev).double()[h][None]
-        pos = torch.arange(a.k.shape[2], device=dev, dtype=torch.float64)[None, None, :, None].expand(
-            a.k.shape[0], 1, -1, 1
-        )
-        mean_j = (window_sums(pos, real, b, torch.zeros_like(g), windows.lo, windows.hi)[..., 0] - j[:, None]) / n_other
-        alibi_v, alibi_c = slope * (j - i)[:, None], slope * (j[:, None] - mean_j)
-        value, contrast = _with_pair(value, alibi_v), _with_pair(contrast, alibi_c)
-        model_score, model_contrast = model_score + alibi_v, model_contrast + alibi_c
-        comps.append(Component("alibi", "bias"))
-    return QKTerms(comps, value.cpu(), contrast.cpu(), model_score.cpu(), model_contrast.cpu(), report)
-
-
 def qk_terms(
     model: HookedModel,
     tokens: Int[Tensor, "batch pos"],
@@ -329,14 +265,7 @@ def qk_terms(
     _, _, ok = visible_keys(run.inputs[layer], pairs)
     if not bool(ok.all()):
         raise UsageError(f"target {pairs[~ok][0].tolist()} is not a key its query sees beside another", params="pairs")
-    return _layer_terms(model, info, run, layer, heads, pairs)
-
-
-def _with_pair(terms: Tensor, diagonal: Tensor) -> Tensor:
-    """``terms`` with one more component whose only term is ``(it, it)``: ``diagonal`` ``[n, head]``."""
-    out = torch.nn.functional.pad(terms, (0, 1, 0, 1))
-    out[..., -1, -1] = diagonal
-    return out
+    return layer_terms(layer_sides(model, info, run, layer, heads, pairs))
 
 
 # ---- grouping ---------------------------------------------------------------------------------
@@ -372,6 +301,7 @@ def qk_attribution(
     at: str | Tensor = "induction",
     group: str = "component",
     keep: Sequence[str] = (),
+    top: int | None = None,
     config: RunConfig | None = None,
 ) -> QKAttribution:
     """Each head's score and contrast at the targets ``at`` split into (query component, key
@@ -381,8 +311,10 @@ def qk_attribution(
     (repeated tokens for ``at="induction"``, a needle probe for ``"retrieval"``, a
     :class:`~interp.probes.task.TaskProbe` for ``"task"``) or token ids (framed as the model
     expects), with ``at`` a target name or ``[n, 3]`` ``(batch, query, key)`` rows.
-    ``group``: :data:`GROUPS`; ``keep``: heads that stay themselves under a grouping."""
-    validate_qk_attribution(heads=heads, at=at, group=group, keep=keep)
+    ``group``: :data:`GROUPS`; ``keep``: heads that stay themselves under a grouping. ``top``: keep
+    only each head's ``top`` pairs by |contrast| (only they are resampled for their CIs; the totals
+    are the heads' own either way); None keeps every pair."""
+    validate_qk_attribution(heads=heads, at=at, group=group, keep=keep, top=top)
     cfg = RunConfig.of(config)
     wanted = parse_heads(heads)
     layers = sorted({l for l, _ in wanted})
@@ -419,38 +351,28 @@ def qk_attribution(
     check_interface(model, src.tokens, layers)
     run = clean_run(model, src.tokens, layers, src.attention_mask)
     keep_set = {f"{l}.{h}" for l, h in parse_heads(list(keep))} if keep else set()
-    rows, totals, notes, dropped, worst = [], {}, [], 0, 0.0
-    for layer in layers:
-        a = run.inputs[layer]
-        _, _, ok = visible_keys(a, src.pairs)
-        pairs = src.pairs[ok]
-        dropped = max(dropped, int((~ok).sum()))
-        if not len(pairs):
-            named = (
-                f"no target of at={at!r}"
-                if isinstance(at, str)
-                else f"none of the {plural(len(src.pairs), 'target')} given"
+    tables, totals, notes, dropped, worst = [], {}, [], 0, 0.0
+    sizes = (
+        f"{plural(len(wanted), 'head')} in {plural(len(layers), 'layer')}, {plural(B, 'sequence')} of {T} tokens, "
+        f"{plural(len(src.pairs), 'target')}, every upstream block's parts replayed through each layer"
+    )
+    with tqdm(
+        total=sum(l + 1 for l in layers), desc="QK attribution", unit="block", disable=not cfg.progress, sizes=sizes
+    ) as bar:
+        for layer in layers:
+            pairs = _layer_targets(run.inputs[layer], src.pairs, at, layer)
+            dropped = max(dropped, len(src.pairs) - len(pairs))
+            hs = [h for l, h in wanted if l == layer]
+            table, layer_totals, report, err = _layer_table(
+                model, info, run, layer, hs, pairs, (group, keep_set), cfg, top
             )
-            b, q, k = src.pairs[0].tolist()
-            raise UsageError(
-                f"{named} is a key its query sees beside another in layer {layer} (target "
-                f"{[b, q, k]}: query {q} of sequence {b} does not see key {k} beside another: a padded key, one "
-                "outside the layer's window, or a query with one key to see)",
-                params="at",
-            )
-        hs = [h for l, h in wanted if l == layer]
-        terms = _layer_terms(model, info, run, layer, hs, pairs)
-        err, scale = _error(terms)
-        if not err <= 1e-4 * (1.0 + scale):
-            raise UsageError(
-                f"{WHAT}: layer {layer}'s scores are not the sum of their upstream parts here (off by {err:.2g}): "
-                f"{info.name}'s query/key inputs are not a sum of parts the adapter reads: refused"
-            )
-        worst = max(worst, err)
-        rows += _head_rows(terms, layer, hs, pairs, B, _grouping(terms.components, group, keep_set), cfg, totals)
-        norms = terms.report.qk_norms
-        extra = f" and query/key norms ({', '.join(norms)}), each scale" if norms else ", its scale"
-        notes.append(f"layer {layer}: input norm {terms.report.norm}{extra} frozen at the run's own")
+            tables.append(table)
+            totals.update(layer_totals)
+            worst = max(worst, err)
+            norms = report.qk_norms
+            extra = f" and query/key norms ({', '.join(norms)}), each scale" if norms else ", its scale"
+            notes.append(f"layer {layer}: input norm {report.norm}{extra} frozen at the run's own")
+            bar.update(layer + 1)  # the embeddings and each earlier block: what the layer's parts are read from
     a0 = run.inputs[layers[0]]
     meta = run_header(info, src.probe, kind=STEM, n_boot=cfg.n_boot, ci_level=cfg.level, seed=cfg.seed, **src.meta)
     meta.update(
@@ -470,65 +392,99 @@ def qk_attribution(
             else None
         ),
         notes=notes,
+        top=top,
     )
-    return QKAttribution(pd.DataFrame(rows), meta)
+    return QKAttribution(pd.concat(tables, ignore_index=True), meta)
 
 
-def _head_rows(
-    terms: QKTerms,
+def _layer_targets(a: Any, targets: Tensor, at: Any, layer: int) -> Tensor:
+    """The targets whose query sees their key beside another in ``layer`` (refused where none does)."""
+    _, _, ok = visible_keys(a, targets)
+    if not bool(ok.any()):
+        named = (
+            f"no target of at={at!r}" if isinstance(at, str) else f"none of the {plural(len(targets), 'target')} given"
+        )
+        b, q, k = targets[0].tolist()
+        raise UsageError(
+            f"{named} is a key its query sees beside another in layer {layer} (target "
+            f"{[b, q, k]}: query {q} of sequence {b} does not see key {k} beside another: a padded key, one "
+            "outside the layer's window, or a query with one key to see)",
+            params="at",
+        )
+    return targets[ok]
+
+
+def _layer_table(
+    model: HookedModel,
+    info: Any,
+    run: CleanRun,
     layer: int,
     heads: list[int],
     pairs: Tensor,
-    B: int,
+    grouped: tuple[str, set[str]],
+    cfg: RunConfig,
+    top: int | None,
+) -> tuple[pd.DataFrame, dict[str, Any], LayerParts, float]:
+    """``heads`` of ``layer``: their rows, totals, how the layer's input was split and the largest
+    difference between the terms' sums and the model's own scores (refused above float tolerance)."""
+    sides = layer_sides(model, info, run, layer, heads, pairs)
+    err, scale = sides.error()
+    if not err <= 1e-4 * (1.0 + scale):
+        raise UsageError(
+            f"{WHAT}: layer {layer}'s scores are not the sum of their upstream parts here (off by {err:.2g}): "
+            f"{info.name}'s query/key inputs are not a sum of parts the adapter reads: refused"
+        )
+    grouping = _grouping(sides.components, *grouped)
+    sums = sequence_terms(sides, grouping[2], pairs[:, 0], run.inputs[layer].q.shape[0])
+    table = _head_rows(sums, layer, heads, pairs, grouping, cfg, top)
+    return table, _totals(sides, layer, heads, len(pairs)), sides.report, err
+
+
+def _head_rows(
+    sums: dict[str, Tensor],
+    layer: int,
+    heads: list[int],
+    pairs: Tensor,
     grouping: tuple[list[str], list[str], Tensor],
     cfg: RunConfig,
-    totals: dict[str, Any],
-) -> list[dict[str, Any]]:
-    """The table's rows for ``heads`` of ``layer`` (means over targets, CIs over sequences); each
-    head's own mean contrast and score go to ``totals``."""
-    names, kinds, matrix = grouping
+    top: int | None,
+) -> pd.DataFrame:
+    """The table's rows for ``heads`` of ``layer`` from each sequence's summed terms (means over
+    targets, CIs over sequences): every pair, or each head's ``top`` by |contrast| (only they are
+    resampled)."""
+    names, kinds, _ = grouping
+    G, B = len(names), sums["contrast"].shape[0]
     count = torch.bincount(pairs[:, 0], minlength=B).double()
-    stats = {}
+    flat = {v: sums[v].flatten(2) for v in VALUES}  # [B, head, G * G], query-major
+    if top is None:
+        keep = torch.arange(G * G).expand(len(heads), -1)
+    else:
+        point = flat["contrast"].sum(0) / count.sum()
+        keep = point.abs().sort(-1, descending=True, stable=True).indices[:, :top]
+    cols: dict[str, Any] = {"head": np.repeat([f"{layer}.{h}" for h in heads], keep.shape[1]), "layer": layer}
+    x, y = (keep // G).flatten().numpy(), (keep % G).flatten().numpy()
+    cols.update(query=np.array(names, dtype=object)[x], key=np.array(names, dtype=object)[y])
+    cols.update(query_kind=np.array(kinds, dtype=object)[x], key_kind=np.array(kinds, dtype=object)[y])
     for v in VALUES:
-        num = _per_sequence(getattr(terms, v), matrix, pairs[:, 0], B)
-        den = count[:, None, None, None].expand_as(num)
-        stats[v] = bootstrap_ratio(num, den, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
-    rows = []
-    for n_h, h in enumerate(heads):
-        label = f"{layer}.{h}"
-        totals[label] = {
-            "contrast": float(terms.model_contrast[:, n_h].mean()),
-            "score": float(terms.model_score[:, n_h].mean()),
-            "n_targets": len(pairs),
+        num = flat[v].gather(2, keep[None].expand(B, -1, -1))
+        got = bootstrap_ratio(
+            num, count[:, None, None].expand_as(num), n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed
+        )
+        for end, t in zip(("", "_lo", "_hi"), got):
+            cols[f"{v}{end}"] = t.double().flatten().numpy()  # the float32 values, as float64 columns
+    return pd.DataFrame(cols)
+
+
+def _totals(sides: LayerSides, layer: int, heads: list[int], n_targets: int) -> dict[str, Any]:
+    """Each head's own mean contrast and score (from the query and key it attended with)."""
+    return {
+        f"{layer}.{h}": {
+            "contrast": float(sides.model_contrast[:, n_h].mean()),
+            "score": float(sides.model_score[:, n_h].mean()),
+            "n_targets": n_targets,
         }
-        for x, qname in enumerate(names):
-            for y, kname in enumerate(names):
-                row = {"head": label, "layer": layer, "query": qname, "key": kname}
-                row.update(query_kind=kinds[x], key_kind=kinds[y])
-                for v in VALUES:
-                    point, lo, hi = stats[v]
-                    row.update(
-                        {v: float(point[n_h, x, y]), f"{v}_lo": float(lo[n_h, x, y]), f"{v}_hi": float(hi[n_h, x, y])}
-                    )
-                rows.append(row)
-    return rows
-
-
-def _error(terms: QKTerms) -> tuple[float, float]:
-    """The largest difference between the summed terms and the model's own score and contrast, and
-    the largest score (the scale the difference is judged on)."""
-    err = max(
-        float((terms.score.sum((-1, -2)) - terms.model_score).abs().max()),
-        float((terms.contrast.sum((-1, -2)) - terms.model_contrast).abs().max()),
-    )
-    return err, float(terms.model_score.abs().max())
-
-
-def _per_sequence(terms: Tensor, matrix: Tensor, batch: Tensor, B: int) -> Tensor:
-    """Grouped terms summed over each sequence's targets: ``[batch, head, group, group]``."""
-    grouped = torch.einsum("nhce,cf,eg->nhfg", terms, matrix, matrix)
-    out = torch.zeros(B, *grouped.shape[1:], dtype=torch.float64)
-    return out.index_add_(0, batch, grouped)
+        for n_h, h in enumerate(heads)
+    }
 
 
 # sequences; a task file gives every pair, a bundled task its own default
