@@ -125,6 +125,7 @@ def test_explicit_rows_decompose_one_target(toy):
             {"heads": "1.2", "at": torch.zeros(2, 2)},
             "at= rows are (batch, query, key) positions, [n, 3] with n >= 1, got shape [2, 2]",
         ),
+        ({"heads": "1.2", "top": 0}, "top= keeps each head's top pairs: a whole number of at least 1 (or None), got 0"),
     ],
 )
 def test_bad_options_are_refused_without_a_model(kwargs, message):
@@ -166,3 +167,30 @@ def test_frozen_norm_fitted_on_a_sample_of_positions_is_the_norm_itself():
     }
     w, b = gain_and_bias(NormSite("in", "scale", "out", centered=True), grabbed, max_rows=7)
     assert torch.allclose(w, norm.weight.double(), atol=1e-5) and torch.allclose(b, norm.bias.double(), atol=1e-5)
+
+
+def test_top_keeps_each_heads_largest_pairs_with_the_full_tables_values_and_cis(toy):
+    probe = repeated_tokens(toy, batch=6, block_len=10, n_repeats=2, seed=1)
+    full = qk_attribution(toy, probe, heads="1.0,1.2,0.1", at="induction", config=FAST)
+    top = qk_attribution(toy, probe, heads="1.0,1.2,0.1", at="induction", top=4, config=FAST)
+    want = full.top(4)
+    assert len(full.table) > 3 * 4 and len(top.table) == 3 * 4 and top.meta["top"] == 4
+    got = top.top(4)
+    assert got[["head", "query", "key"]].equals(want[["head", "query", "key"]])
+    for c in ("contrast", "contrast_lo", "contrast_hi", "score", "score_lo", "score_hi"):
+        assert got[c].to_numpy() == pytest.approx(want[c].to_numpy(), rel=1e-6, abs=1e-7), c
+    assert top.meta["totals"] == full.meta["totals"]  # each head's own, whatever is kept
+
+
+def test_the_layers_show_progress_after_saying_their_sizes(toy, capsys):
+    from interp.progress import lines
+
+    probe = repeated_tokens(toy, batch=4, block_len=10, n_repeats=2, seed=0)
+    with lines():
+        qk_attribution(toy, probe, heads="1.0,0.1", at="previous", top=2, config=RunConfig(n_boot=50, progress=True))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "QK attribution: 2 heads in 2 layers, 4 sequences of 21 tokens, 80 targets, every upstream block's parts "
+        "replayed through each layer"
+    )
+    assert err[-1].startswith("QK attribution: 3/3 (100%)")  # layer 0 reads the embeddings, layer 1 one block more

@@ -248,7 +248,7 @@ def _qk(model: HookedModel, sizes: QKSizes, cfg: RunConfig, given: Given) -> Any
         if not heads:
             continue
         try:
-            got = qk_attribution(model, probe, heads=",".join(heads), at=at, config=cfg)
+            got = qk_attribution(model, probe, heads=",".join(heads), at=at, top=sizes.top, config=cfg)
         except UsageError as e:
             return _reason(e)
         for head, top in got.top(sizes.top).groupby("head", sort=False):

@@ -460,7 +460,7 @@ def _head_rows(
         keep = torch.arange(G * G).expand(len(heads), -1)
     else:
         point = flat["contrast"].sum(0) / count.sum()
-        keep = point.abs().sort(-1, descending=True, stable=True).indices[:, :top]
+        keep = point.abs().sort(dim=-1, descending=True, stable=True).indices[:, :top]
     cols: dict[str, Any] = {"head": np.repeat([f"{layer}.{h}" for h in heads], keep.shape[1]), "layer": layer}
     x, y = (keep // G).flatten().numpy(), (keep % G).flatten().numpy()
     cols.update(query=np.array(names, dtype=object)[x], key=np.array(names, dtype=object)[y])
