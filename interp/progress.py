@@ -199,22 +199,42 @@ def plan_note(plan: Plan, hint: Callable[[list[str]], str] = lambda parts: "") -
     return long_parts_note(what, {plan[k][0]: r for k, r in ratios.items()}, hint(list(ratios)) if ratios else "")
 
 
-def announcer(command: str, plan: Plan, on: bool) -> Callable[[str], None]:
+class Announcer:
     """``say(part)``: ``command k/n: what (sizes)`` on stderr as part ``k`` of the ``n`` in ``plan``
-    starts (silent unless ``on``, and for a part the plan does not hold)."""
-    order = list(plan)
+    starts; ``timed``: also ``command: part k/n took Ns`` as the part before it ends (``say.finish()``
+    ends the last). Silent unless ``on``, and for a part the plan does not hold."""
 
-    def say(part: str) -> None:
-        if on and part in plan:
-            print(f"{command} {order.index(part) + 1}/{len(order)}: {plan[part][0]}", file=sys.stderr, flush=True)
+    def __init__(self, command: str, plan: Plan, on: bool, timed: bool = False) -> None:
+        self.command, self.plan, self.on, self.timed, self.order = command, plan, on, timed, list(plan)
+        self.current: tuple[str, float] | None = None
 
-    return say
+    def __call__(self, part: str) -> None:
+        self.finish()
+        if self.on and part in self.plan:
+            print(f"{self.command} {self._number(part)}: {self.plan[part][0]}", file=sys.stderr, flush=True)
+            self.current = (part, time.monotonic()) if self.timed else None
+
+    def finish(self) -> None:
+        if self.current is not None:
+            part, start = self.current
+            took = time.monotonic() - start
+            print(f"{self.command}: part {self._number(part)} took {took:.0f}s", file=sys.stderr, flush=True)
+            self.current = None
+
+    def _number(self, part: str) -> str:
+        return f"{self.order.index(part) + 1}/{len(self.order)}"
+
+
+def announcer(command: str, plan: Plan, on: bool, timed: bool = False) -> Announcer:
+    """The :class:`Announcer` of ``plan``'s parts."""
+    return Announcer(command, plan, on, timed)
 
 
 __all__ = [
     "EVERY",
     "LONG_RATIO",
     "LONG_WORK",
+    "Announcer",
     "Lines",
     "Plan",
     "announcer",

@@ -208,6 +208,10 @@ def test_the_atlas_prunes_by_its_own_sweep_without_running_it_again(monkeypatch,
         "atlas 4/4: the pruning curves (3 orders x 8 steps x 2 sequences of 17 tokens)",
     ]
     assert "pruning (exact): 8 head set(s) x 2 sequences of 17 tokens" in err
+    took = [line for line in err.splitlines() if line.startswith("atlas: ")]  # each part's time as it ends
+    assert [line.rsplit(" ", 1)[0] for line in took] == [f"atlas: part {k}/4 took" for k in range(1, 5)]
+    assert all(line.endswith("s") and line.rsplit(" ", 1)[1][:-1].isdigit() for line in took)
+    assert err.index("atlas: part 1/4 took") < err.index("atlas 2/4:")
 
 
 # ---- the atlas's retrieval part fits GPT-2's context ----------------------------------------------

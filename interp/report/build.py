@@ -187,7 +187,7 @@ def head_atlas(
     note = long_work_note(plan)
     if loud and note:
         print(note, file=sys.stderr, flush=True)
-    say = announcer("atlas", plan, loud)
+    say = announcer("atlas", plan, loud, timed=True)
     atlas: Atlas | None = None
     for name in chosen:
         say(name)
@@ -198,6 +198,7 @@ def head_atlas(
             given.roles = lambda: _roles(given.done, atlas.baselines, threshold)
         else:
             _gather(atlas, name, got)
+    say.finish()
     assert atlas is not None
     atlas.roles = given.roles()
     return atlas
