@@ -84,6 +84,7 @@ class CleanRun:
     attn_out: dict[int, Tensor] = field(default_factory=dict)  # earlier layers: the attention module's output
     inputs: dict[int, AttentionInputs] = field(default_factory=dict)  # decomposed layers, as the model attends
     calls: dict[int, tuple[tuple, dict]] = field(default_factory=dict)  # decomposed layers' attention calls
+    W_O: Tensor | None = None  # every head's output weights (float64), read once for all the layers
 
 
 def refusal(model: HookedModel, info: ModelInfo, layers: list[int]) -> str | None:
@@ -518,7 +519,9 @@ def qk_parts(
     summed over each target's window, one component at a time; the last are ``norm_bias`` (a
     LayerNorm's) and ``qk_bias`` (the zero-input run, when not zero). ``report`` gets the residual
     and norm errors at ``points`` once every part has been seen."""
-    W_O = read_head_weights(model, info, WHAT).W_O
+    if run.W_O is None:
+        run.W_O = read_head_weights(model, info, WHAT).W_O
+    W_O = run.W_O
     site = input_norm_site(model, layer)
     g = run.grabbed
     resid = g[f"blocks.{layer}.hook_resid_pre"]
