@@ -31,6 +31,7 @@ RUNS = {  # out folder -> (command module, argv)
     "gates": ("interp.cli.ablate", ["--method", "gates", "--lambdas", "0.01,0.1", "--gate-steps", "20"]),
     "report": ("interp.cli.report", []),
     "report-task": ("interp.cli.report", ["--task", "repeat", "--skip", "pruning"]),
+    "qk": ("interp.cli.qk", ["--head", "1.0"]),
 }
 
 
@@ -182,6 +183,20 @@ def test_no_page_scrolls_sideways_or_overlaps_its_text(chromium, outputs, patter
         if problems:
             found[f"{page.parent.name}/{page.name}"] = problems
     assert not found, f"at {width} px: {found}"
+
+
+def test_the_qk_figure_of_a_late_head_of_144_fits_1280_px(chromium, pattern_pages, tmp_path):
+    """Head 11.3 of a 12 x 12 model reads 155 upstream components: the heatmap's cells narrow to fit
+    the window (the names thinned by plotly, each in the hover) and its margins' labels stay apart."""
+    from interp.cli import main
+    from tests.browser import layout_problems
+
+    model = pattern_pages["gpt2"].parent.parent / "gpt2-12x12"
+    argv = ["qk", "--model", str(model), "--head", "11.3", "--batch", "2", "--out", str(tmp_path), "--no-progress"]
+    with one_thread():
+        assert main(argv) == 0
+    visit = _layout(chromium, tmp_path / "qk_attribution_11.3.html", 1280)
+    assert layout_problems(visit.values["layout"]) == []
 
 
 def test_the_layout_checks_catch_sideways_scroll_and_overlaps(chromium, tmp_path):

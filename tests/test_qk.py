@@ -180,6 +180,8 @@ def test_top_keeps_each_heads_largest_pairs_with_the_full_tables_values_and_cis(
     for c in ("contrast", "contrast_lo", "contrast_hi", "score", "score_lo", "score_hi"):
         assert got[c].to_numpy() == pytest.approx(want[c].to_numpy(), rel=1e-6, abs=1e-7), c
     assert top.meta["totals"] == full.meta["totals"]  # each head's own, whatever is kept
+    grid = top.grid("1.0")  # the pairs held, NaN elsewhere: the figure draws what the table holds
+    assert int(grid.notna().sum().sum()) == 4 and len(top.figure("1.0").data) == 3
 
 
 def test_the_layers_show_progress_after_saying_their_sizes(toy, capsys):

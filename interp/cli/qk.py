@@ -139,13 +139,11 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
 
 
 def _write(result: QKAttribution, out: Path) -> list[Path]:
-    from interp._io import atomic_write
+    from interp.plots import save_figure
 
     files = result.save(out)
     for head in result.heads:
-        path = out / f"{STEM}_{head}.html"
-        html = result.figure(head).to_html(include_plotlyjs=True, full_html=True)
-        files.append(atomic_write(path, html))
+        files += save_figure(result.figure(head), out, f"{STEM}_{head}")  # HTML, and PNG where a browser is
     return files
 
 

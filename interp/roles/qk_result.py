@@ -45,8 +45,8 @@ class QKAttribution(Result):
         if value not in VALUES:
             raise UsageError(f"value={value!r}: choose from {list(VALUES)}", params="value")
         rows = self.table[self.table["head"] == self._head(head)]
-        order = list(dict.fromkeys(rows["query"]))
-        return rows.pivot(index="query", columns="key", values=value).loc[order, order]
+        order = list(dict.fromkeys([*rows["query"], *rows["key"]]))  # a top= table: the pairs it holds, NaN elsewhere
+        return rows.pivot(index="query", columns="key", values=value).reindex(index=order, columns=order)
 
     def top(self, k: int = 10, head: str | None = None, value: str = "contrast") -> pd.DataFrame:
         """The ``k`` pairs of largest ``|value|`` per head (of ``head`` alone, if given)."""
