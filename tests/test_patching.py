@@ -650,6 +650,29 @@ def test_agreement_defaults_to_a_k_that_can_differ_and_refuses_one_that_cannot(c
         agreement(exact, attr, k=4)
 
 
+def test_agreement_ties_float_rounding_at_zero_so_the_machine_cannot_move_it():
+    """Units that change nothing read +-1e-9 (float rounding, its sign the CPU's): their order must not
+    count. Flipping those signs leaves the Spearman as it was; without the tie it moves it by 0.59."""
+
+    def scores(effects):
+        n = len(effects)
+        table = pd.DataFrame({"layer": [0] * n, "head": list(range(n)), "effect": effects})
+        return PatchScores(table, {})
+
+    real = [1.0, 0.5, -0.3, 0.2]
+    noise = [1e-9, -2e-9, 3e-9, -1e-9, 4e-9, -3e-9, 2e-9, -4e-9]
+    exact = scores([*real, *noise])
+    approx = scores([0.9, 0.6, -0.2, 0.1, *noise])  # the same rounding: its order agrees by chance
+    flipped = scores([0.9, 0.6, -0.2, 0.1, *(-x for x in noise)])
+    assert agreement(exact, approx)["spearman"] == agreement(exact, flipped)["spearman"]
+    from interp.ablation.pruning import spearman  # the ranks taken as they are: the noise's order counts
+
+    raw = spearman(exact.table["effect"].to_numpy(), approx.table["effect"].to_numpy()) - spearman(
+        exact.table["effect"].to_numpy(), flipped.table["effect"].to_numpy()
+    )
+    assert abs(float(raw)) > 0.5
+
+
 # ---- a metric that compares with the clean reference -------------------------------------------
 
 

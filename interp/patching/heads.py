@@ -145,16 +145,27 @@ def patch_heads(
     return result(run, values, method, **facts)
 
 
+TIED = 1e-5  # |score| at most this fraction of the largest: no effect, a tie at zero in the rankings
+
+
+def _rounded_to_zero(v: np.ndarray) -> np.ndarray:
+    largest = float(np.nanmax(np.abs(v))) if v.size else 0.0
+    return np.where(np.abs(v) <= TIED * largest, 0.0, v)
+
+
 def agreement(
     exact: PatchScores, approx: PatchScores, *, k: int | None = None, score: str = "effect"
 ) -> dict[str, float]:
     """How well ``approx``'s ranking agrees with ``exact``'s over the same units: the Spearman
     correlation of ``score``, and the fraction of exact's top ``k`` (by ``|score|``) in approx's.
     ``k`` defaults to half the units, at most 10 (4 of the toy's 8 heads, 10 of GPT-2's 144); a ``k``
-    that takes every unit is refused (its overlap is 1 whatever the rankings)."""
+    that takes every unit is refused (its overlap is 1 whatever the rankings). Scores within
+    :data:`TIED` of each side's largest |score| rank as ties at zero: they are float rounding (a
+    unit that changes nothing reads 1e-9 here and -1e-9 on another CPU), and their order would move
+    the correlation from one machine to the next."""
     keys = ["layer", "head", *(["position"] if "position" in exact.table else [])]
     both = exact.table.merge(approx.table, on=keys, suffixes=("_exact", "_approx"))
-    a, b = both[f"{score}_exact"].to_numpy(), both[f"{score}_approx"].to_numpy()
+    a, b = (_rounded_to_zero(both[f"{score}_{side}"].to_numpy()) for side in ("exact", "approx"))
     if len(both) != len(exact.table) or len(both) != len(approx.table):
         raise UsageError("the two results patch different units: run both on the same task, by and model")
     n = len(both)
