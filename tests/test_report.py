@@ -204,6 +204,26 @@ def test_the_head_card_says_why_each_named_head_attends(toy, toy_atlas):
     assert toy_atlas.cards["0.0"]["why_attends"] == []  # named for no role a target reads
 
 
+def test_the_qk_part_decomposes_the_strongest_heads_of_a_role_and_says_so(toy, toy_atlas):
+    """heads=2: of the toy's 4 induction heads the 2 of highest induction score get pairs, the
+    others' cards none, and a note names the cap and how to lift it."""
+    from interp.parts.roles import QKSizes
+
+    skip = ["sinks", "exact", "gradient", "pruning", "patterns", "retrieval", "composition", "ov", "encoder"]
+    with one_thread():
+        capped = head_atlas(toy, skip=skip, sizes={"qk": QKSizes(heads=2)})
+    induction = toy_atlas.roles.set_index("label").loc[toy_atlas.named("induction"), "induction"]
+    assert len(induction) == 4
+    strongest = set(induction.sort_values(ascending=False).index[:2])
+    with_pairs = {h for h, c in capped.cards.items() if any(r["role"] == "induction" for r in c["why_attends"])}
+    assert with_pairs == strongest
+    assert (
+        "qk: the 2 strongest of the 4 induction heads (by induction) are decomposed (--qk-heads all, or "
+        "QKSizes(heads=None), takes every one)" in capped.meta["notes"]
+    )
+    assert capped.meta["qk"]["heads"] == 2
+
+
 def test_each_new_part_can_be_skipped(toy):
     with one_thread():
         atlas = head_atlas(

@@ -22,6 +22,7 @@ from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, Unread, run_cli
 from interp.config import RunConfig
 from interp.models import describe
+from interp.parts.roles import QKSizes
 from interp.parts.table import THRESHOLD, role_columns
 from interp.probes.task import task_probe
 from interp.report.atlas import STEM
@@ -37,6 +38,16 @@ def _heads(text: str) -> list[str]:
         if not (dot and layer.isdigit() and head.isdigit()):
             raise argparse.ArgumentTypeError(f"heads are LAYER.HEAD separated by commas (e.g. 1.2,0.1), got {h!r}")
     return heads
+
+
+def _some_or_all(text: str) -> int | None:
+    """``all`` (None: every head) or a whole number of at least 1."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return flags.positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}, or all") from None
 
 
 def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentParser:
@@ -73,6 +84,12 @@ def build_parser(prog: str = "python -m interp.report") -> argparse.ArgumentPars
         help="needle-probe tokens of the retrieval part (default: min(1024, the context) when the context holds "
         "at least 512, else left out)",
     )
+    p.add_argument(
+        "--qk-heads",
+        type=_some_or_all,
+        default=QKSizes.heads,
+        help=f"the strongest heads of each role the qk part decomposes (default {QKSizes.heads}; all: every one)",
+    )
     flags.add_task_flag(
         p,
         None,
@@ -107,6 +124,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         view_len=args.view_len,
         view_heads=args.view_heads,
         retrieval_len=args.retrieval_len,
+        qk_heads=args.qk_heads,
     )
     atlas = head_atlas(
         model,
@@ -187,6 +205,7 @@ UNREAD = (
     Unread("--view-heads", "it applies to the patterns part, skipped", _skipped("patterns")),
     Unread("--view-len", "it applies to the patterns part, skipped", _skipped("patterns")),
     Unread("--retrieval-len", "it applies to the retrieval part, skipped", _skipped("retrieval")),
+    Unread("--qk-heads", "it applies to the qk part, skipped", _skipped("qk")),
     Unread("--task", "it applies to the task part, skipped", _skipped("task")),
     FRAMED_UNREAD,
     Unread("--task-pairs", "it applies to the task part, which runs only with --task", lambda a: a.task is None),

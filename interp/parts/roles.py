@@ -14,6 +14,7 @@ from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.parts.base import Given, NotApplicable, PartResult, part
 from interp.parts.shape import body_room, frame, info_of, n_heads
+from interp.parts.table import ROLES
 from interp.progress import forward_work
 from interp.roles.composition import N_RANDOM, composition_work
 from interp.roles.encoder import encoder_work, head_map_work
@@ -199,19 +200,23 @@ QK_COLUMNS = ("head", "role", "at", "rank", "query", "key", "contrast", "contras
 @dataclass(frozen=True)
 class QKSizes:
     """The repeated probe the pairs are read on (``batch`` sequences of a ``block_len``-token block,
-    repeated twice: shorter where the context holds less), and the ``top`` pairs kept per head."""
+    repeated twice: shorter where the context holds less), the ``top`` pairs kept per head, and
+    the ``heads`` of each role decomposed: its strongest by the role's own score (None: every head
+    of the role; each layer a head is in costs a replay of its upstream parts, and on a trained model
+    most heads are sinks)."""
 
     batch: int = 8
     block_len: int = 20
     top: int = 3
+    heads: int | None = 12
 
     def block(self, info: ModelInfo) -> int:
         return min(self.block_len, body_room(info) // 2)
 
 
 def _validate_qk(sizes: QKSizes) -> None:
-    for name in ("batch", "block_len", "top"):
-        if getattr(sizes, name) < 1:
+    for name in ("batch", "block_len", "top", "heads"):
+        if getattr(sizes, name) is not None and getattr(sizes, name) < 1:
             raise UsageError(f"{name} must be at least 1, got {getattr(sizes, name)}", params=name)
 
 
@@ -244,7 +249,7 @@ def _qk(model: HookedModel, sizes: QKSizes, cfg: RunConfig, given: Given) -> Any
     named = {TARGETS.info(t, "role"): t for t in TARGETS if TARGETS.info(t, "role") is not None}
     probe = repeated_tokens(model, batch=sizes.batch, block_len=sizes.block(info_of(model)), n_repeats=2, seed=cfg.seed)
     for role, at in named.items():
-        heads = [h for h, r in zip(roles["label"], roles["role"]) if role in r.split(", ")]
+        heads = _strongest(roles, role, sizes.heads)
         if not heads:
             continue
         try:
@@ -258,8 +263,25 @@ def _qk(model: HookedModel, sizes: QKSizes, cfg: RunConfig, given: Given) -> Any
                     {**{c: r[c] for c in QK_COLUMNS if c in r}, "role": role, "at": at, "rank": rank, "total": total}
                 )
     notes = [] if rows else [f"qk: no head is named {', '.join(named)}: no pair to show"]
-    meta = {"qk": {"probe": probe.meta, "top": sizes.top, "roles": named}}
+    for role in named:
+        n = sum(role in r.split(", ") for r in roles["role"])
+        if sizes.heads is not None and n > sizes.heads:
+            notes.append(
+                f"qk: the {sizes.heads} strongest of the {n} {role} heads (by {ROLES.info(role, 'column')}) are "
+                "decomposed (--qk-heads all, or QKSizes(heads=None), takes every one)"
+            )
+    meta = {"qk": {"probe": probe.meta, "top": sizes.top, "heads": sizes.heads, "roles": named}}
     return PartResult(notes=notes, meta=meta, result=pd.DataFrame(rows, columns=list(QK_COLUMNS)))
+
+
+def _strongest(roles: pd.DataFrame, role: str, n: int | None) -> list[str]:
+    """The labels of the heads named ``role``, their strongest ``n`` by the role's score column
+    (every one for None), in the table's order."""
+    named = roles[[role in r.split(", ") for r in roles["role"]]]
+    if n is not None and len(named) > n:
+        named = named.loc[named[ROLES.info(role, "column")].sort_values(ascending=False, kind="mergesort").index[:n]]
+        named = named.sort_index()
+    return named["label"].tolist()
 
 
 # ---- the head cards -------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from interp.parts import Given, NotApplicable, PartResult, in_order, in_place, l
 from interp.parts.ablation import AblationSizes, PruningSizes
 from interp.parts.attention import ScoreSizes, SinkSizes
 from interp.parts.probing import PatternSizes, RetrievalSizes
-from interp.parts.roles import CARD_TOP
+from interp.parts.roles import CARD_TOP, QKSizes
 from interp.parts.shape import body_room
 from interp.parts.table import THRESHOLD, role_table
 from interp.parts.task import TaskSizes
@@ -86,10 +86,11 @@ def atlas_sizes(
     view_len: int = 12,
     view_heads: list[str] | tuple[str, ...] | None = None,
     retrieval_len: int | None = None,
+    qk_heads: int | None = QKSizes.heads,
 ) -> dict[str, Any]:
     """The sizes of the atlas's parts from its usual knobs (``sizes=`` of :func:`head_atlas`): the
-    score probe (which the ablation parts share), the sink probe, the ablation, the viewer and the
-    needle probe."""
+    score probe (which the ablation parts share), the sink probe, the ablation, the viewer, the
+    needle probe and the heads of each role the QK part decomposes (None: every one)."""
     probe = dict(batch=batch, seq_len=seq_len, repeats=repeats)
     return {
         "scores": ScoreSizes(**probe),
@@ -98,6 +99,7 @@ def atlas_sizes(
         "pruning": PruningSizes(**probe, ablation=ablation),
         "patterns": PatternSizes(view_len=view_len, heads=tuple(view_heads) if view_heads else None),
         "retrieval": RetrievalSizes(seq_len=retrieval_len),
+        "qk": QKSizes(heads=qk_heads),
     }
 
 

@@ -149,12 +149,16 @@ def sequence_terms(
     components (ALiBi's last, where the layer has it) to their groups."""
     dev = sides.q.device
     m = matrix.to(dev)
-    parts = m[: len(sides.q)]
-    q = torch.einsum("cnhd,cf->hfnd", sides.q, parts)
+    group = m[: len(sides.q)].argmax(1)  # each component's one group
+
+    def grouped(x: Tensor) -> Tensor:  # [component, n, head, d] summed into [head, group, n, d]
+        return x.new_zeros(m.shape[1], *x.shape[1:]).index_add_(0, group, x).permute(2, 0, 1, 3)
+
+    q = grouped(sides.q)
     keys = {"score": sides.k, "contrast": sides.k - sides.mean}
     out = {}
     for value, k in keys.items():
-        k = torch.einsum("cnhd,cf->hfnd", k, parts)
+        k = grouped(k)
         sums = torch.zeros(B, q.shape[0], m.shape[1], m.shape[1], dtype=torch.float64, device=dev)
         for s in torch.unique(batch).tolist():
             at = torch.nonzero(batch.to(dev) == s).flatten()
