@@ -218,8 +218,8 @@ def test_the_qk_part_decomposes_the_strongest_heads_of_a_role_and_says_so(toy, t
     with_pairs = {h for h, c in capped.cards.items() if any(r["role"] == "induction" for r in c["why_attends"])}
     assert with_pairs == strongest
     assert (
-        "qk: the 2 strongest of the 4 induction heads (by induction) are decomposed (--qk-heads all, or "
-        "QKSizes(heads=None), takes every one)" in capped.meta["notes"]
+        "qk: the 2 strongest of the 4 induction heads (by induction) are decomposed; QKSizes(heads=None) "
+        "takes every one (command line: --qk-heads all)" in capped.meta["notes"]
     )
     assert capped.meta["qk"]["heads"] == 2
 

@@ -268,7 +268,7 @@ def _qk(model: HookedModel, sizes: QKSizes, cfg: RunConfig, given: Given) -> Any
         if sizes.heads is not None and n > sizes.heads:
             notes.append(
                 f"qk: the {sizes.heads} strongest of the {n} {role} heads (by {ROLES.info(role, 'column')}) are "
-                "decomposed (--qk-heads all, or QKSizes(heads=None), takes every one)"
+                "decomposed; QKSizes(heads=None) takes every one (command line: --qk-heads all)"
             )
     meta = {"qk": {"probe": probe.meta, "top": sizes.top, "heads": sizes.heads, "roles": named}}
     return PartResult(notes=notes, meta=meta, result=pd.DataFrame(rows, columns=list(QK_COLUMNS)))
