@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.circuits import edge_scores, graph_of
+from interp.circuits import edge_scores, evaluate_circuits, graph_of
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.models import from_hf_model
@@ -48,6 +48,7 @@ class Spec:
     layout: str = "separate"  # one projection each; "blocks": one, [q heads | k heads | v heads];
     # "interleaved": one, [head][q, k, v] (NeoX, Bloom)
     mlp_out: str = ""
+    post: str = ""  # the norm the attention output passes through before the residual (Gemma 2 and 3)
 
     def cols(self, site: str, j: int, n_heads: int, n_kv: int, d: int) -> slice:
         """Head (or key/value head) ``j``'s columns of ``site``'s projection output."""
@@ -71,6 +72,19 @@ LLAMA = Spec(
     "self_attn.o_proj",
     "mlp",
     "model.norm",
+)
+GEMMA = Spec(
+    "model.layers",
+    "input_layernorm",
+    "pre_feedforward_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp",
+    "model.norm",
+    mlp_out="post_feedforward_layernorm",  # what the MLP adds is its post-norm's output
+    post="post_attention_layernorm",
 )
 SPECS = {
     "gpt2": Spec(
@@ -136,6 +150,8 @@ SPECS = {
     "mixtral": LLAMA,
     "qwen2": LLAMA,
     "qwen3": LLAMA,
+    "gemma2": GEMMA,
+    "gemma3": GEMMA,
     "phi3": Spec(
         "model.layers",
         "input_layernorm",
@@ -182,18 +198,26 @@ def _senders(hf: Any, spec: Spec, tokens: torch.Tensor, n_heads: int) -> dict[st
             )
             mlp_out = _submodule(layer, spec.mlp_out or spec.mlp)
             stack.enter_context(_handle(mlp_out.register_forward_hook(post(f"m{l}"))))
+            if spec.post:
+                stack.enter_context(
+                    _handle(_submodule(layer, spec.post).register_forward_pre_hook(pre(f"n{l}"), with_kwargs=True))
+                )
+                stack.enter_context(_handle(_submodule(layer, spec.post).register_forward_hook(post(f"p{l}"))))
         with torch.no_grad():
             hf(tokens)
     out = {"input": seen["input"]}
     for l, layer in enumerate(layers):
         o, z = _submodule(layer, spec.o), seen[f"z{l}"]
         d = z.shape[-1] // n_heads
+        # a post-normed layer: each head's share of the norm's output, the norm's per-position,
+        # per-dimension factor (output over input) applied to what the head adds to its input
+        factor = seen[f"p{l}"] / seen[f"n{l}"] if spec.post else 1.0
         with torch.no_grad():
             base = o(torch.zeros_like(z))
             for h in range(n_heads):
                 alone = torch.zeros_like(z)
                 alone[..., h * d : (h + 1) * d] = z[..., h * d : (h + 1) * d]
-                out[f"a{l}.h{h}"] = o(alone) - base
+                out[f"a{l}.h{h}"] = (o(alone) - base) * factor
         out[f"m{l}"] = seen[f"m{l}"].reshape(out["input"].shape)  # OPT: [batch * pos, d_model]
     return out
 
@@ -210,16 +234,28 @@ class _handle:
 
 
 def reference_eap(
-    hf: Any, spec: Spec, task: Any, edge: str, n_heads: int, n_kv: int, d_head: int, *, exact: bool = False
+    hf: Any,
+    spec: Spec,
+    task: Any,
+    edge: str,
+    n_heads: int,
+    n_kv: int,
+    d_head: int,
+    *,
+    exact: bool = False,
+    noise: bool = False,
+    point: list | None = None,
 ) -> float:
-    """``d metric / d e`` at 0 (``exact``: the metric's change at ``e = 1``, the edge patched)."""
+    """``d metric / d e`` at 0 (``exact``: the metric's change at ``e = 1``, the edge patched), the
+    corrupted prompts run with the clean sender's output (``noise``: the other way round); ``point``:
+    hooks moving the run the gradient is taken at (an integrated-gradients point)."""
     sender, receiver = edge.split("->")
-    own, donor = task.corrupted, task.clean  # denoising
+    own, donor = (task.clean, task.corrupted) if noise else (task.corrupted, task.clean)
     delta = _senders(hf, spec, donor, n_heads)[sender] - _senders(hf, spec, own, n_heads)[sender]
     e = torch.ones(()) if exact else torch.zeros((), requires_grad=True)
     shift = e * delta
     layers = _submodule(hf, spec.layers)
-    hooks: list = []
+    hooks: list = list(point or [])
     if receiver == "logits":
         hooks.append(
             (_submodule(hf, spec.final), "pre", lambda m, args, kwargs: ((args[0] + shift, *args[1:]), kwargs))
@@ -330,13 +366,147 @@ def test_exact_edges_equal_the_hugging_face_loop(family):
     assert t.score.isna().sum() == len(names) - len(set(picked))
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])
+def test_a_circuit_missing_one_edge_equals_the_hugging_face_forward_with_that_edge_corrupted(family):
+    """Circuit evaluation (the clean prompts run, the corrupted senders read outside the circuit) on
+    every edge but one equals one plain Hugging Face forward with that edge alone corrupted; on Gemma
+    the sender's output is its share of the post-attention norm's output, that norm's scale the run's."""
+    hf_ref, _ = build(family)
+    model = from_hf_model(*build(family), name=family)
+    task = family_task(model, causal=True)
+    graph = graph_of(model)
+    names = list(graph.table().edge)
+    shape = graph.shape
+    kv = "kv" if shape.group > 1 else "h"
+    picked = random.Random(f"circuit {family}").sample([n for n in names if n.startswith("a")], 3)
+    picked += [f"a0.h1->a1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "a1.h2->logits", "a0.h0->m1"]
+    masks = [np.array([n != edge for n in names]) for edge in picked]
+    curve = evaluate_circuits(model, task, masks, metric="raw-logit-diff", config=RunConfig(n_boot=50))
+    clean = curve.meta["clean_metric"]
+    d_head = getattr(hf_ref.config, "head_dim", None) or hf_ref.config.hidden_size // N_HEADS
+    moved = []
+    for edge, got in zip(picked, curve.table.metric):
+        ref = reference_eap(
+            hf_ref, SPECS[family], task, edge, N_HEADS, shape.n_kv_heads, d_head, exact=True, noise=True
+        )
+        assert got - clean == pytest.approx(ref, rel=1e-3, abs=1e-5), edge
+        moved.append(abs(ref))
+    assert max(moved) > 1e-2
+
+
+def _gemma_point(hf: Any, donor: torch.Tensor, node: str, alpha: float) -> list:
+    """An EAP-IG-activations point on Gemma: one node's output at ``donor + alpha (own - donor)``:
+    the input entering layer 0, a layer's post-attention norm's output (``z{l}``, its heads' writes
+    together) or its post-feedforward norm's (``m{l}``)."""
+    layers = _submodule(hf, GEMMA.layers)
+    if node == "input":
+        seen = {}
+        h = layers[0].register_forward_pre_hook(_keeper(seen, _Once()), with_kwargs=True)
+        with torch.no_grad():
+            hf(donor)
+        h.remove()
+        d = seen["x"].detach()
+
+        def move(m, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            x = d + alpha * (x - d)
+            return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+        return [(layers[0], "pre", move)]
+    site = _submodule(layers[int(node[1:])], GEMMA.post if node[0] == "z" else GEMMA.mlp_out)
+    seen = {}
+    h = site.register_forward_hook(lambda m, a, out: seen.__setitem__("d", out.detach()))
+    with torch.no_grad():
+        hf(donor)
+    h.remove()
+    return [(site, "post", lambda m, a, out: seen["d"] + alpha * (out - seen["d"]))]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_eap_ig_activations_on_gemma_moves_each_layers_post_normed_write(family):
+    """EAP-IG-activations on a post-normed model: each point moves one node's write (the input, a
+    layer's post-attention norm output, an MLP's post-feedforward norm output), against the gradient
+    loop at each point on the Hugging Face model."""
+    hf_ref, _ = build(family)
+    model = from_hf_model(*build(family), name=family)
+    task = family_task(model, causal=True)
+    shape = graph_of(model).shape
+    r = edge_scores(
+        model, task, method="eap-ig-activations", steps=2, metric="raw-logit-diff", config=RunConfig(n_boot=50)
+    )
+    t = r.table.set_index("edge")
+    d_head = hf_ref.config.head_dim
+    nodes = ["input"] + [f"{k}{l}" for l in range(hf_ref.config.num_hidden_layers) for k in "zm"]
+    points = [_gemma_point(hf_ref, task.clean, n, k / 2) for n in nodes for k in (1, 2)]
+    picked = random.Random(f"ig {family}").sample(list(t.index), 3) + [
+        "a0.h1->a1.kv0<v>",
+        "a1.h2->logits",
+        "m0->a1.h3<q>",
+    ]
+    for edge in picked:
+        refs = [
+            reference_eap(hf_ref, SPECS[family], task, edge, N_HEADS, shape.n_kv_heads, d_head, point=p) for p in points
+        ]
+        assert t.loc[edge, "score"] == pytest.approx(sum(refs) / len(refs), rel=1e-3, abs=1e-5), edge
+    assert t.loc[picked, "score"].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_the_empty_circuit_on_the_mean_source_holds_every_post_normed_write_at_its_mean(family):
+    """With nothing kept and the mean source, each receiver reads every sender at its mean over the
+    corrupted prompts: the Hugging Face model with its input and each norm's output that the residual
+    adds (post-attention and post-feedforward) held at their means, run on the clean prompts."""
+    hf_ref, _ = build(family)
+    model = from_hf_model(*build(family), name=family)
+    task = family_task(model, causal=True)
+    graph = graph_of(model)
+    curve = evaluate_circuits(
+        model,
+        task,
+        [np.zeros(graph.n_edges, dtype=bool)],
+        source="mean",
+        metric="raw-logit-diff",
+        config=RunConfig(n_boot=50),
+    )
+    layers = _submodule(hf_ref, GEMMA.layers)
+    sites = [layers[0]] + [_submodule(layer, n) for layer in layers for n in (GEMMA.post, GEMMA.mlp_out)]
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(i):
+        def hook(module, args, kwargs, out=None):
+            x = args[0] if args else kwargs["hidden_states"]
+            seen[i] = (out if i else x).detach().mean(0, keepdim=True)
+
+        return hook
+
+    with ExitStack() as stack, torch.no_grad():
+        stack.enter_context(_handle(sites[0].register_forward_pre_hook(keep(0), with_kwargs=True)))
+        for i, site in enumerate(sites[1:], 1):
+            stack.enter_context(_handle(site.register_forward_hook(keep(i), with_kwargs=True)))
+        hf_ref(task.corrupted)
+    with ExitStack() as stack, torch.no_grad():
+
+        def hold(m, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            x = seen[0].expand_as(x)
+            return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+        stack.enter_context(_handle(sites[0].register_forward_pre_hook(hold, with_kwargs=True)))
+        for i, site in enumerate(sites[1:], 1):
+            stack.enter_context(_handle(site.register_forward_hook(lambda m, a, out, i=i: seen[i].expand_as(out))))
+        logits = hf_ref(task.clean).logits
+    metric, _ = task_metric(task)
+    want = float(metric(metric.read(logits), task.clean, None, None).mean())
+    assert curve.table.metric.iloc[0] == pytest.approx(want, rel=1e-4, abs=1e-5)
+    assert abs(want - curve.meta["clean_metric"]) > 1e-2 and abs(want - curve.meta["corrupted_metric"]) > 1e-2
+
+
 @pytest.mark.parametrize(
     "family, why",
     [
         ("deepseek_v3", "latent projection"),
         ("qwen3_next", "no softmax attention"),
-        ("gemma2", "passes through a norm before the residual"),
-        ("olmo2", "passes through a norm before the residual"),
+        ("olmo2", "do not expose the attention's input norm"),
     ],
 )
 def test_families_the_graph_cannot_describe_are_refused_with_the_reason(family, why):

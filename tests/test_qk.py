@@ -152,8 +152,7 @@ def test_a_head_outside_the_model_and_a_probe_without_repeats_are_refused(toy):
 def test_frozen_norm_fitted_on_a_sample_of_positions_is_the_norm_itself():
     """A long run's norm is fitted on a few thousand positions, not copied to float64 whole: a
     LayerNorm's own gain and bias come back from 7 of its 2 x 300 rows."""
-    from interp.adapters.weights import NormSite
-    from interp.roles.frozen import gain_and_bias
+    from interp.adapters.weights import NormSite, gain_and_bias
 
     gen = torch.Generator().manual_seed(0)
     norm = torch.nn.LayerNorm(8)

@@ -54,6 +54,7 @@ from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
 from interp.patching.edge_patch import EdgeSweeper, EdgeUnits, on_input
 from interp.patching.graph import Graph, Shape, graph_of
+from interp.patching.post_norm import fold, layer_write, post_norms, scaled
 from interp.probes.task import DEFAULT_DIRECTION, TaskProbe
 from interp.progress import tqdm
 from interp.registry import Registry
@@ -301,7 +302,9 @@ class _Passes:
         w = read_head_weights(run.model, run.info, "edge attribution")
         dtype = next(iter(run.model.parameters())).dtype
         g = graph.shape.group
-        self.W_Q, self.W_O = w.W_Q.to(dtype), w.W_O.to(dtype)  # [layer, head, d_model, d]
+        self.posts = post_norms(run.model, run.info.n_layers)  # their gains folded into W_O
+        self.W_Q = w.W_Q.to(dtype)  # [layer, head, d_model, d]
+        self.W_O = fold(run.model, w.W_O.to(dtype), run.probe.tokens[:2], self.posts)
         self.W_K, self.W_V = w.W_K[:, ::g].to(dtype), w.W_V[:, ::g].to(dtype)  # one per key/value head
         blocks = run.model.blocks
         self.mlp_norms = {
@@ -386,19 +389,37 @@ class _Passes:
         """Hooks keeping each sender's output in ``keep``; with ``minus``, subtracting it from
         ``minus``'s tensor in place instead (``keep`` then holds those differences)."""
 
-        def grab(key: str) -> Callable:
-            def hook(x: Tensor, hook: Any) -> None:
-                if minus is None:
-                    keep[key] = x.detach()
-                else:
-                    keep[key] = minus[key].sub_(x.detach().reshape(minus[key].shape))
+        def put(key: str, x: Tensor) -> None:
+            if minus is None:
+                keep[key] = x.detach()
+            else:
+                keep[key] = minus[key].sub_(x.detach().reshape(minus[key].shape))
 
-            return hook
+        def grab(key: str) -> Callable:
+            return lambda x, hook: put(key, x)
+
+        raw: dict[str, Tensor] = {}  # a post-normed layer's z, until its norm's scale is seen
+
+        def scale(key: str) -> Callable:
+            return lambda s, hook: put(key, scaled(raw.pop(key), s.detach()))
 
         hooks = [("blocks.0.hook_resid_pre", grab("input"))]
-        hooks += [(f"blocks.{l}.attn.hook_z", grab(f"z{l}")) for l in range(self.info.n_layers)]
+        for l in range(self.info.n_layers):
+            if l in self.posts:
+                hooks.append((f"blocks.{l}.attn.hook_z", lambda x, hook, k=f"z{l}": raw.__setitem__(k, x.detach())))
+                hooks.append((self.posts[l].scale, scale(f"z{l}")))
+            else:
+                hooks.append((f"blocks.{l}.attn.hook_z", grab(f"z{l}")))
         hooks += [(f"blocks.{l}.hook_mlp_out", grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
         return hooks
+
+    def _toward(self, donor: dict[str, Tensor], key: str, alpha: float) -> tuple[str, Callable]:
+        """The hook moving sender ``key``'s output to ``donor + alpha (own - donor)``: a post-normed
+        layer's heads move together, as the norm's output (what the layer adds)."""
+        l = int(key[1:]) if key[0] == "z" else -1
+        if l in self.posts:
+            return self.posts[l].output, _toward(layer_write(donor[key], self.W_O[l]), alpha)
+        return _hook_name(key), _toward(donor[key], alpha)
 
     def _forward(self, tokens: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], Tensor]:
         """A plain forward: every sender's output, and the metric per pair."""
@@ -428,7 +449,7 @@ class _Passes:
         keep: dict[str, Tensor] = {}
         hooks = self._sender_hooks(keep, minus)
         if alpha is not None:  # the moved senders' outputs at donor + alpha (own - donor)
-            hooks = [*hooks, *[(_hook_name(k), _toward(donor[k], alpha)) for k in moved]]
+            hooks = [*hooks, *[self._toward(donor, k, alpha) for k in moved]]
         start: list[Tensor] = []  # the stream entering block 0, where the backward stops
         hooks.append(("blocks.0.hook_resid_pre", _start(start)))
         grads: dict[str, Tensor] = {}

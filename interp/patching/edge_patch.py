@@ -47,6 +47,7 @@ from interp.hooks import k_hook, q_hook, v_hook, z_hook
 from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup
 from interp.patching.graph import Graph
+from interp.patching.post_norm import fold, layer_write, post_norms, scaled
 from interp.registry import Registry
 
 ACTUAL, SOURCE, OWN = 0, 1, 2
@@ -128,7 +129,9 @@ class EdgeUnits(Units):
 @dataclass
 class SenderValues:
     """Every sender's output on one minibatch, compactly: the stream entering block 0 (``input``),
-    each layer's ``hook_z`` (a head's output is its slice times ``W_O``) and each MLP's output."""
+    each layer's ``hook_z`` (a head's output is its slice times ``W_O``; where the layer's attention
+    output passes through a norm, divided by its scale, :mod:`~interp.patching.post_norm`) and each
+    MLP's output."""
 
     input: Float[Tensor, "batch pos d_model"]
     z: list[Float[Tensor, "batch pos head d_head"]]
@@ -193,7 +196,8 @@ class EdgeSweeper(Sweeper):
         dtype = next(iter(run.model.parameters())).dtype
         g = graph.shape.group
         self.W = {"q": w.W_Q.to(dtype), "k": w.W_K[:, ::g].to(dtype), "v": w.W_V[:, ::g].to(dtype)}
-        self.W_O = w.W_O.to(dtype)  # [layer, head, d_head, d_model]
+        self.posts = post_norms(run.model, info.n_layers)  # a post-norm's gain folded into W_O
+        self.W_O = fold(run.model, w.W_O.to(dtype), run.probe.tokens[:2], self.posts)  # [layer, head, d_head, d_model]
         self.layout = _Layout(graph)
         self.mlp_norms = _mlp_norms(run.model, graph)
         self._mean: SenderValues | None = None
@@ -231,11 +235,13 @@ class EdgeSweeper(Sweeper):
         hooks = [("blocks.0.hook_resid_pre", grab("input"))]
         hooks += [(z_hook(l), grab(f"z{l}")) for l in range(L)]
         hooks += [(f"blocks.{l}.hook_mlp_out", grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
+        hooks += [(site.scale, grab(f"s{l}")) for l, site in self.posts.items()]
         with torch.no_grad():
             read_out(self.model, tokens, self.metric, hooks, L)
+        z = [by_head(keep[f"z{l}"], self.info.n_heads) for l in range(L)]
         return SenderValues(
             keep["input"],
-            [by_head(keep[f"z{l}"], self.info.n_heads) for l in range(L)],
+            [scaled(z[l], keep[f"s{l}"]) if l in self.posts else z[l] for l in range(L)],
             {l: keep[f"m{l}"].reshape(keep["input"].shape) for l in self.graph.shape.mlp_layers},
         )
 
@@ -346,10 +352,17 @@ class EdgeSweeper(Sweeper):
                 return read_out(self.model, donor, self.metric, [], self.info.n_layers)
         mean = self._sources(batch)
         hooks = [("blocks.0.hook_resid_pre", lambda x, hook: mean.input.to(x.dtype).expand_as(x))]
-        hooks += [(z_hook(l), _fixed(mean.z[l])) for l in range(self.info.n_layers)]
+        for l in range(self.info.n_layers):  # a post-normed layer: its write, which its heads' scaled outputs sum to
+            site = self.posts.get(l)
+            hooks.append(
+                (z_hook(l), _fixed(mean.z[l])) if site is None else (site.output, _fixed(self._write(mean, l)))
+            )
         hooks += [(f"blocks.{l}.hook_mlp_out", _fixed(m)) for l, m in mean.mlp.items()]
         with torch.no_grad():
             return read_out(self.model, batch.tokens, self.metric, hooks, self.info.n_layers)
+
+    def _write(self, values: SenderValues, l: int) -> Tensor:
+        return layer_write(values.z[l], self.W_O[l])
 
     # ---- evaluation ------------------------------------------------------------------------
 
@@ -467,6 +480,8 @@ class _Replay:
         self.active = {l: any(bool(touched[r]) for r in sw.graph.receivers_of(l)) for l in range(L + 1)}
         for l in range(self.start, L):
             self.hooks.append((z_hook(l), self._keep_z(l)))
+            if l in sw.posts:
+                self.hooks.append((sw.posts[l].scale, self._scale_z(l)))
             if l in sw.graph.shape.mlp_layers:
                 self.hooks.append((f"blocks.{l}.hook_mlp_out", self._keep_mlp(l)))
             if self.active[l]:
@@ -501,6 +516,12 @@ class _Replay:
         def hook(z: Tensor, hook: Any) -> None:
             zz = by_head(z, self.sw.info.n_heads)
             self.z[l] = zz.reshape(self.rep, self.b, *zz.shape[1:])
+
+        return hook
+
+    def _scale_z(self, l: int) -> Callable:
+        def hook(s: Tensor, hook: Any) -> None:  # the norm runs after the layer's heads: z is kept
+            self.z[l] = scaled(self.z[l], s.reshape(self.rep, self.b, self.T, 1))
 
         return hook
 

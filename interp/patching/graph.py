@@ -191,8 +191,11 @@ def refusal(model: HookedModel, info: ModelInfo) -> str | None:
         return (
             "an encoder's blocks normalise the residual after adding to it, so no sender reaches a receiver unchanged"
         )
-    if any(post_attention_norm_site(model, l) is not None for l in range(info.n_layers)):
-        return "its attention output passes through a norm before the residual, so a head's output is not what it adds"
+    if any((site := post_attention_norm_site(model, l)) is not None and site.centered for l in range(info.n_layers)):
+        return (
+            "its attention output passes through a LayerNorm before the residual; edges freeze only an RMSNorm "
+            "there (Gemma 2 and 3), where each head's write is its output over the norm's scale"
+        )
     blocks = getattr(model, "blocks", None)
     if blocks is None or any(not isinstance(getattr(b, "ln1", None), torch.nn.Module) for b in blocks):
         return "its blocks do not expose the attention's input norm (ln1), where the head receivers read"

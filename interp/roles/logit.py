@@ -61,6 +61,7 @@ from interp.adapters.weights import (
     NormSite,
     final_norm_site,
     final_softcap,
+    gain_and_bias,
     post_attention_norm_site,
     read_head_weights,
 )
@@ -69,7 +70,6 @@ from interp.errors import UsageError
 from interp.hooks import pattern_hook
 from interp.probes.task import TaskProbe
 from interp.results import Shown, plural, read_csv
-from interp.roles.frozen import gain_and_bias
 from interp.scores import HeadScores, bootstrap_mean, format_table
 
 if TYPE_CHECKING:

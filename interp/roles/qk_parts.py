@@ -47,6 +47,8 @@ from interp.adapters.bridge import gated_attention_modules
 from interp.adapters.info import ModelInfo
 from interp.adapters.weights import (
     NormSite,
+    centered,
+    gain_and_bias,
     input_norm_site,
     post_attention_norm_site,
     qk_norm_modules,
@@ -55,7 +57,7 @@ from interp.adapters.weights import (
 )
 from interp.errors import UsageError
 from interp.hooks import resid_post_hook
-from interp.roles.frozen import FrozenNorm, centered, freeze, gain_and_bias
+from interp.roles.frozen import FrozenNorm, freeze
 from interp.stream.blockwise import attention_output, own_attention
 
 WHAT = "QK attribution"
