@@ -148,3 +148,22 @@ def test_the_circuit_keeps_its_edges_cis_and_stability(tmp_path, capsys):
     hover = [t.hovertext[0] for t in circuit.figure().data if t.hovertext is not None and len(t.hovertext)]
     edges = [text for text in hover if "<br>score " in text]  # an edge's hover (a node's says other things)
     assert edges and all("<br>stability " in text and "] (CI)" in text for text in edges), edges[:2]
+
+
+def test_draw_caps_the_circuits_figure_and_says_so(tmp_path, capsys):
+    """``--draw N`` draws the circuit's N strongest edges and says so; ``--draw all`` every one;
+    ``--draw 0`` is refused before the model loads."""
+    out = tmp_path / "out"
+    args = [*BASE, "--task", "repeat", "--evaluate", "none", "--top", "40", "--out", str(out)]
+    assert cli([*args, "--draw", "10"]) == 0
+    circuit = Circuit.load(out)
+    assert circuit.n_edges > 10
+    assert "circuit.html draws its 10 edges of largest |score| (--draw all: every one)" in capsys.readouterr().out
+    page = (out / "circuit.html").read_text()
+    assert f"circuit of {circuit.n_edges} of 81 edges, its 10 of largest |score| drawn" in page
+    assert cli([*args, "--draw", "all"]) == 0
+    assert "draws its" not in capsys.readouterr().out
+    assert ", its " not in (out / "circuit.html").read_text().split("circuit of ", 1)[1][:60]
+    with pytest.raises(SystemExit) as stop:
+        cli([*args, "--draw", "0"])
+    assert stop.value.code == 2 and "argument --draw: a number of edges >= 1, or all; got '0'\n" in capsys.readouterr().err

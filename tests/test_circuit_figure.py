@@ -90,6 +90,23 @@ def test_draws_exactly_the_top_edges_and_their_nodes(toy_edges):
     assert fig.layout.width <= MAX_WIDTH
 
 
+def test_a_large_circuit_draws_its_strongest_edges_and_says_so(toy_edges):
+    """A circuit of more edges than ``edges=`` draws its strongest by |score|, its title says how
+    many of how many; ``edges=None`` draws all of it."""
+    circuit = toy_edges.circuit(40)
+    assert circuit.n_edges > 12
+    fig = circuit.figure(edges=12)
+    inside = circuit.table[circuit.table["in_circuit"]]
+    strongest = inside.loc[inside["score"].abs().sort_values(ascending=False).index[:12], "edge"]
+    assert set(edge_traces(fig)) == set(strongest)
+    title = fig.layout.title.text
+    assert f"circuit of {circuit.n_edges} of 81 edges, its 12 of largest |score| drawn" in title
+    assert set(edge_traces(circuit.figure(edges=None))) == set(inside["edge"])
+    assert "drawn" not in circuit.figure().layout.title.text  # the default 60 takes every edge of 81
+    with pytest.raises(ValueError, match=r"edges=0: an integer >= 1, the number of edges to draw, or None for all"):
+        circuit.figure(edges=0)
+
+
 def test_in_circuit_column_chooses_the_edges(toy_edges):
     table = toy_edges.table.copy()
     chosen = table["edge"].isin(["input->a0.h0<q>", "a0.h1->a1.h3<k>", "a0.h1->a1.h0<v>", "a1.h2->logits"])

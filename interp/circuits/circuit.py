@@ -291,11 +291,13 @@ class Circuit(Result):
         meta = {"d_model": int(width)} if isinstance(width, int) and width > 0 else {}
         return cls.of(graph, in_graph, scores, read_from="EAP-IG graph JSON", **meta)
 
-    def figure(self, title: str | None = None) -> go.Figure:
-        """The circuit's edges drawn as a graph (:func:`~interp.circuits.figure.graph_figure`)."""
+    def figure(self, title: str | None = None, edges: int | None = 60) -> go.Figure:
+        """The circuit drawn as a graph (:func:`~interp.circuits.figure.graph_figure`): its ``edges``
+        edges of largest ``|score|`` (all of it when it has no more, or with ``edges=None``), the
+        title saying how many of its edges are drawn."""
         from interp.circuits.figure import graph_figure
 
-        return graph_figure(self.table, self.meta, title=title)
+        return graph_figure(self.table, self.meta, edges=edges, title=title)
 
 
 @dataclass(repr=False)

@@ -81,14 +81,15 @@ class _Node:
 
 
 def graph_figure(
-    table: pd.DataFrame, meta: Mapping[str, Any], *, edges: int = DEFAULT_EDGES, title: str | None = None
+    table: pd.DataFrame, meta: Mapping[str, Any], *, edges: int | None = DEFAULT_EDGES, title: str | None = None
 ) -> go.Figure:
     """The circuit of ``table`` drawn as a graph: an edge-score table (``EdgeScores.table``:
     :meth:`Graph.table`'s columns and ``score``; at least ``edge``, ``sender``, ``receiver`` and
     ``score``), with ``score_lo``/``score_hi`` and ``stability`` shown where present.
 
-    The circuit is the rows whose ``in_circuit`` is true when the table has that column, else the
-    ``edges`` largest by ``|score|`` (ties in table order). ``meta`` is the run's (the model, the
+    The circuit is the rows whose ``in_circuit`` is true when the table has that column, else every
+    row; of it the ``edges`` largest by ``|score|`` are drawn (ties in table order; ``None``: all of
+    it), so that a circuit of hundreds of edges still reads, its title saying how many are drawn. ``meta`` is the run's (the model, the
     metric, the direction, ``n_edges``, ``ci_level``; ``parallel`` or its graph's description says
     whether an MLP reads its own layer's heads). ``title`` defaults to the model, the circuit's
     size (n of N edges) and the metric and direction. See the module docstring for the layout."""
@@ -96,7 +97,8 @@ def graph_figure(
         raise ValueError(f"graph_figure draws edge scores: the table has no 'score' column ({list(table.columns)})")
     if "site" not in table.columns:  # a hand-made table: the site is in the receiver's name
         table = table.assign(site=[_site(str(r)) for r in table["receiver"]])
-    chosen = _circuit(table, edges)
+    circuit = _circuit(table)
+    chosen = _strongest(circuit, edges)
     layout = _Layout.of(table, meta)
     score = chosen["score"].to_numpy(dtype=float)
     finite = np.abs(score[np.isfinite(score)])
@@ -168,8 +170,8 @@ def graph_figure(
             )
         )
     _add_nodes(fig, layout, nodes, ends)
-    n, total = len(chosen), len(table)  # the table holds every edge of the graph
-    plot_h = _frame(fig, layout, _title(meta, n, total, "in_circuit" in table.columns) if title is None else title)
+    sizes = (len(circuit), len(chosen), len(table))  # the table holds every edge of the graph
+    plot_h = _frame(fig, layout, _title(meta, *sizes, "in_circuit" in table.columns) if title is None else title)
     fig.update_layout(
         coloraxis=dict(
             colorscale=[list(stop) for stop in colorscale],
@@ -192,12 +194,21 @@ def graph_figure(
     return styled(fig)
 
 
-def _circuit(table: pd.DataFrame, edges: int) -> pd.DataFrame:
-    """The rows in the circuit: ``in_circuit`` where the table says, else the ``edges`` largest ``|score|``."""
+def _circuit(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows in the circuit: ``in_circuit`` where the table says, else every row."""
     if "in_circuit" in table.columns:
         return table[table["in_circuit"].astype(bool).to_numpy()].reset_index(drop=True)
+    return table
+
+
+def _strongest(table: pd.DataFrame, edges: int | None) -> pd.DataFrame:
+    """The ``edges`` rows of largest ``|score|`` (ties in table order; NaN last); all with ``None``."""
+    if edges is None:
+        return table
     if isinstance(edges, bool) or not isinstance(edges, int) or edges < 1:
-        raise ValueError(f"edges={edges!r}: an integer >= 1, the number of edges to draw")
+        raise ValueError(f"edges={edges!r}: an integer >= 1, the number of edges to draw, or None for all")
+    if len(table) <= edges:
+        return table
     size = np.abs(table["score"].to_numpy(dtype=float))
     order = np.argsort(-np.nan_to_num(size, nan=-1.0), kind="stable")
     return table.iloc[order[:edges]].reset_index(drop=True)
@@ -391,14 +402,18 @@ def _count(sites: list[str]) -> str:
     return f"{len(sites)} in-circuit edge{'s' if len(sites) != 1 else ''}: " + ", ".join(parts)
 
 
-def _title(meta: Mapping[str, Any], n: int, total: int, marked: bool) -> str:
-    """The model, the circuit's size, the metric and the direction, and the gap's warning if any."""
+def _title(meta: Mapping[str, Any], size: int, drawn: int, total: int, marked: bool) -> str:
+    """The model, the circuit's size (and how much of it is drawn), the metric and the direction,
+    and the gap's warning if any."""
     model = short_name(meta.get("model") or "model")
-    how = "" if marked else " (largest |score|)"
+    if not marked:
+        head = f"the {drawn:,} of {total:,} edges of largest |score|"
+    else:
+        head = f"circuit of {size:,} of {total:,} edges"
+        if drawn < size:
+            head += f", its {drawn:,} of largest |score| drawn (figure(edges=None) draws all)"
     what = " · ".join(f"{k} {meta[k]}" for k in ("metric", "direction", "method") if meta.get(k))
-    title = f"{model}: circuit of {n:,} of {total:,} edges{how}" + (
-        f"<br><sup>{html.escape(what)}</sup>" if what else ""
-    )
+    title = f"{model}: {head}" + (f"<br><sup>{html.escape(what)}</sup>" if what else "")
     warning = meta.get("gap_warning")
     return title + (f"<br><sup>{html.escape(str(warning))}</sup>" if warning else "")
 

@@ -28,6 +28,7 @@ from interp.adapters import HookedModel
 from interp.circuits import METHODS, EdgeScores, edge_scores, validate_edge_scores
 from interp.circuits.circuit import FAITHFUL, Circuit, FaithfulnessCurve, validate_circuit
 from interp.circuits.eapig import write_eapig_json
+from interp.circuits.figure import DEFAULT_EDGES
 from interp.cli import flags
 from interp.cli.common import FRAMED_UNREAD, Unread, run_cli, stop_partial
 from interp.config import RunConfig
@@ -91,10 +92,27 @@ def build_parser(prog: str = "python -m interp.circuit") -> argparse.ArgumentPar
         default="patch",
         help="what the edges outside a circuit read: " + SOURCES.help() + f"; {NO_EVALUATION}: no evaluation",
     )
+    p.add_argument(
+        "--draw",
+        type=_drawn,
+        default=DEFAULT_EDGES,
+        metavar="N|all",
+        help=f"the circuit's figure draws its N edges of largest |score| (default: {DEFAULT_EDGES}); all: every one",
+    )
     p.add_argument("--export", default=None, metavar="FILE.json", help="also write the circuit as EAP-IG's graph JSON")
     p.add_argument("--n-boot", type=flags.positive_int, default=1000, help="bootstrap resamples over pairs")
     flags.add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
     return p
+
+
+def _drawn(text: str) -> int | None:
+    """``--draw``: a number of edges >= 1, or ``all`` (``None``)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return flags.positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"a number of edges >= 1, or all; got {text!r}") from None
 
 
 UNREAD = (
@@ -198,7 +216,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     _print_chosen(args, scores, circuit)
     if curve is not None:  # the chosen circuit marked on the curve
         written += save_figure(curve.figure(chosen=circuit), out, curve.KIND)
-    written += circuit.save(out) + save_figure(circuit.figure(), out, STEM)
+    written += circuit.save(out) + save_figure(circuit.figure(edges=args.draw), out, STEM)
     if args.export is not None:
         written.append(write_eapig_json(args.export, circuit.to_json(d_model=describe(model).d_model)))
     if journals is not None:
@@ -269,6 +287,8 @@ def _print_chosen(args: argparse.Namespace, scores: EdgeScores, circuit: Circuit
     print(line)
     if few and "faithfulness" in circuit.meta:
         print(few_sequences_note(few, "pair"))
+    if args.draw is not None and circuit.n_edges > args.draw:
+        print(f"{STEM}.html draws its {args.draw} edges of largest |score| (--draw all: every one)")
     if not circuit.n_edges:
         print(
             f"! the circuit is empty: no input-to-logits path is left after pruning {_named(args)}; "
