@@ -166,4 +166,6 @@ def test_draw_caps_the_circuits_figure_and_says_so(tmp_path, capsys):
     assert ", its " not in (out / "circuit.html").read_text().split("circuit of ", 1)[1][:60]
     with pytest.raises(SystemExit) as stop:
         cli([*args, "--draw", "0"])
-    assert stop.value.code == 2 and "argument --draw: a number of edges >= 1, or all; got '0'\n" in capsys.readouterr().err
+    assert (
+        stop.value.code == 2 and "argument --draw: a number of edges >= 1, or all; got '0'\n" in capsys.readouterr().err
+    )
