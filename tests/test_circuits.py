@@ -15,7 +15,8 @@ from interp.circuits import MIB_FRACTIONS, Circuit, Graph, Shape, edge_scores, e
 from interp.circuits.circuit import FaithfulnessCurve, prune, select, sizes_of
 from interp.errors import UsageError
 from interp.patching.core import setup
-from interp.patching.edge_patch import SOURCE, CodeUnits, EdgeSweeper
+from interp.patching.edge_patch import CodeUnits, EdgeSweeper
+from interp.patching.edge_replay import SOURCE
 from interp.probes.task import task_probe
 from interp.toy.model import ToyConfig, ToyTransformer
 from interp.toy.planted import planted_model

@@ -270,7 +270,7 @@ def test_a_run_that_would_not_fit_is_refused_with_the_estimate_before_any_forwar
     model = planted_model(n_ctx=64)
     monkeypatch.setattr(memory, "free_bytes", lambda device: 10_000)  # far below one pass's estimate
     ran = []
-    monkeypatch.setattr(edges._Passes, "all_pairs", lambda *a: ran.append(1))
+    monkeypatch.setattr(edges.GradientPasses, "all_pairs", lambda *a: ran.append(1))
     with pytest.raises(
         UsageError,
         match=r"edge attribution needs about .* for the per-pair edge scores, .* per forward of 20 .*: use fewer pairs \(n_pairs=\)",
@@ -307,7 +307,7 @@ def test_integration_steps_are_taken_one_at_a_time_with_progress_within_them(mon
     class Enough(Exception):
         pass
 
-    contract, done = edges._Passes._contract, []
+    contract, done = edges.GradientPasses._contract, []
 
     def counted(self, *a):
         done.append(1)
@@ -315,7 +315,7 @@ def test_integration_steps_are_taken_one_at_a_time_with_progress_within_them(mon
             raise Enough
         return contract(self, *a)
 
-    monkeypatch.setattr(edges._Passes, "_contract", counted)
+    monkeypatch.setattr(edges.GradientPasses, "_contract", counted)
     with progress.lines(), pytest.raises(Enough):
         edge_scores(model, "repeat", method="eap-ig-inputs", steps=10**9, n_pairs=4, config=config)
     assert "of 1,000,000,000 forward and backward pass(es) each" in capsys.readouterr().err

@@ -37,7 +37,8 @@ from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.journal import Journal
 from interp.patching.core import gap_meta, pooled_ratio, setup
-from interp.patching.edge_patch import SOURCE, SOURCES, CodeUnits, EdgeSweeper
+from interp.patching.edge_patch import SOURCES, CodeUnits, EdgeSweeper
+from interp.patching.edge_replay import SOURCE
 from interp.patching.graph import Graph, Shape, graph_of
 from interp.probes.task import TaskProbe
 from interp.registry import Registry

@@ -43,7 +43,8 @@ from interp.patching.core import (
     setup,
     validate_setup,
 )
-from interp.patching.edge_patch import ACTUAL, OWN, SOURCE, EdgeSweeper, Units
+from interp.patching.edge_patch import EdgeSweeper, Units
+from interp.patching.edge_replay import ACTUAL, OWN, SOURCE
 from interp.patching.graph import MLP_SITE, Graph, graph_of
 from interp.patching.metrics import refuse_raw
 from interp.patching.result import effect_scale, warned
