@@ -411,7 +411,7 @@ def _title(meta: Mapping[str, Any], size: int, drawn: int, total: int, marked: b
     else:
         head = f"circuit of {size:,} of {total:,} edges"
         if drawn < size:
-            head += f", its {drawn:,} of largest |score| drawn (figure(edges=None) draws all)"
+            head += f", its {drawn:,} of largest |score| drawn"
     what = " · ".join(f"{k} {meta[k]}" for k in ("metric", "direction", "method") if meta.get(k))
     title = f"{model}: {head}" + (f"<br><sup>{html.escape(what)}</sup>" if what else "")
     warning = meta.get("gap_warning")
