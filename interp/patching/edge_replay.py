@@ -68,7 +68,7 @@ class EdgeBatch(CleanBatch):
 
 
 class Patcher(Protocol):
-    """What the replay reads of its sweeper (:class:`~interp.patching.edge_patch.Patcher`)."""
+    """What the replay reads of its sweeper (:class:`~interp.patching.edge_patch.EdgeSweeper`)."""
 
     model: Any
     info: ModelInfo
