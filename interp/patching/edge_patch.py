@@ -353,7 +353,8 @@ class EdgeSweeper(Sweeper):
     def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:
         """The replay's estimate, plus every sender's output on both prompts kept for every pair and,
         per batched forward, the shifted inputs of the widest layer's receivers and every sender's
-        projected difference for each of the two codes (:meth:`Replay._fill`)."""
+        projected difference and their running total for each of the two codes (:meth:`Replay._fill`,
+        :meth:`Replay._total`)."""
         base = super().memory_estimate(minibatch)
         info, T = self.info, self.probe.seq_len
         item = memory.Shape.of(self.model, info).itemsize
@@ -363,7 +364,7 @@ class EdgeSweeper(Sweeper):
         b = min(minibatch or self.minibatch, self.probe.batch)
         kept = base.kept + item * self.probe.batch * T * senders
         per_forward = base.per_forward + item * self.chunk_size * b * T * info.d_model * (3 * widest + 2)
-        per_forward += item * self.chunk_size * b * T * info.d_model * 2 * len(g.senders)
+        per_forward += item * self.chunk_size * b * T * info.d_model * 2 * (len(g.senders) + 1)  # + each code's total
         kept_is = "the clean pass and every sender's output on both prompts, kept"
         return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
 

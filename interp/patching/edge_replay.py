@@ -135,6 +135,7 @@ class Replay:
         self.x: dict[str, Tensor] = {}  # each norm's input, as the forward hands it
         self.stacked: dict[int, Tensor] = {}  # per code: every sender's difference (see _fill)
         self.filled: dict[int, set[int]] = {}  # per code: the sender groups filled so far
+        self.totals: dict[int, tuple[int, Tensor]] = {}  # per code: n, the sum of the first n senders' differences
         self.inside = False
         self.hooks: list[tuple[str, Callable]] = []
         self._build()
@@ -209,37 +210,65 @@ class Replay:
         return pre
 
     def _norm_of(self, norm: torch.nn.Module, x: Tensor, D: Tensor) -> Tensor:
-        """``norm(x + D) - norm(x)`` per receiver: ``D`` is ``[rep, b, T, C, d]``, ``x`` ``[rep * b, T, d]``."""
-        rep, b, T, C, d = D.shape
-        xs = x.reshape(rep, b, T, 1, d)
-        moved = (xs + D).permute(0, 1, 3, 2, 4).reshape(rep * b * C, T, d)
+        """``norm(x + D) - norm(x)`` per receiver, ``[rep, C, b, T, d]``: ``D`` is ``[rep, C, b, T, d]``,
+        ``x`` ``[rep * b, T, d]`` (its norm formed once, not once per receiver)."""
+        rep, C, b, T, d = D.shape
+        moved = (x.reshape(rep, 1, b, T, d) + D).reshape(rep * C * b, T, d)
         self.inside = True
         try:
-            out = norm(moved) - norm(x).reshape(rep, b, 1, T, d).expand(rep, b, C, T, d).reshape(rep * b * C, T, d)
+            return norm(moved).reshape(rep, C, b, T, d) - norm(x).reshape(rep, 1, b, T, d)
         finally:
             self.inside = False
-        return out.reshape(rep, b, C, T, d).permute(0, 1, 3, 2, 4)
 
-    def _shift(self, receivers: list[int]) -> Tensor | None:
-        """``D``, ``[rep, b, T, C, d_model]``: for each receiver, the sum over its senders coded
-        otherwise of (chosen output - actual output); ``None`` when nothing is. One batched product
-        per code of the receivers' codes with every upstream sender's difference, each difference
-        computed once per forward (:meth:`_fill`)."""
+    def _shift(self, receivers: list[int]) -> tuple[Tensor, Tensor] | None:
+        """``(D, live)``: ``live``, the receivers (indices into ``receivers``) that some intervention
+        shifts, and ``D``, ``[rep, C_live, b, T, d_model]``, for each of them the sum over its senders
+        coded otherwise of (chosen output - actual output); ``None`` when nothing is.
+
+        By corrections: where a receiver reads more than half its upstream senders under one code
+        (a small circuit's receivers read nearly every sender at the source), its sum is that code's
+        total over every upstream sender minus the senders it reads otherwise, so each receiver
+        costs ``min(k, n_up - k)`` differences, not ``n_up``. Each code is one product per
+        intervention of a ``[C, n_up]`` matrix of +-1 (sparse where few entries are set) with every
+        upstream sender's difference, each difference and each total formed once per forward
+        (:meth:`_fill`, :meth:`_total`)."""
         codes = self.codes[:, :, receivers]  # [rep, sender, C]
         if not bool((codes != ACTUAL).any()):
             return None
         n_up = self.sw.graph.upstream(receivers[0])
+        live = (codes[:, :n_up] != ACTUAL).any(1).any(0).nonzero()[:, 0]  # receivers some intervention shifts
+        codes = codes[:, :n_up, live]
         D = None
         for code in (SOURCE, OWN):
-            m = codes[:, :n_up] == code  # [rep, n_up, C]
-            used = m.any(0).any(-1).cpu().numpy()
-            if not used.any():
+            m = codes == code  # [rep, n_up, C_live]
+            k = m.sum(1)  # [rep, C_live]: the senders each receiver reads under this code
+            if not bool(k.any()):
                 continue
-            P = self._fill(code, used)  # [rep, sender, b * T * d]
-            term = torch.bmm(m.transpose(1, 2).to(P.dtype), P[:, :n_up])  # [rep, C, b * T * d]
+            flip = 2 * k > n_up  # cheaper as the total minus the rest
+            summed = m ^ flip[:, None, :]  # the senders summed, with sign -1 where flipped
+            used = summed.any(0).any(-1) | bool(flip.any())
+            P = self._fill(code, used.cpu().numpy())  # [rep, sender, b * T * d]
+            sign = torch.where(flip, -1.0, 1.0).to(P.dtype)  # [rep, C_live]
+            weights = summed.transpose(1, 2).to(P.dtype) * sign[:, :, None]  # [rep, C_live, n_up]
+            term = _products(weights, P[:, :n_up])  # [rep, C_live, b * T * d]
+            if bool(flip.any()):
+                term = term + flip[:, :, None].to(P.dtype) * self._total(code, n_up)[:, None]
             D = term if D is None else D + term
         rep, C = D.shape[:2]
-        return D.reshape(rep, C, self.b, self.T, -1).permute(0, 2, 3, 1, 4)
+        return D.reshape(rep, C, self.b, self.T, -1), live.to(D.device)
+
+    def _total(self, code: int, n_up: int) -> Float[Tensor, "rep btd"]:
+        """The sum of the first ``n_up`` senders' differences under ``code`` (every one filled),
+        grown from the last sum formed this forward (receivers come in layer order, so ``n_up`` only
+        grows; one sum is kept per code)."""
+        P = self.stacked[code]
+        below, total = self.totals.get(code, (0, None))
+        if total is None or below > n_up:
+            below, total = 0, torch.zeros_like(P[:, 0])
+        if below < n_up:
+            total = total + P[:, below:n_up].sum(1)
+        self.totals[code] = (n_up, total)
+        return total
 
     def _groups(self) -> Iterator[tuple[slice, Tensor | None, Tensor, Tensor, Tensor | None]]:
         """Each sender group (the input, one layer's heads, one MLP): its senders, their actual,
@@ -289,14 +318,17 @@ class Replay:
         receivers = self.sw.layout.sites[l].get(site, [])
 
         def hook(y: Tensor, hook: Any) -> Tensor:
-            D = self._shift(receivers)
-            if D is None:
+            shifted = self._shift(receivers)
+            if shifted is None:
                 return y
+            D, live = shifted
             x = self.x[f"ln1.{l}"]
-            moved = self._norm_of(self.sw.model.blocks[l].ln1, x, D)  # [rep, b, T, C, d]
-            change = einsum(moved, self.sw.W[site][l].to(moved.dtype), "r b t c d, c d e -> r b t c e")
-            yy = by_head(y, change.shape[3])
-            return (yy + change.reshape(yy.shape).to(yy.dtype)).reshape(y.shape)
+            moved = self._norm_of(self.sw.model.blocks[l].ln1, x, D)  # [rep, C_live, b, T, d]
+            W = self.sw.W[site][l][live.to(self.sw.W[site].device)].to(moved.dtype)
+            change = einsum(moved, W, "r c b t d, c d e -> r b t c e")
+            yy = by_head(y, len(receivers))
+            change = change.reshape(yy.shape[0], *yy.shape[1:-2], len(live), yy.shape[-1]).to(yy.dtype)
+            return yy.index_add(-2, live, change).reshape(y.shape)
 
         return hook
 
@@ -306,12 +338,12 @@ class Replay:
         def hook(y: Tensor, hook: Any) -> Tensor:
             if self.inside:
                 return y
-            D = self._shift(receivers)
-            if D is None:
+            shifted = self._shift(receivers)
+            if shifted is None:
                 return y
             norm = self.sw.mlp_norms[l]
             x = self.x.get(f"ln2.{l}", self.x.get(f"ln1.{l}"))
-            moved = self._norm_of(norm, x.reshape(self.rep * self.b, self.T, -1), D)[:, :, :, 0]
+            moved = self._norm_of(norm, x.reshape(self.rep * self.b, self.T, -1), shifted[0])[:, 0]
             return y + moved.reshape(y.shape).to(y.dtype)
 
         return hook
@@ -320,14 +352,31 @@ class Replay:
         if self.inside:
             return None
         L = self.sw.info.n_layers
-        D = self._shift(self.sw.layout.sites[L]["logits"])
-        if D is None:
+        shifted = self._shift(self.sw.layout.sites[L]["logits"])
+        if shifted is None:
             return None
         x = args[0]
-        d = D[:, :, :, 0].reshape(self.rep * self.b, self.T, -1)
+        d = shifted[0][:, 0].reshape(self.rep * self.b, self.T, -1)
         if x.shape[1] != self.T:  # the replay reads the metric's positions only
             d = self.sw.metric.read(d)
         return (x + d.to(x.dtype), *args[1:])
+
+
+DENSE_ROWS = 4  # a dense product costs about min(C, 4) sparse entries' work per sender (measured on CPUs)
+
+
+def _products(weights: Float[Tensor, "rep C n"], P: Float[Tensor, "rep n btd"]) -> Float[Tensor, "rep C btd"]:
+    """``weights @ P`` per intervention: sparse where that reads fewer of ``P``'s rows than the
+    dense product's cost (a small circuit's receivers, or a large one's by its complement; always
+    for one receiver), dense otherwise."""
+    rep, C, n = weights.shape
+    if weights.dtype not in (torch.float32, torch.float64) or weights.device.type != "cpu":
+        return torch.bmm(weights, P)
+    out = []
+    for w, p in zip(weights, P):
+        sparse = int(w.count_nonzero()) < n * min(C, DENSE_ROWS)
+        out.append(torch.sparse.mm(w.to_sparse_coo(), p) if sparse else w @ p)
+    return torch.stack(out)
 
 
 def on_input(hook: Callable) -> Callable:
