@@ -41,7 +41,7 @@ relative to the largest |score| of ours, and the share of edges within 1e-4 of i
 
 The circuit evaluation at MIB's 10 edge fractions (0.1% .. 100% of the edges by |score|): EAP-IG's
 ``Graph.apply_topn`` + ``evaluate_graph`` called 10 times on its EAP scores, timed in its own process
-(:func:`bench_evaluation`; our side joins when ``interp.circuits``' evaluation lands).
+beside ours, ``faithfulness_curve`` on our EAP scores at the same fractions (:func:`bench_evaluation`).
 
 The peers' virtualenvs (each beside a TransformerLens < 4, which ``interp`` cannot share):
 
@@ -190,6 +190,40 @@ def worker_ours(args) -> None:
     result, stats = measured(run)
     table = result.table
     _save(work, "ours", args._method, table["edge"].tolist(), table["score"].to_numpy(), logits, stats)
+
+
+def worker_ours_evaluate(args) -> None:
+    """Our circuit evaluation at MIB's fractions of the edges (by |EAP score|, our own EAP run's), timed
+    as one call: :func:`interp.circuits.circuit.faithfulness_curve` without the refinement, every
+    circuit extracted, pruned and evaluated by exact patching in batched replays."""
+    import numpy as np
+    import torch
+
+    import interp
+    from interp.circuits.circuit import faithfulness_curve
+    from interp.probes.task import TaskProbe
+
+    torch.set_num_threads(args.threads)
+    work = Path(args._work)
+    p = _pairs(work)
+    model = interp.load_model(work / "model", device="cpu")
+    task = TaskProbe.from_pairs(
+        model, p["clean_ids"], p["corrupted_ids"], p["answer"], p["wrong"], framed=True, name="ioi", seed=0
+    )
+    with torch.no_grad():
+        model(task.clean[: args.batch])  # the warm-up forward
+    saved = np.load(work / "ours-eap.npz")
+    config = interp.RunConfig(minibatch=args.batch, **({} if args.n_boot is None else {"n_boot": args.n_boot}))
+    run = lambda: faithfulness_curve(  # noqa: E731
+        model, task, saved["scores"], fractions=MIB_FRACTIONS, refine=False, metric="raw-logit-diff", config=config
+    )
+    curve, stats = measured(run)
+    rows = [
+        {"fraction": float(r.fraction), "asked": int(r.size), "edges": int(r.n_edges), "metric": float(r.metric)}
+        for r in curve.table.itertuples()
+    ]
+    out = {"side": "ours", "method": "evaluate", "rows": rows, "clean_metric": curve.meta["clean_metric"]}
+    print(json.dumps({**out, **stats}))
 
 
 def _tl_model(work: Path, threads: int):
@@ -543,27 +577,42 @@ def logits_check(work: Path, runs: dict) -> str:
     )
 
 
-def bench_evaluation(args, python: str | None, work: Path, out: Out) -> dict | None:
+def bench_evaluation(args, python: str | None, work: Path, out: Out) -> dict:
     """Circuit evaluation at MIB's 10 edge fractions: EAP-IG's ``apply_topn`` + ``evaluate_graph`` on its EAP
-    scores, 10 calls in one process. Our side (one batched evaluation) joins here when ``interp.circuits``'
-    evaluation API lands: run it on ``ours-eap``'s scores and the same fractions, and add its row."""
-    if python is None or not (work / "eapig-EAP-scores.pt").exists():
-        return None
-    r = run_worker(python, args, "eapig", "EAP", work, evaluate=True)
+    scores, 10 calls in one process, beside ours on our EAP scores (one ``faithfulness_curve`` call without
+    the refinement), each in a fresh process; the CPU ratio is ours over EAP-IG's."""
+    runs = {}
+    if (work / "ours-eap.npz").exists():
+        runs["ours"] = run_worker(sys.executable, args, "ours", "eap", work, evaluate=True)
+    if python is not None and (work / "eapig-EAP-scores.pt").exists():
+        runs["eapig"] = run_worker(python, args, "eapig", "EAP", work, evaluate=True)
     out()
     out(f"Circuit evaluation at MIB's {len(MIB_FRACTIONS)} edge fractions (by |EAP score|), logit difference")
-    if "error" in r:
-        out(f"  EAP-IG evaluate_graph: failed: {r['error']}")
-        return r
-    out(f"{'fraction':>10}{'top-n edges':>13}{'kept after pruning':>20}{'EAP-IG metric':>16}")
-    for row in r["rows"]:
-        out(f"{row['fraction']:>10.1%}{row['asked']:>13,}{row['edges']:>20,}{row['metric']:>16.4f}")
+    for side, r in runs.items():
+        if "error" in r:
+            out(f"  {LABEL[side]} evaluation: failed: {r['error']}")
+    ok = {side: r for side, r in runs.items() if "error" not in r}
+    if not ok:
+        return runs
+    head = f"{'fraction':>10}" + "".join(f"{LABEL[s] + ' edges':>16}{LABEL[s] + ' metric':>16}" for s in ok)
+    out(head)
+    for i, fraction in enumerate(MIB_FRACTIONS):
+        cells = "".join(f"{r['rows'][i]['edges']:>16,}{r['rows'][i]['metric']:>16.4f}" for r in ok.values())
+        out(f"{fraction:>10.1%}{cells}")
+    for side, r in ok.items():
+        ratio = ""
+        if side == "ours" and "eapig" in ok and ok["eapig"]["cpu_seconds"] > 0:
+            ratio = f" ({r['cpu_seconds'] / ok['eapig']['cpu_seconds']:.2f}x EAP-IG's CPU)"
+        out(
+            f"{LABEL[side]}: {r['cpu_seconds']:.1f} s CPU ({r['seconds']:.1f} s wall){ratio}; peak RSS "
+            f"{r['peak_bytes'] / 1e9:.2f} GB, {r['above_bytes'] / 1e9:.2f} GB above the model; clean metric "
+            f"{r['clean_metric']:.4f}"
+        )
     out(
-        f"EAP-IG: {r['cpu_seconds']:.1f} s CPU ({r['seconds']:.1f} s wall) for the {len(MIB_FRACTIONS)} "
-        f"evaluate_graph calls; peak RSS {r['peak_bytes'] / 1e9:.2f} GB, {r['above_bytes'] / 1e9:.2f} GB above the "
-        f"model; clean metric {r['clean_metric']:.4f}. Ours: not yet (the Circuit evaluation API is being written)."
+        "(edges: kept after pruning, ours of floor(f x edges) asked, EAP-IG's of round(f x edges); "
+        "EAP-IG's metric on its EAP scores, ours on ours)"
     )
-    return r
+    return runs
 
 
 def table(out: Out, runs: dict, agree: dict) -> None:
@@ -613,7 +662,7 @@ def main() -> None:
     p.add_argument("--peer-python-eapig", default=None, help="EAP-IG's venv's python (.cache/peers/eapig)")
     p.add_argument("--peer-python-autocircuit", default=None, help="auto-circuit's venv's python")
     p.add_argument("--skip-peers", action="store_true", help="run our side only")
-    p.add_argument("--no-evaluation", action="store_true", help="skip EAP-IG's circuit evaluation timing")
+    p.add_argument("--no-evaluation", action="store_true", help="skip the circuit evaluation timings")
     p.add_argument("--out", default=None, help="also write the output here (e.g. analyses/results/bench_edges.txt)")
     p.add_argument("--_side", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_method", default=None, help=argparse.SUPPRESS)
@@ -621,7 +670,7 @@ def main() -> None:
     args = p.parse_args()
     if args._side:
         if args._method == "evaluate":
-            worker_eapig_evaluate(args)
+            (worker_ours_evaluate if args._side == "ours" else worker_eapig_evaluate)(args)
         else:
             WORKERS[args._side](args)
         return

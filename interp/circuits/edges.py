@@ -273,20 +273,22 @@ def _result(
 
 
 def stability(
-    per_pair: Float[Tensor, "pair edge"], top: int, *, n_boot: int = 1000, seed: int = 0, block: int = 50
+    per_pair: Float[Tensor, "pair edge"], top: int, *, n_boot: int = 1000, seed: int = 0
 ) -> Float[Tensor, " edge"]:
     """The share of ``n_boot`` bootstrap resamples of the pairs in which each edge's mean score is
-    among the ``top`` largest in absolute value (resamples drawn ``block`` at a time, fewer where
-    ``block`` resamples of every edge would pass 64 MiB)."""
+    among the ``top`` largest in absolute value. Each resample's means are its draw counts times the
+    pairs' scores (one product per block of resamples, a block's means held under 64 MiB), not a
+    gathered copy of every drawn pair's scores."""
     n, E = per_pair.shape
     k = min(top, E)
-    block = max(1, min(block, (1 << 26) // max(1, 8 * n * E)))
+    block = max(1, (1 << 26) // max(1, 8 * E))
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(n, (n_boot, n), generator=gen)
+    draws = torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(idx.shape, dtype=torch.float64))
     hits = torch.zeros(E, dtype=torch.float64)
     values = per_pair.double()
     for s in range(0, n_boot, block):
-        means = values[idx[s : s + block]].mean(1).abs()  # [block, edge]
+        means = (draws[s : s + block] @ values / n).abs()  # [block, edge]
         chosen = means.topk(k, dim=1).indices
         hits += torch.zeros_like(means).scatter_(1, chosen, 1.0).sum(0)
     return (hits / n_boot).float()
