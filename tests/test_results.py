@@ -113,3 +113,14 @@ def test_a_head_map_loads_back_through_load_result(tmp_path):
     m.save(tmp_path)
     back = load_result(tmp_path / "head_map.json")
     assert type(back) is HeadMap and np.array_equal(back.distance, distance) and back.meta == m.meta
+
+
+def test_the_head_column_leaves_pandas_head_method_alone(tmp_path):
+    """Chosen: the column keeps TransformerLens's word, ``head``; ``table.head(n)`` is still pandas'
+    first n rows (attribute access finds the method), ``table["head"]`` the column, and both come back
+    from a saved file the same way."""
+    scores = _heads({"kind": "induction"})
+    for table in (scores.table, load_result(scores.save(tmp_path)[1]).table):
+        assert table.head(3).shape[0] == 3 and callable(table.head)
+        assert table["head"].tolist() == [0, 1, 0, 1] and table["head"].dtype.kind == "i"
+        assert table.groupby(["layer", "head"])["induction"].mean().loc[(1, 1)] == pytest.approx(0.3)
