@@ -161,7 +161,8 @@ def _save(work: Path, side: str, method: str, names: list[str], scores, logits, 
     print(json.dumps({"side": side, "method": method, "edges": len(names), **stats, **extra}))
 
 
-def worker_ours(args) -> None:
+def _our_task(args):
+    """Our side's work folder, model (one thread) and task, from the pairs every side reads."""
     import torch
 
     import interp
@@ -174,6 +175,15 @@ def worker_ours(args) -> None:
     task = TaskProbe.from_pairs(
         model, p["clean_ids"], p["corrupted_ids"], p["answer"], p["wrong"], framed=True, name="ioi", seed=0
     )
+    return work, model, task
+
+
+def worker_ours(args) -> None:
+    import torch
+
+    import interp
+
+    work, model, task = _our_task(args)
     with torch.no_grad():  # the warm-up forward, and the logits the sides compare
         logits = model(task.clean[: args.batch])[:, -1].float().numpy()
     ig = args._method != "eap"
@@ -201,15 +211,8 @@ def worker_ours_evaluate(args) -> None:
 
     import interp
     from interp.circuits.circuit import faithfulness_curve
-    from interp.probes.task import TaskProbe
 
-    torch.set_num_threads(args.threads)
-    work = Path(args._work)
-    p = _pairs(work)
-    model = interp.load_model(work / "model", device="cpu")
-    task = TaskProbe.from_pairs(
-        model, p["clean_ids"], p["corrupted_ids"], p["answer"], p["wrong"], framed=True, name="ioi", seed=0
-    )
+    work, model, task = _our_task(args)
     with torch.no_grad():
         model(task.clean[: args.batch])  # the warm-up forward
     saved = np.load(work / "ours-eap.npz")

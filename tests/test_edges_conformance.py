@@ -12,6 +12,7 @@ norm's input for the logits) and one backward give ``d metric / d e`` at 0.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -73,18 +74,8 @@ LLAMA = Spec(
     "mlp",
     "model.norm",
 )
-GEMMA = Spec(
-    "model.layers",
-    "input_layernorm",
-    "pre_feedforward_layernorm",
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp",
-    "model.norm",
-    mlp_out="post_feedforward_layernorm",  # what the MLP adds is its post-norm's output
-    post="post_attention_layernorm",
+GEMMA = dataclasses.replace(  # the MLP reads its own pre-norm; what each sublayer adds is its post-norm's output
+    LLAMA, norm2="pre_feedforward_layernorm", mlp_out="post_feedforward_layernorm", post="post_attention_layernorm"
 )
 SPECS = {
     "gpt2": Spec(
@@ -343,16 +334,19 @@ def test_eap_equals_the_hugging_face_gradient_loop(family):
     assert t.score.abs().max() > 1e-3
 
 
+def _family(family: str) -> tuple[Any, Any, Any, Any]:
+    """The family's reference Hugging Face model, the same weights loaded by interp, its task and graph."""
+    hf_ref, _ = build(family)
+    model = from_hf_model(*build(family), name=family)
+    return hf_ref, model, family_task(model, causal=True), graph_of(model)
+
+
 @pytest.mark.parametrize("family", list(SPECS))
 def test_exact_edges_equal_the_hugging_face_loop(family):
     """Exact edge patching (the edge replay) against one plain Hugging Face forward per edge, the
     receiver's input moved by the sender's output difference, on randomly picked edges."""
-    hf_ref, _ = build(family)
-    model = from_hf_model(*build(family), name=family)
-    task = family_task(model, causal=True)
-    graph = graph_of(model)
-    names = list(graph.table().edge)
-    shape = graph.shape
+    hf_ref, model, task, graph = _family(family)
+    names, shape = list(graph.table().edge), graph.shape
     kv = "kv" if shape.group > 1 else "h"
     picked = random.Random(f"exact {family}").sample(names, 8)
     picked += [f"a0.h1->a1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "m0->a1.h3<q>", "input->m0", "m1->logits"]
@@ -371,12 +365,8 @@ def test_a_circuit_missing_one_edge_equals_the_hugging_face_forward_with_that_ed
     """Circuit evaluation (the clean prompts run, the corrupted senders read outside the circuit) on
     every edge but one equals one plain Hugging Face forward with that edge alone corrupted; on Gemma
     the sender's output is its share of the post-attention norm's output, that norm's scale the run's."""
-    hf_ref, _ = build(family)
-    model = from_hf_model(*build(family), name=family)
-    task = family_task(model, causal=True)
-    graph = graph_of(model)
-    names = list(graph.table().edge)
-    shape = graph.shape
+    hf_ref, model, task, graph = _family(family)
+    names, shape = list(graph.table().edge), graph.shape
     kv = "kv" if shape.group > 1 else "h"
     picked = random.Random(f"circuit {family}").sample([n for n in names if n.startswith("a")], 3)
     picked += [f"a0.h1->a1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "a1.h2->logits", "a0.h0->m1"]
