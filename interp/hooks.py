@@ -41,6 +41,37 @@ def k_hook(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_k"
 
 
+def qkv_hook(layer: int, site: str) -> str:
+    """``hook_q``, ``hook_k`` or ``hook_v`` of layer ``layer`` by its site letter (``"q"``, ``"k"``, ``"v"``)."""
+    return f"blocks.{layer}.attn.hook_{site}"
+
+
+def resid_pre_hook(layer: int) -> str:
+    """``[batch, pos, d_model]`` the residual stream entering block ``layer`` (block 0's: the embedding)."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def resid_mid_hook(layer: int) -> str:
+    """``[batch, pos, d_model]`` the residual between block ``layer``'s attention and its MLP (absent
+    where the two read the same input: a parallel block)."""
+    return f"blocks.{layer}.hook_resid_mid"
+
+
+def attn_out_hook(layer: int) -> str:
+    """``[batch, pos, d_model]`` what block ``layer``'s attention adds."""
+    return f"blocks.{layer}.hook_attn_out"
+
+
+def mlp_in_hook(layer: int) -> str:
+    """``[batch, pos, d_model]`` block ``layer``'s MLP input, after its norm."""
+    return f"blocks.{layer}.mlp.hook_in"
+
+
+def mlp_out_hook(layer: int) -> str:
+    """``[batch, pos, d_model]`` what block ``layer``'s MLP adds."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
 def resid_post_hook(layer: int) -> str:
     """``[batch, pos, d_model]`` the residual stream after block ``layer``."""
     return f"blocks.{layer}.hook_resid_post"
@@ -54,6 +85,12 @@ def layer_of(hook: Any) -> int:
 
 __all__ = [
     "Hook",
+    "attn_out_hook",
+    "mlp_in_hook",
+    "mlp_out_hook",
+    "qkv_hook",
+    "resid_mid_hook",
+    "resid_pre_hook",
     "k_hook",
     "layer_of",
     "pattern_hook",

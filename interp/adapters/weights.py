@@ -25,6 +25,7 @@ from torch import Tensor
 
 from interp.adapters.info import ModelInfo
 from interp.errors import UsageError
+from interp.hooks import resid_post_hook, resid_pre_hook
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def final_norm_site(model: Any) -> NormSite | None:
     if "ln_final.hook_in" in model.hook_dict:  # a bridge
         return NormSite("ln_final.hook_in", "ln_final.hook_scale", "ln_final.hook_out", centered)
     last = len(model.blocks) - 1  # the toy: its final norm reads the last block's output
-    return NormSite(f"blocks.{last}.hook_resid_post", "ln_final.hook_scale", "ln_final.hook_normalized", centered)
+    return NormSite(resid_post_hook(last), "ln_final.hook_scale", "ln_final.hook_normalized", centered)
 
 
 def input_norm_site(model: Any, layer: int) -> NormSite | None:
@@ -162,7 +163,7 @@ def input_norm_site(model: Any, layer: int) -> NormSite | None:
     if f"{prefix}.hook_in" in model.hook_dict:  # a bridge
         return NormSite(f"{prefix}.hook_in", f"{prefix}.hook_scale", f"{prefix}.hook_out", centered)
     if f"{prefix}.hook_scale" in model.hook_dict:  # the toy
-        return NormSite(f"blocks.{layer}.hook_resid_pre", f"{prefix}.hook_scale", f"{prefix}.hook_normalized", centered)
+        return NormSite(resid_pre_hook(layer), f"{prefix}.hook_scale", f"{prefix}.hook_normalized", centered)
     return None
 
 

@@ -30,6 +30,7 @@ from interp.adapters import HookedModel, is_toy, run_with_reducers
 from interp.adapters.weights import read_head_weights
 from interp.config import RunConfig
 from interp.errors import UsageError
+from interp.hooks import mlp_in_hook, mlp_out_hook, qkv_hook, resid_pre_hook, z_hook
 from interp.patching.core import Setup
 from interp.patching.edge_replay import on_input
 from interp.patching.graph import Graph
@@ -194,14 +195,14 @@ class GradientPasses:
         def scale(key: str) -> Callable:
             return lambda s, hook: put(key, scaled(raw.pop(key), s.detach()))
 
-        hooks = [("blocks.0.hook_resid_pre", grab("input"))]
+        hooks = [(resid_pre_hook(0), grab("input"))]
         for l in range(self.info.n_layers):
             if l in self.posts:
-                hooks.append((f"blocks.{l}.attn.hook_z", lambda x, hook, k=f"z{l}": raw.__setitem__(k, x.detach())))
+                hooks.append((z_hook(l), lambda x, hook, k=f"z{l}": raw.__setitem__(k, x.detach())))
                 hooks.append((self.posts[l].scale, scale(f"z{l}")))
             else:
-                hooks.append((f"blocks.{l}.attn.hook_z", grab(f"z{l}")))
-        hooks += [(f"blocks.{l}.hook_mlp_out", grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
+                hooks.append((z_hook(l), grab(f"z{l}")))
+        hooks += [(mlp_out_hook(l), grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
         return hooks
 
     def _toward(self, donor: dict[str, Tensor], key: str, alpha: float) -> tuple[str, Callable]:
@@ -242,14 +243,14 @@ class GradientPasses:
         if alpha is not None:  # the moved senders' outputs at donor + alpha (own - donor)
             hooks = [*hooks, *[self._toward(donor, k, alpha) for k in moved]]
         start: list[Tensor] = []  # the stream entering block 0, where the backward stops
-        hooks.append(("blocks.0.hook_resid_pre", _start(start)))
+        hooks.append((resid_pre_hook(0), _start(start)))
         grads: dict[str, Tensor] = {}
         seen: set[str] = set()
         for l in range(self.info.n_layers):
-            hooks += [(f"blocks.{l}.attn.hook_{s}", _watch(grads, seen, f"{s}{l}")) for s in "qkv"]
+            hooks += [(qkv_hook(l, s), _watch(grads, seen, f"{s}{l}")) for s in "qkv"]
         norm_in: dict[str, Tensor] = {}
         blocks, handles = self.model.blocks, []
-        inputs = [(blocks[l].mlp, f"blocks.{l}.mlp.hook_in", f"m{l}") for l in self.graph.shape.mlp_layers]
+        inputs = [(blocks[l].mlp, mlp_in_hook(l), f"m{l}") for l in self.graph.shape.mlp_layers]
         try:
             for l in range(self.info.n_layers):
                 handles.append(blocks[l].ln1.register_forward_pre_hook(_grab_input(norm_in, f"ln1.{l}")))
@@ -360,13 +361,11 @@ def fused_attention(model: HookedModel, config: RunConfig, tokens: Tensor, graph
     except UsageError:
         return False
     L = graph.shape.n_layers
-    names = [f"blocks.{l}.attn.hook_{s}" for l in range(L) for s in "qkv"] + [
-        f"blocks.{l}.attn.hook_z" for l in range(L)
-    ]
+    names = [qkv_hook(l, s) for l in range(L) for s in "qkv"] + [z_hook(l) for l in range(L)]
     seen: set[str] = set()
     hooks = [(name, lambda x, hook, name=name: seen.add(name)) for name in names]  # hook.name: the bridge's own
     start: list[Tensor] = []
-    hooks.append(("blocks.0.hook_resid_pre", _start(start)))
+    hooks.append((resid_pre_hook(0), _start(start)))
     try:
         with torch.no_grad():
             want = run_with_reducers(model, tokens, [])
@@ -386,9 +385,9 @@ def _by_position(x: Tensor, b: int, T: int) -> Tensor:
 
 def _hook_name(key: str) -> str:
     if key == "input":
-        return "blocks.0.hook_resid_pre"
+        return resid_pre_hook(0)
     layer = key[1:]
-    return f"blocks.{layer}.attn.hook_z" if key[0] == "z" else f"blocks.{layer}.hook_mlp_out"
+    return z_hook(layer) if key[0] == "z" else mlp_out_hook(layer)
 
 
 def _toward(donor: Tensor, alpha: float) -> Callable:

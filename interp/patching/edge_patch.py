@@ -40,7 +40,7 @@ from interp.ablation.replay import CleanBatch, Sweeper, _rounding, read_out
 from interp.adapters.surgery import by_head
 from interp.adapters.weights import read_head_weights
 from interp.errors import UsageError
-from interp.hooks import z_hook
+from interp.hooks import mlp_out_hook, resid_pre_hook, z_hook
 from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup
 from interp.patching.edge_replay import ACTUAL, SOURCE, EdgeBatch, Layout, Replay, SenderValues, mlp_norms
@@ -194,9 +194,9 @@ class EdgeSweeper(Sweeper):
             return hook
 
         L = self.info.n_layers
-        hooks = [("blocks.0.hook_resid_pre", grab("input"))]
+        hooks = [(resid_pre_hook(0), grab("input"))]
         hooks += [(z_hook(l), grab(f"z{l}")) for l in range(L)]
-        hooks += [(f"blocks.{l}.hook_mlp_out", grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
+        hooks += [(mlp_out_hook(l), grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
         hooks += [(site.scale, grab(f"s{l}")) for l, site in self.posts.items()]
         with torch.no_grad():
             read_out(self.model, tokens, self.metric, hooks, L)
@@ -313,13 +313,13 @@ class EdgeSweeper(Sweeper):
             with torch.no_grad():
                 return read_out(self.model, donor, self.metric, [], self.info.n_layers)
         mean = self.sources(batch)
-        hooks = [("blocks.0.hook_resid_pre", lambda x, hook: mean.input.to(x.dtype).expand_as(x))]
+        hooks = [(resid_pre_hook(0), lambda x, hook: mean.input.to(x.dtype).expand_as(x))]
         for l in range(self.info.n_layers):  # a post-normed layer: its write, which its heads' scaled outputs sum to
             site = self.posts.get(l)
             hooks.append(
                 (z_hook(l), _fixed(mean.z[l])) if site is None else (site.output, _fixed(self._write(mean, l)))
             )
-        hooks += [(f"blocks.{l}.hook_mlp_out", _fixed(m)) for l, m in mean.mlp.items()]
+        hooks += [(mlp_out_hook(l), _fixed(m)) for l, m in mean.mlp.items()]
         with torch.no_grad():
             return read_out(self.model, batch.tokens, self.metric, hooks, self.info.n_layers)
 

@@ -26,7 +26,7 @@ from interp.adapters.info import ModelInfo
 from interp.adapters.surgery import by_head
 from interp.adapters.weights import NormSite
 from interp.errors import AblationError
-from interp.hooks import k_hook, q_hook, v_hook, z_hook
+from interp.hooks import k_hook, mlp_in_hook, mlp_out_hook, q_hook, v_hook, z_hook
 from interp.patching.graph import Graph
 from interp.patching.post_norm import scaled
 
@@ -154,7 +154,7 @@ class Replay:
             if l in sw.posts:
                 self.hooks.append((sw.posts[l].scale, self._scale_z(l)))
             if l in sw.graph.shape.mlp_layers:
-                self.hooks.append((f"blocks.{l}.hook_mlp_out", self._keep_mlp(l)))
+                self.hooks.append((mlp_out_hook(l), self._keep_mlp(l)))
             if self.active[l]:
                 for site, name in (("q", q_hook(l)), ("k", k_hook(l)), ("v", v_hook(l))):
                     self.hooks.append((name, self._shift_head(l, site)))
@@ -172,7 +172,7 @@ class Replay:
                 norm = sw.mlp_norms[l]
                 if norm is not blocks[l].ln1:
                     handles.append(norm.register_forward_pre_hook(self._norm_input(l, "ln2")))
-                name = f"blocks.{l}.mlp.hook_in"
+                name = mlp_in_hook(l)
                 if name in model.hook_dict:
                     mlp_hooks.append((name, self._shift_mlp(l)))
                 else:

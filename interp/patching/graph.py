@@ -34,6 +34,7 @@ from interp.adapters import HookedModel
 from interp.adapters.bridge import gated_attention_modules
 from interp.adapters.weights import post_attention_norm_site
 from interp.errors import UsageError
+from interp.hooks import resid_mid_hook
 from interp.models import ModelInfo, describe
 
 INPUT, LOGITS, MLP_SITE = "input", "logits", "mlp"
@@ -216,7 +217,7 @@ def is_parallel(model: HookedModel) -> bool:
         return True
     hooks: Any = getattr(model, "hook_dict", {})
     has_mlp = any(isinstance(getattr(b, "mlp", None), torch.nn.Module) for b in model.blocks)
-    return has_mlp and "blocks.0.hook_resid_mid" not in hooks
+    return has_mlp and resid_mid_hook(0) not in hooks
 
 
 def graph_of(model: HookedModel, what: str = "edge attribution") -> Graph:

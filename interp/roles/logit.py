@@ -67,7 +67,7 @@ from interp.adapters.weights import (
 )
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
-from interp.hooks import pattern_hook
+from interp.hooks import attn_out_hook, pattern_hook, resid_mid_hook, resid_post_hook, resid_pre_hook, v_hook
 from interp.probes.task import TaskProbe
 from interp.results import Shown, plural, read_csv
 from interp.scores import HeadScores, bootstrap_mean, format_table
@@ -272,7 +272,7 @@ def _attribute(
     posts = {l: post_attention_norm_site(model, l) for l in info.attention_layers}
     L, H = info.n_layers, info.n_heads
     batch = torch.arange(B)
-    parallel = "blocks.0.hook_resid_mid" not in model.hook_dict  # attention and MLP read the same input
+    parallel = resid_mid_hook(0) not in model.hook_dict  # attention and MLP read the same input
     logits, grabbed = _capture(model, info, tokens, posts, final, parallel)
 
     # the direction on the final residual, pulled back through the frozen final norm
@@ -290,25 +290,25 @@ def _attribute(
     resid = lambda name: grabbed[name][batch, at]  # noqa: E731  [batch, d_model] at the answer position
     dot = lambda x: (x * u).sum(-1)  # noqa: E731
 
-    parts: dict[str, Tensor] = {"embed": dot(resid("blocks.0.hook_resid_pre"))}
+    parts: dict[str, Tensor] = {"embed": dot(resid(resid_pre_hook(0)))}
     per_pos = torch.full((B, L, H, T), float("nan"), dtype=torch.float64)
     for l in range(L):
-        before = resid("blocks.0.hook_resid_pre") if l == 0 else resid(f"blocks.{l - 1}.hook_resid_post")
-        mid = before + resid(f"blocks.{l}.hook_attn_out") if parallel else resid(f"blocks.{l}.hook_resid_mid")
+        before = resid(resid_pre_hook(0)) if l == 0 else resid(resid_post_hook(l - 1))
+        mid = before + resid(attn_out_hook(l)) if parallel else resid(resid_mid_hook(l))
         write = mid - before
         if l not in posts:  # a layer without softmax attention (linear attention): its whole write
             parts[f"attn_other.{l}"] = dot(write)
         else:
             head_u = u if posts[l] is None else _frozen(posts[l], grabbed, at).pullback(u)
             A = grabbed[pattern_hook(l)][batch, :, at]  # [batch, head, key]
-            v = grabbed[f"blocks.{l}.attn.hook_v"]
+            v = grabbed[v_hook(l)]
             v = v.repeat_interleave(H // v.shape[2], dim=2) if v.shape[2] != H else v  # [batch, key, head, d]
             ov = torch.einsum("bkhd,hde,be->bhk", v, w.W_O[l].cpu(), head_u)  # each key's value, projected
             per_pos[:, l] = A * ov
             parts[f"attn_other.{l}"] = dot(write) - per_pos[:, l].sum((-1, -2))
-        parts[f"mlp.{l}"] = dot(resid(f"blocks.{l}.hook_resid_post") - mid)
-    final_resid = resid(final.input) if final is not None else resid(f"blocks.{L - 1}.hook_resid_post")
-    parts["rest"] = dot(final_resid - resid(f"blocks.{L - 1}.hook_resid_post"))
+        parts[f"mlp.{l}"] = dot(resid(resid_post_hook(l)) - mid)
+    final_resid = resid(final.input) if final is not None else resid(resid_post_hook(L - 1))
+    parts["rest"] = dot(final_resid - resid(resid_post_hook(L - 1)))
     parts["bias"] = const
     parts["heads"] = torch.nan_to_num(per_pos).sum((1, 2, 3))
     parts["total"] = sum(parts.values())
@@ -356,14 +356,14 @@ def _capture(
 
         return keep
 
-    names = ["blocks.0.hook_resid_pre"]
+    names = [resid_pre_hook(0)]
     for l in range(info.n_layers):
         names += [
-            f"blocks.{l}.hook_attn_out" if parallel else f"blocks.{l}.hook_resid_mid",
-            f"blocks.{l}.hook_resid_post",
+            attn_out_hook(l) if parallel else resid_mid_hook(l),
+            resid_post_hook(l),
         ]
     for l in info.attention_layers:
-        names += [pattern_hook(l), f"blocks.{l}.attn.hook_v"]
+        names += [pattern_hook(l), v_hook(l)]
         if posts[l] is not None:
             names += [posts[l].input, posts[l].scale, posts[l].output]
     if final is not None:

@@ -56,7 +56,7 @@ from interp.adapters.weights import (
     read_head_weights,
 )
 from interp.errors import UsageError
-from interp.hooks import resid_post_hook
+from interp.hooks import resid_post_hook, resid_pre_hook
 from interp.roles.frozen import FrozenNorm, freeze
 from interp.stream.blockwise import attention_output, own_attention
 
@@ -192,8 +192,8 @@ def clean_run(
 
         return keep
 
-    names = ["blocks.0.hook_resid_pre", *(f"blocks.{l}.hook_resid_pre" for l in range(last + 1))]
-    names += [f"blocks.{l}.hook_resid_post" for l in range(last)]
+    names = [resid_pre_hook(0), *(resid_pre_hook(l) for l in range(last + 1))]
+    names += [resid_post_hook(l) for l in range(last)]
     if _learned_positions(model):
         names.append("hook_pos_embed")
     sites = [post_attention_norm_site(model, l) for l in range(last)] + [input_norm_site(model, l) for l in layers]
@@ -261,7 +261,7 @@ def residual_parts(
     positions, the part at them in float64 (the run's reads stay in the model's dtype, so no part is
     ever held at every position). They add up to ``blocks.{layer}.hook_resid_pre``."""
     g = run.grabbed
-    pre0 = g["blocks.0.hook_resid_pre"]
+    pre0 = g[resid_pre_hook(0)]
     pos = g.get("hook_pos_embed")
     if pos is not None and pos.shape[-1] == pre0.shape[-1]:
         at = _rows(pos.expand_as(pre0))
@@ -270,7 +270,7 @@ def residual_parts(
     else:
         yield Component("embed", "embed"), _rows(pre0)
     for l in range(layer):
-        delta = _difference(_rows(g[f"blocks.{l}.hook_resid_post"]), _rows(g[f"blocks.{l}.hook_resid_pre"]))
+        delta = _difference(_rows(g[resid_post_hook(l)]), _rows(g[resid_pre_hook(l)]))
         if l not in run.z:
             yield Component(f"block.{l}", "block", l), delta
             continue
@@ -526,7 +526,7 @@ def qk_parts(
     W_O = run.W_O
     site = input_norm_site(model, layer)
     g = run.grabbed
-    resid = g[f"blocks.{layer}.hook_resid_pre"]
+    resid = g[resid_pre_hook(layer)]
     if site is not None:
         w, b = gain_and_bias(site, g, max_rows=FIT_ROWS)
         w, b = w.to(resid.device), b.to(resid.device)
