@@ -15,7 +15,7 @@ pattern is asked for where the attention runs fused (:func:`fused_attention`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -27,12 +27,12 @@ from interp import memory
 from interp.ablation.gradient import frozen
 from interp.ablation.replay import read_out
 from interp.adapters import HookedModel, is_toy, run_with_reducers
+from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.weights import read_head_weights
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.hooks import mlp_in_hook, mlp_out_hook, qkv_hook, resid_pre_hook, z_hook
+from interp.hooks import mlp_out_hook, qkv_hook, resid_pre_hook, z_hook
 from interp.patching.core import Setup
-from interp.patching.edge_replay import on_input
 from interp.patching.graph import Graph
 from interp.patching.post_norm import fold, layer_write, post_norms, scaled
 from interp.progress import tqdm
@@ -98,14 +98,7 @@ class GradientPasses:
         self.W_Q = w.W_Q.to(dtype)  # [layer, head, d_model, d]
         self.W_O = fold(run.model, w.W_O.to(dtype), run.probe.tokens[:2], self.posts)
         self.W_K, self.W_V = w.W_K[:, ::g].to(dtype), w.W_V[:, ::g].to(dtype)  # one per key/value head
-        blocks = run.model.blocks
-        self.mlp_norms = {
-            l: getattr(blocks[l], "ln2", None) if not graph.shape.parallel or hasattr(blocks[l], "ln2") else None
-            for l in graph.shape.mlp_layers
-        }
-        for l, norm in self.mlp_norms.items():
-            if not isinstance(norm, torch.nn.Module):
-                self.mlp_norms[l] = blocks[l].ln1  # GPT-J: the MLP reads attention's own norm
+        self.norms = ReceiverNorms.of(run.model, graph.shape.mlp_layers)
         self.fused = fused  # the attention runs fused (fused_attention)
 
     def all_pairs(self, step: int) -> tuple[Float[Tensor, "pair edge"], Tensor, Tensor]:
@@ -249,27 +242,19 @@ class GradientPasses:
         for l in range(self.info.n_layers):
             hooks += [(qkv_hook(l, s), _watch(grads, seen, f"{s}{l}")) for s in "qkv"]
         norm_in: dict[str, Tensor] = {}
-        blocks, handles = self.model.blocks, []
-        inputs = [(blocks[l].mlp, mlp_in_hook(l), f"m{l}") for l in self.graph.shape.mlp_layers]
-        try:
+        norms = self.norms
+        with ExitStack() as stack:
             for l in range(self.info.n_layers):
-                handles.append(blocks[l].ln1.register_forward_pre_hook(_grab_input(norm_in, f"ln1.{l}")))
-            for l, norm in self.mlp_norms.items():
-                if norm is not blocks[l].ln1:
-                    handles.append(norm.register_forward_pre_hook(_grab_input(norm_in, f"norm.m{l}")))
-            for module, name, key in [*inputs, (self.model.unembed, "unembed.hook_in", "logits")]:
-                watch = _watch(grads, seen, key)
-                if name in self.model.hook_dict:  # a bridge: its hook, whether or not the module is called
-                    hooks.append((name, watch))
-                else:
-                    handles.append(module.register_forward_pre_hook(on_input(watch)))
-            handles.append(self.model.ln_final.register_forward_pre_hook(_grab_input(norm_in, "ln_final")))
+                norms.watch(stack, norms.heads[l], _grab_input(norm_in, f"ln1.{l}"))
+            for l in norms.mlps:
+                if not norms.shared(l):
+                    norms.watch(stack, norms.mlps[l], _grab_input(norm_in, f"norm.m{l}"))
+                hooks += norms.mlp_input(stack, l, _watch(grads, seen, f"m{l}"))
+            hooks += norms.logits_input(stack, _watch(grads, seen, "logits"))
+            norms.watch(stack, norms.final, _grab_input(norm_in, "ln_final"))
             with self._attention() as extra:
                 out = read_out(self.model, tokens, self.run.metric, hooks + extra, self.info.n_layers, grad=True)
             value = self.run.metric(out, tokens, None, rows)
-        finally:
-            for h in handles:
-                h.remove()
         names = self._expected(seen, norm_in)
         torch.autograd.grad(value.sum(), start)  # the receivers' tensor hooks keep their gradients
         unreached = [k for k in names if k not in grads]
@@ -282,7 +267,7 @@ class GradientPasses:
         found = {k: _by_position(grads[k], b, T) for k in names}
         norm_in = {k: _by_position(x, b, T) for k, x in norm_in.items()}
         for l in self.graph.shape.mlp_layers:
-            key = f"ln1.{l}" if self.mlp_norms[l] is blocks[l].ln1 else f"norm.m{l}"
+            key = f"ln1.{l}" if self.norms.shared(l) else f"norm.m{l}"
             norm_in[f"norm.m{l}"] = norm_in[key]
         return keep, value, found, norm_in
 
@@ -291,7 +276,7 @@ class GradientPasses:
         L = self.info.n_layers
         want = [f"{s}{l}" for l in range(L) for s in "qkv"] + [f"m{l}" for l in self.graph.shape.mlp_layers]
         norms = [f"ln1.{l}" for l in range(L)] + ["ln_final"]
-        norms += [f"norm.m{l}" for l, n in self.mlp_norms.items() if n is not self.model.blocks[l].ln1]
+        norms += [f"norm.m{l}" for l in self.norms.mlps if not self.norms.shared(l)]
         missing = [k for k in [*want, "logits"] if k not in seen] + [k for k in norms if k not in norm_in]
         if missing:
             raise UsageError(
@@ -306,19 +291,19 @@ class GradientPasses:
         """``sum over positions of delta_sender . dM/d(receiver input)`` for every (sender, receiver),
         in chunks of positions."""
         b, T = delta["input"].shape[:2]
-        graph, blocks = self.graph, self.model.blocks
+        graph, norms = self.graph, self.norms
         total = torch.zeros(b, len(graph.senders), len(graph.receivers), dtype=torch.float64)
         for s in range(0, T, CHUNK):
             c = slice(s, min(s + CHUNK, T))
             D = self._sender_deltas(delta, c).double()  # [b, c, sender, d_model], summed in float64
             for l in range(self.info.n_layers):
                 heads = self._head_cotangents(grads, l, c)  # [receiver, b, c, d_model]
-                G = _through_norm(blocks[l].ln1, norm_in[f"ln1.{l}"][:, c], heads)
+                G = _through_norm(norms.heads[l], norm_in[f"ln1.{l}"][:, c], heads)
                 self._add(total, D, G, graph.receivers_of(l)[: len(heads)])
-                if l in self.mlp_norms:
-                    G = _through_norm(self.mlp_norms[l], norm_in[f"norm.m{l}"][:, c], grads[f"m{l}"][None, :, c])
+                if l in norms.mlps:
+                    G = _through_norm(norms.mlps[l], norm_in[f"norm.m{l}"][:, c], grads[f"m{l}"][None, :, c])
                     self._add(total, D, G, [graph.receivers_of(l)[-1]])
-            G = _through_norm(self.model.ln_final, norm_in["ln_final"][:, c], grads["logits"][None, :, c])
+            G = _through_norm(norms.final, norm_in["ln_final"][:, c], grads["logits"][None, :, c])
             self._add(total, D, G, graph.receivers_of(self.info.n_layers))
         return total
 
@@ -427,11 +412,11 @@ def _watch(grads: dict[str, Tensor], seen: set[str], key: str) -> Callable:
     return hook
 
 
-def _grab_input(keep: dict[str, Tensor], key: str) -> Callable:
-    def pre(module: Any, args: tuple) -> None:
-        keep[key] = args[0].detach()
+def _grab_input(keep: dict[str, Tensor], key: str) -> Callable[[Tensor], None]:
+    def grab(x: Tensor) -> None:
+        keep[key] = x.detach()
 
-    return pre
+    return grab
 
 
 def _through_norm(

@@ -37,13 +37,14 @@ from torch import Tensor
 from interp import memory
 from interp.ablation.calls import expand_call
 from interp.ablation.replay import CleanBatch, Sweeper, _rounding, read_out
+from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head
 from interp.adapters.weights import read_head_weights
 from interp.errors import UsageError
 from interp.hooks import mlp_out_hook, resid_pre_hook, z_hook
 from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup
-from interp.patching.edge_replay import ACTUAL, SOURCE, EdgeBatch, Layout, Replay, SenderValues, mlp_norms
+from interp.patching.edge_replay import ACTUAL, SOURCE, EdgeBatch, Layout, Replay, SenderValues
 from interp.patching.graph import Graph
 from interp.patching.post_norm import fold, layer_write, post_norms, scaled
 from interp.registry import Registry
@@ -161,7 +162,7 @@ class EdgeSweeper(Sweeper):
         self.posts = post_norms(run.model, info.n_layers)  # a post-norm's gain folded into W_O
         self.W_O = fold(run.model, w.W_O.to(dtype), run.probe.tokens[:2], self.posts)  # [layer, head, d_head, d_model]
         self.layout = Layout(graph)
-        self.mlp_norms = mlp_norms(run.model, graph)
+        self.norms = ReceiverNorms.of(run.model, graph.shape.mlp_layers)
         self._mean: SenderValues | None = None
         super().__init__(
             run.model,

@@ -23,10 +23,11 @@ from torch import Tensor
 
 from interp.ablation.replay import CleanBatch
 from interp.adapters.info import ModelInfo
+from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head
 from interp.adapters.weights import NormSite
 from interp.errors import AblationError
-from interp.hooks import k_hook, mlp_in_hook, mlp_out_hook, q_hook, v_hook, z_hook
+from interp.hooks import k_hook, mlp_out_hook, q_hook, v_hook, z_hook
 from interp.patching.graph import Graph
 from interp.patching.post_norm import scaled
 
@@ -74,24 +75,13 @@ class Patcher(Protocol):
     info: ModelInfo
     graph: Graph
     layout: Layout
-    mlp_norms: dict[int, torch.nn.Module]
+    norms: ReceiverNorms
     W: dict[str, Tensor]  # the q, k and v weights, one per key/value head for k and v
     W_O: Tensor  # [layer, head, d_head, d_model], a post-norm's gain folded in
     posts: dict[int, NormSite]  # the layers whose attention output passes through a norm
     metric: Any
 
     def sources(self, batch: EdgeBatch) -> SenderValues: ...
-
-
-def mlp_norms(model: Any, graph: Graph) -> dict[int, torch.nn.Module]:
-    """The norm each MLP's input comes out of: its own (``ln2``), or attention's where a parallel
-    block shares one (GPT-J)."""
-    out = {}
-    for l in graph.shape.mlp_layers:
-        block = model.blocks[l]
-        norm = getattr(block, "ln2", None)
-        out[l] = norm if isinstance(norm, torch.nn.Module) else block.ln1
-    return out
 
 
 class Layout:
@@ -160,28 +150,19 @@ class Replay:
                     self.hooks.append((name, self._shift_head(l, site)))
 
     def install(self, stack: ExitStack) -> None:
-        sw, L, blocks = self.sw, self.sw.info.n_layers, self.sw.model.blocks
-        model = sw.model
-        handles = []
+        sw, L, norms = self.sw, self.sw.info.n_layers, self.sw.norms
         mlp_hooks = []
         for l in range(self.start, L):
             if not self.active[l]:
                 continue
-            handles.append(blocks[l].ln1.register_forward_pre_hook(self._norm_input(l, "ln1")))
-            if l in sw.mlp_norms and "mlp" in self.sw.layout.sites[l]:
-                norm = sw.mlp_norms[l]
-                if norm is not blocks[l].ln1:
-                    handles.append(norm.register_forward_pre_hook(self._norm_input(l, "ln2")))
-                name = mlp_in_hook(l)
-                if name in model.hook_dict:
-                    mlp_hooks.append((name, self._shift_mlp(l)))
-                else:
-                    handles.append(blocks[l].mlp.register_forward_pre_hook(on_input(self._shift_mlp(l))))
+            norms.watch(stack, norms.heads[l], self._norm_input(l, "ln1"))
+            if l in norms.mlps and "mlp" in self.sw.layout.sites[l]:
+                if not norms.shared(l):
+                    norms.watch(stack, norms.mlps[l], self._norm_input(l, "ln2"))
+                mlp_hooks += norms.mlp_input(stack, l, self._shift_mlp(l))
         if self.active[L]:
-            handles.append(model.ln_final.register_forward_pre_hook(self._shift_logits))
-        for h in handles:
-            stack.callback(h.remove)
-        stack.enter_context(model.hooks(fwd_hooks=self.hooks + mlp_hooks))
+            norms.watch(stack, norms.final, self._shift_logits)
+        stack.enter_context(sw.model.hooks(fwd_hooks=self.hooks + mlp_hooks))
 
     def _keep_z(self, l: int) -> Callable:
         def hook(z: Tensor, hook: Any) -> None:
@@ -202,12 +183,12 @@ class Replay:
 
         return hook
 
-    def _norm_input(self, l: int, which: str) -> Callable:
-        def pre(module: Any, args: tuple) -> None:
+    def _norm_input(self, l: int, which: str) -> Callable[[Tensor], None]:
+        def keep(x: Tensor) -> None:
             if not self.inside:
-                self.x[f"{which}.{l}"] = args[0]
+                self.x[f"{which}.{l}"] = x
 
-        return pre
+        return keep
 
     def _norm_of(self, norm: torch.nn.Module, x: Tensor, D: Tensor) -> Tensor:
         """``norm(x + D) - norm(x)`` per receiver, ``[rep, C, b, T, d]``: ``D`` is ``[rep, C, b, T, d]``,
@@ -323,7 +304,7 @@ class Replay:
                 return y
             D, live = shifted
             x = self.x[f"ln1.{l}"]
-            moved = self._norm_of(self.sw.model.blocks[l].ln1, x, D)  # [rep, C_live, b, T, d]
+            moved = self._norm_of(self.sw.norms.heads[l], x, D)  # [rep, C_live, b, T, d]
             W = self.sw.W[site][l][live.to(self.sw.W[site].device)].to(moved.dtype)
             change = einsum(moved, W, "r c b t d, c d e -> r b t c e")
             yy = by_head(y, len(receivers))
@@ -341,25 +322,24 @@ class Replay:
             shifted = self._shift(receivers)
             if shifted is None:
                 return y
-            norm = self.sw.mlp_norms[l]
+            norm = self.sw.norms.mlps[l]
             x = self.x.get(f"ln2.{l}", self.x.get(f"ln1.{l}"))
             moved = self._norm_of(norm, x.reshape(self.rep * self.b, self.T, -1), shifted[0])[:, 0]
             return y + moved.reshape(y.shape).to(y.dtype)
 
         return hook
 
-    def _shift_logits(self, module: Any, args: tuple) -> tuple | None:
+    def _shift_logits(self, x: Tensor) -> Tensor | None:
         if self.inside:
             return None
         L = self.sw.info.n_layers
         shifted = self._shift(self.sw.layout.sites[L]["logits"])
         if shifted is None:
             return None
-        x = args[0]
         d = shifted[0][:, 0].reshape(self.rep * self.b, self.T, -1)
         if x.shape[1] != self.T:  # the replay reads the metric's positions only
             d = self.sw.metric.read(d)
-        return (x + d.to(x.dtype), *args[1:])
+        return x + d.to(x.dtype)
 
 
 DENSE_ROWS = 4  # a dense product costs about min(C, 4) sparse entries' work per sender (measured on CPUs)
@@ -379,15 +359,6 @@ def _products(weights: Float[Tensor, "rep C n"], P: Float[Tensor, "rep n btd"]) 
     return torch.stack(out)
 
 
-def on_input(hook: Callable) -> Callable:
-    """``hook`` as a module's forward pre-hook, on its first argument."""
-
-    def pre(module: Any, args: tuple) -> tuple:
-        return (hook(args[0], None), *args[1:])
-
-    return pre
-
-
 __all__ = [
     "ACTUAL",
     "OWN",
@@ -397,6 +368,4 @@ __all__ = [
     "Patcher",
     "Replay",
     "SenderValues",
-    "mlp_norms",
-    "on_input",
 ]
