@@ -255,7 +255,7 @@ def test_context_manager_and_sweeper_agree(gpt2_tiny, probe):
     via_engine = sweeper.evaluate(head_mask(gpt2_tiny, heads)[None])[0]
     assert torch.allclose(direct, via_engine, rtol=1e-5)
     with torch.no_grad():  # hooks are gone after the block
-        assert torch.allclose(metric(metric.read(gpt2_tiny(probe.tokens)), probe.tokens), sweeper.clean, rtol=1e-6)
+        assert torch.allclose(metric(metric.read(gpt2_tiny(probe.tokens)), probe.tokens), sweeper.unpatched, rtol=1e-6)
 
 
 def test_base_heads_stay_ablated(gpt2_tiny, probe):

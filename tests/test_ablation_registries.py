@@ -125,7 +125,7 @@ def test_the_cli_takes_its_choices_and_help_from_the_registries():
 def test_public_names_only_in_all():
     public = set(interp.ablation.__all__)
     assert all(hasattr(interp.ablation, n) for n in public)
-    assert not {"gate_sample", "derangement", "predictable_mask", "CleanBatch", "ENGINES"} & public
+    assert not {"gate_sample", "derangement", "predictable_mask", "UnpatchedBatch", "ENGINES"} & public
     exposed = {n for n, m in interp._API.items() if m == "interp.ablation"}
     assert exposed <= public
 

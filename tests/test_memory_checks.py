@@ -51,7 +51,7 @@ def test_path_patching_refuses_before_any_forward_of_its_own(toy, forwards, monk
     monkeypatch.setattr(memory, "free_bytes", lambda device: baseline.total + 1)  # the baselines fit, the paths not
     with pytest.raises(
         UsageError,
-        match=r"^path patching needs about .* for the clean pass and every sender's output on both prompts, kept",
+        match=r"^path patching needs about .* for the unpatched pass and every sender's output on both prompts, kept",
     ):
         path_patch(toy, task)
     assert forwards[0] == 2  # the two baseline forwards, nothing of path patching's own

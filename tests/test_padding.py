@@ -397,9 +397,9 @@ def test_exact_sweep_deltas_of_each_text_are_its_own(models, name, padding, repl
     for i in range(3):
         alone = _alone(model, i)
         one = Sweeper(model, alone, lm_loss(alone), ablation="zero", replay="loop")
-        torch.testing.assert_close(sweeper.clean[i], one.clean[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(sweeper.unpatched[i], one.unpatched[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(
-            values[:, i] - sweeper.clean[i], one.evaluate(masks)[:, 0] - one.clean[0], atol=1e-5, rtol=0
+            values[:, i] - sweeper.unpatched[i], one.evaluate(masks)[:, 0] - one.unpatched[0], atol=1e-5, rtol=0
         )
 
 

@@ -257,7 +257,7 @@ def train_gates(
     abl = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
     # the binarised gates are evaluated by the replay, without progress bars of its own
     sweeper = Sweeper(model, probe, metric, ablation=abl, replay=replay, config=RunConfig(minibatch=config.minibatch))
-    clean = float(sweeper.clean.mean())
+    clean = float(sweeper.unpatched.mean())
     training = _GateTraining(
         model, metric, abl, [(b.rows, b.tokens, b.reference) for b in sweeper.batches], steps, lr, init, config.seed
     )

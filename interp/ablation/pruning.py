@@ -116,7 +116,7 @@ class _Pruning:
 
     @property
     def clean(self) -> float:
-        return float(self.sweeper.clean.mean())
+        return float(self.sweeper.unpatched.mean())
 
     @property
     def scope(self) -> str:

@@ -49,8 +49,8 @@ _TOKEN_BUDGET = {"cpu": 2048, "other": 16384}
 
 
 @dataclass
-class CleanBatch:
-    """What the clean (or base-ablated) pass over one minibatch leaves for the replays."""
+class UnpatchedBatch:
+    """What the unpatched (unablated, or base-ablated) pass over one minibatch leaves for the replays."""
 
     rows: Tensor
     tokens: Tensor
@@ -126,7 +126,7 @@ class Sweeper:
             self._capture(torch.arange(s, min(s + self.minibatch, probe.batch)))
             for s in range(0, probe.batch, self.minibatch)
         ]
-        self.clean = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
+        self.unpatched = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
         # exact shortcuts (interp.adapters.surgery), if the self-check agrees
         self._trim = self.replay == "fast" and self._can_trim()
         # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
@@ -169,11 +169,11 @@ class Sweeper:
             out = self._run(tokens, mask, rows, extra)
         return out, [c and c[0] for c in calls], [c and c[1] for c in calls], zs, attn_out
 
-    def _capture(self, rows: Tensor) -> CleanBatch:
+    def _capture(self, rows: Tensor) -> UnpatchedBatch:
         tokens = self.probe.tokens[rows.to(self.probe.tokens.device)]
         out, resid, calls, zs, attn_out = self._record(tokens, self.base, rows)
         reference = out if not bool(self.base.any()) else self._run(tokens, None, rows)
-        return CleanBatch(rows, tokens, resid, calls, out, reference, zs, attn_out)
+        return UnpatchedBatch(rows, tokens, resid, calls, out, reference, zs, attn_out)
 
     def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor, extra: list | None = None) -> Tensor:
         """One plain forward with ``mask``'s heads ablated (then ``extra`` hooks); the metric's read-out."""
@@ -187,7 +187,7 @@ class Sweeper:
             self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers, attention_mask=padding
         )
 
-    def _replay(self, batch: CleanBatch, start: int, masks: Bool[Tensor, "rep layer head *pos"]) -> Tensor:
+    def _replay(self, batch: UnpatchedBatch, start: int, masks: Bool[Tensor, "rep layer head *pos"]) -> Tensor:
         """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
         rep, model, L, adapter = masks.shape[0], self.model, self.info.n_layers, self.adapter
         hidden = batch.resid[start].repeat(rep, 1, 1)
@@ -214,7 +214,7 @@ class Sweeper:
                 picked = adapter.unembed(picked)
         return picked
 
-    def _per_head(self, batch: CleanBatch, layer: int) -> Tensor:
+    def _per_head(self, batch: UnpatchedBatch, layer: int) -> Tensor:
         """Each head's change of ``layer``'s attention output on ablation (kept for the last batch and layer)."""
         cached_batch, cached_layer, _ = self._head_cache
         if cached_batch is not batch or cached_layer != layer:
@@ -280,7 +280,7 @@ class Sweeper:
                     )
         return None
 
-    def _plan_calls(self) -> tuple[CleanBatch | None, str | None]:
+    def _plan_calls(self) -> tuple[UnpatchedBatch | None, str | None]:
         """The first part of the self-check, which every replay needs: two probe sequences captured,
         and how each block argument is expanded for ``rep`` copies (:attr:`_plans`), read off the
         calls recorded for three; the capture, and why the blocks cannot be replayed (``None``: they can)."""
@@ -356,7 +356,7 @@ class Sweeper:
         todo = []  # (the first layer a head set touches, its index), in the order they are evaluated
         for i in range(masks.shape[0]):
             if not bool(extra[i].any()):
-                result[i] = self.clean
+                result[i] = self.unpatched
             else:
                 todo.append((int(extra[i].flatten(1).any(-1).nonzero()[0]), i))
         todo.sort()
@@ -461,7 +461,7 @@ class Sweeper:
         return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]
 
     @property
-    def batches(self) -> tuple[CleanBatch, ...]:
+    def batches(self) -> tuple[UnpatchedBatch, ...]:
         """The clean (or base-ablated) pass over each minibatch of the probe, as the replays use it."""
         return tuple(self._batches)
 

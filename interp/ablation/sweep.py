@@ -87,7 +87,7 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
     for i, (l, h) in enumerate(heads):
         masks[i, l, h] = True
     values = sweeper.evaluate(masks, desc=desc)
-    metric, clean = sweeper.metric, float(sweeper.clean.mean())
+    metric, clean = sweeper.metric, float(sweeper.unpatched.mean())
     ablated_grid = torch.full((L, H), float("nan"))
     for (l, h), v in zip(heads, values.mean(1)):
         ablated_grid[l, h] = v
@@ -95,7 +95,7 @@ def _single_head_scores(sweeper: Sweeper, desc: str) -> HeadScores:
     # bootstrap CIs of the importance over sequences, and the noise floor the figure greys cells under
     per_seq = torch.full((values.shape[1], L, H), float("nan"))
     for (l, h), v in zip(heads, values):
-        per_seq[:, l, h] = metric.badness(v - sweeper.clean.float().cpu())
+        per_seq[:, l, h] = metric.badness(v - sweeper.unpatched.float().cpu())
     cfg = sweeper.config
     _, imp_lo, imp_hi = bootstrap_mean(per_seq, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     scores = HeadScores.from_grids(

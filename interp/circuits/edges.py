@@ -214,7 +214,7 @@ def _exact(
         units, desc=f"exact edge patching ({run.direction})", scope=scope, named="exact edge patching"
     )
     per_pair = torch.full((run.task.n_pairs, len(names)), float("nan"), dtype=torch.float64)
-    per_pair[:, picked] = (values - sweeper.clean[None]).T.double()
+    per_pair[:, picked] = (values - sweeper.unpatched[None]).T.double()
     facts = {"replay": sweeper.replay, "patched_edges": len(picked)}
     if sweeper.interrupted:
         facts["partial"] = True

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from interp import memory
 from interp.ablation.calls import expand_call
-from interp.ablation.replay import CleanBatch, Sweeper, _rounding, read_out
+from interp.ablation.replay import Sweeper, UnpatchedBatch, _rounding, read_out
 from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head
 from interp.adapters.weights import read_head_weights
@@ -128,7 +128,7 @@ class EdgeSweeper(Sweeper):
 
     ``source``: what a ``SOURCE`` code reads (:data:`SOURCES`); ``what``: the work's name in its
     messages (a refusal for memory says it). ``replay``, ``chunk`` and ``journal``
-    as for :class:`~interp.ablation.replay.Sweeper`; its clean pass is the run's own prompts. A model
+    as for :class:`~interp.ablation.replay.Sweeper`; its unpatched pass is the run's own prompts. A model
     whose patched runs cannot be reproduced (see the module docstring) is refused before any work:
     with ``replay="auto"`` the plain forward stands in where only the replay fails."""
 
@@ -181,7 +181,7 @@ class EdgeSweeper(Sweeper):
     def _capture(self, rows: Tensor) -> EdgeBatch:
         batch = super()._capture(rows)
         donor = self.probe.donor[rows.to(self.probe.donor.device)]
-        fields = {f: getattr(batch, f) for f in CleanBatch.__dataclass_fields__}
+        fields = {f: getattr(batch, f) for f in UnpatchedBatch.__dataclass_fields__}
         return EdgeBatch(**fields, own=self._senders(batch.tokens), source=self._senders(donor))
 
     def _senders(self, tokens: Tensor) -> SenderValues:
@@ -341,7 +341,7 @@ class EdgeSweeper(Sweeper):
         L = self.info.n_layers
         for start, i in todo:
             if start > L:  # nothing patched
-                result[i] = self.clean
+                result[i] = self.unpatched
         todo = [(s, i) for s, i in todo if s <= L]
         keys: dict[int, Any] = {}
         done: set[int] = set()
@@ -366,7 +366,7 @@ class EdgeSweeper(Sweeper):
         kept = base.kept + item * self.probe.batch * T * senders
         per_forward = base.per_forward + item * self.chunk_size * b * T * info.d_model * (3 * widest + 2)
         per_forward += item * self.chunk_size * b * T * info.d_model * 2 * (len(g.senders) + 1)  # + each code's total
-        kept_is = "the clean pass and every sender's output on both prompts, kept"
+        kept_is = "the unpatched pass and every sender's output on both prompts, kept"
         return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
 
 

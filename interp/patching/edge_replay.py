@@ -21,7 +21,7 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.ablation.replay import CleanBatch
+from interp.ablation.replay import UnpatchedBatch
 from interp.adapters.info import ModelInfo
 from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head
@@ -61,8 +61,8 @@ class SenderValues:
 
 
 @dataclass
-class EdgeBatch(CleanBatch):
-    """A minibatch's clean pass, with every sender's output on its own prompts and on the source."""
+class EdgeBatch(UnpatchedBatch):
+    """A minibatch's unpatched pass, with every sender's output on its own prompts and on the source."""
 
     own: SenderValues | None = None
     source: SenderValues | None = None
