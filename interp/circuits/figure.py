@@ -89,7 +89,8 @@ def graph_figure(
 
     The circuit is the rows whose ``in_circuit`` is true when the table has that column, else every
     row; of it the ``edges`` largest by ``|score|`` are drawn (ties in table order; ``None``: all of
-    it), so that a circuit of hundreds of edges still reads, its title saying how many are drawn. ``meta`` is the run's (the model, the
+    it), so that a circuit of hundreds of edges still reads, its title saying how many are drawn.
+    ``meta`` is the run's (the model, the
     metric, the direction, ``n_edges``, ``ci_level``; ``parallel`` or its graph's description says
     whether an MLP reads its own layer's heads). ``title`` defaults to the model, the circuit's
     size (n of N edges) and the metric and direction. See the module docstring for the layout."""

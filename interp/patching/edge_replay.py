@@ -4,8 +4,9 @@ and shift each receiver's input by the senders it reads otherwise.
 
 A receiver's input is the residual it would read plus, for each sender coded otherwise, that
 sender's chosen output minus its actual one; each sender's difference is projected into the
-residual once per forward and stacked per code, and each receiver site's shift is one batched
-product of its codes with that stack.
+residual once per forward and stacked per code. A receiver sums the fewer of the two sets: the
+senders it reads under a code, or that code's running total over every upstream sender minus the
+ones it does not (a circuit's cost follows its size, not the graph's; :meth:`Replay._shift`).
 """
 
 from __future__ import annotations
