@@ -169,3 +169,12 @@ def test_draw_caps_the_circuits_figure_and_says_so(tmp_path, capsys):
     assert (
         stop.value.code == 2 and "argument --draw: a number of edges >= 1, or all; got '0'\n" in capsys.readouterr().err
     )
+
+
+def test_evaluate_zero_reads_zero_outside_each_circuit_and_says_so(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli([*BASE, "--task", "repeat", "--evaluate", "zero", "--top", "30", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "circuits at MIB's sizes (top; outside each circuit, edges read zero, a zero ablation), " in text
+    curve = FaithfulnessCurve.load(out)
+    assert curve.meta["source"] == "zero" and curve.meta["empty_metric"] != curve.meta["corrupted_metric"]

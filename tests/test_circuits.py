@@ -109,13 +109,16 @@ def test_eap_equals_exact_edge_patching_where_the_metric_is_linear_in_the_receiv
 # ---- circuit evaluation against EAP-IG's definition, written as plain hooks --------------------------
 
 
-def _circuit_reference(model, task, keep_edges: set[str]) -> torch.Tensor:
+def _circuit_reference(model, task, keep_edges: set[str], zero: bool = False) -> torch.Tensor:
     """The clean prompts run; every receiver reads each sender outside the circuit at its output on
-    the corrupted prompt (the rest as this run computes it): EAP-IG's evaluate_graph, as plain hooks."""
+    the corrupted prompt (the rest as this run computes it): EAP-IG's evaluate_graph, as plain hooks
+    (``zero``: at zero instead)."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     graph = graph_of(model)
     table = graph.table()
     corrupted = _outputs(model, task.corrupted)
+    if zero:
+        corrupted = {k: torch.zeros_like(v) for k, v in corrupted.items()}
     actual: dict[str, torch.Tensor] = {}
     seen: dict[str, torch.Tensor] = {}
 
@@ -219,6 +222,28 @@ def test_the_mean_source_reads_the_corrupted_prompts_mean_everywhere_outside_the
     want = _metric(model, task.clean, task, hooks)  # ... and every node's output at its mean
     assert mean_in.shape[0] == 1
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_zero_source_reads_zero_outside_the_circuit():
+    """``source="zero"``: every receiver reads each sender outside the circuit at zero (a zero
+    ablation of those edges, the input's embedding included), against the plain hooks; the empty
+    circuit is the faithfulness's zero, as with every source."""
+    model, task = _random_toy()
+    graph = graph_of(model)
+    names = list(graph.table().edge)
+    ranked = list(edge_scores(model, task, metric="raw-logit-diff", config=FAST).top(len(names)).edge)
+    inputs = {n for n in names if n.startswith("input")}
+    # circuits that keep some of the input: with none of it every receiver reads only rounding
+    # (the senders' outputs cancel), which a norm then scales up, in both computations alike
+    circuits = [set(ranked[:20]) | inputs, set(ranked[:40]), set(ranked[:60]), set()]
+    masks = [np.array([n in c for n in names]) for c in circuits]
+    curve = evaluate_circuits(model, task, masks, source="zero", metric="raw-logit-diff", config=FAST)
+    wants = [float(_circuit_reference(model, task, c, zero=True).mean()) for c in circuits]
+    for got, want in zip(curve.table.metric[:3], wants[:3]):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5)  # 1.8954 / 0.6931 / -0.2901 both
+    assert curve.meta["empty_metric"] == pytest.approx(wants[-1], abs=1e-4)  # nothing read: 0 within rounding
+    patched = evaluate_circuits(model, task, masks[:1], metric="raw-logit-diff", config=FAST).table.metric.iloc[0]
+    assert abs(wants[0] - patched) > 0.1 and abs(wants[0] - wants[-1]) > 0.1  # zero is neither patch nor empty
 
 
 # ---- extraction, pruning and MIB's areas --------------------------------------------------------

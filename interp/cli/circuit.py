@@ -201,8 +201,8 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         )
         curve.meta["model_spec"] = args.model
         print(
-            f"\ncircuits at MIB's sizes ({_how(args)}; outside each circuit, edges read the "
-            f"{'corrupted prompt' if args.evaluate == 'patch' else 'mean over the corrupted prompts'}), "
+            f"\ncircuits at MIB's sizes ({_how(args)}; outside each circuit, edges read "
+            f"{SOURCES.info(args.evaluate, 'reads')}), "
             f"{time.perf_counter() - t0:.2f}s:"
         )
         for line in curve.summary():

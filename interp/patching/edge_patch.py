@@ -50,8 +50,17 @@ from interp.patching.post_norm import fold, layer_write, post_norms, scaled
 from interp.registry import Registry
 
 SOURCES: Registry[str] = Registry("edge patching source")
-SOURCES.add("patch", "each pair's paired prompt: the sender's output there (EAP-IG's 'patching')")
-SOURCES.add("mean", "the sender's output averaged over every pair's paired prompt, position by position")
+SOURCES.add(
+    "patch", "each pair's paired prompt: the sender's output there (EAP-IG's 'patching')", reads="the corrupted prompt"
+)
+SOURCES.add(
+    "mean",
+    "the sender's output averaged over every pair's paired prompt, position by position",
+    reads="the mean over the corrupted prompts",
+)
+SOURCES.add(
+    "zero", "the sender's output (the input's embedding too) set to 0: a zero ablation", reads="zero, a zero ablation"
+)
 
 
 class Units:
@@ -209,9 +218,17 @@ class EdgeSweeper(Sweeper):
         )
 
     def sources(self, batch: EdgeBatch) -> SenderValues:
-        """What a ``SOURCE`` code reads on ``batch``: its paired prompts, or their mean over every pair."""
+        """What a ``SOURCE`` code reads on ``batch``: its paired prompts, their mean over every pair,
+        or zero (one row each for the last two, read by every sequence)."""
         if self.source == "patch":
             return batch.source
+        if self.source == "zero":
+            own = batch.own
+            return SenderValues(
+                torch.zeros_like(own.input[:1]),
+                [torch.zeros_like(z[:1]) for z in own.z],
+                {l: torch.zeros_like(m[:1]) for l, m in own.mlp.items()},
+            )
         if self._mean is None:
             batches = self._batches
             self._mean = SenderValues.mean([b.source for b in batches], [len(b.rows) for b in batches])
@@ -307,20 +324,21 @@ class EdgeSweeper(Sweeper):
         return None
 
     def _plain_source(self, batch: EdgeBatch) -> Tensor:
-        """The read-out of a plain forward of the source (the paired prompts; their mean: the input held at it)."""
+        """The read-out of a plain forward of the source: the paired prompts; for the mean (or zero),
+        the run's own prompts with the input and every sender's write held at it."""
         probe = self.probe
         donor = probe.donor[batch.rows.to(probe.donor.device)]
         if self.source == "patch":
             with torch.no_grad():
                 return read_out(self.model, donor, self.metric, [], self.info.n_layers)
-        mean = self.sources(batch)
-        hooks = [(resid_pre_hook(0), lambda x, hook: mean.input.to(x.dtype).expand_as(x))]
+        held = self.sources(batch)
+        hooks = [(resid_pre_hook(0), lambda x, hook: held.input.to(x.dtype).expand_as(x))]
         for l in range(self.info.n_layers):  # a post-normed layer: its write, which its heads' scaled outputs sum to
             site = self.posts.get(l)
             hooks.append(
-                (z_hook(l), _fixed(mean.z[l])) if site is None else (site.output, _fixed(self._write(mean, l)))
+                (z_hook(l), _fixed(held.z[l])) if site is None else (site.output, _fixed(self._write(held, l)))
             )
-        hooks += [(mlp_out_hook(l), _fixed(m)) for l, m in mean.mlp.items()]
+        hooks += [(mlp_out_hook(l), _fixed(m)) for l, m in held.mlp.items()]
         with torch.no_grad():
             return read_out(self.model, batch.tokens, self.metric, hooks, self.info.n_layers)
 
