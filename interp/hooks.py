@@ -28,22 +28,23 @@ def z_hook(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_z"
 
 
+def qkv_hook(layer: int, site: str) -> str:
+    """``[batch, pos, head, d_head]`` queries, keys or values of layer ``layer`` by site letter
+    (``"q"``, ``"k"``, ``"v"``; keys and values per K/V head on grouped-query models)."""
+    return f"blocks.{layer}.attn.hook_{site}"
+
+
 def v_hook(layer: int) -> str:
     """``[batch, pos, head, d_head]`` value vectors (K/V heads on grouped-query models)."""
-    return f"blocks.{layer}.attn.hook_v"
+    return qkv_hook(layer, "v")
 
 
 def q_hook(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_q"
+    return qkv_hook(layer, "q")
 
 
 def k_hook(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_k"
-
-
-def qkv_hook(layer: int, site: str) -> str:
-    """``hook_q``, ``hook_k`` or ``hook_v`` of layer ``layer`` by its site letter (``"q"``, ``"k"``, ``"v"``)."""
-    return f"blocks.{layer}.attn.hook_{site}"
+    return qkv_hook(layer, "k")
 
 
 def resid_pre_hook(layer: int) -> str:

@@ -28,7 +28,7 @@ from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head
 from interp.adapters.weights import NormSite
 from interp.errors import AblationError
-from interp.hooks import k_hook, mlp_out_hook, q_hook, v_hook, z_hook
+from interp.hooks import mlp_out_hook, qkv_hook, z_hook
 from interp.patching.graph import Graph
 from interp.patching.post_norm import scaled
 
@@ -147,8 +147,7 @@ class Replay:
             if l in sw.graph.shape.mlp_layers:
                 self.hooks.append((mlp_out_hook(l), self._keep_mlp(l)))
             if self.active[l]:
-                for site, name in (("q", q_hook(l)), ("k", k_hook(l)), ("v", v_hook(l))):
-                    self.hooks.append((name, self._shift_head(l, site)))
+                self.hooks += [(qkv_hook(l, site), self._shift_head(l, site)) for site in "qkv"]
 
     def install(self, stack: ExitStack) -> None:
         sw, L, norms = self.sw, self.sw.info.n_layers, self.sw.norms
