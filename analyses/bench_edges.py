@@ -36,7 +36,7 @@ then). The sides:
   difference and the mask gradients add up over batches, so its score is -(pairs / batch) times ours
   (:func:`autocircuit_to_ours`), converted before the comparison.
 
-Agreement: edge by edge by name (EAP-IG's names; auto-circuit's converted), the largest difference
+Agreement: edge by edge by name (EAP-IG's names; ours and auto-circuit's converted), the largest difference
 relative to the largest |score| of ours, and the share of edges within 1e-4 of it.
 
 The circuit evaluation at MIB's 10 edge fractions (0.1% .. 100% of the edges by |score|): EAP-IG's
@@ -182,6 +182,7 @@ def worker_ours(args) -> None:
     import torch
 
     import interp
+    from interp.names import eapig_name
 
     work, model, task = _our_task(args)
     with torch.no_grad():  # the warm-up forward, and the logits the sides compare
@@ -199,7 +200,8 @@ def worker_ours(args) -> None:
     )
     result, stats = measured(run)
     table = result.table
-    _save(work, "ours", args._method, table["edge"].tolist(), table["score"].to_numpy(), logits, stats)
+    names = [eapig_name(e) for e in table["edge"]]  # compared with the peers' by EAP-IG's names
+    _save(work, "ours", args._method, names, table["score"].to_numpy(), logits, stats)
 
 
 def worker_ours_evaluate(args) -> None:

@@ -30,6 +30,7 @@ from _common import ROOT
 
 from interp.circuits import Graph, Shape
 from interp.circuits.eapig import from_eapig, read_eapig_json, to_eapig, write_eapig_json
+from interp.names import eapig_name
 
 DEFAULT_PEER = Path(".cache/peers/eapig/bin/python")
 INSTALL = (
@@ -125,7 +126,7 @@ def main() -> None:
         print(f"EAP-IG Graph.from_model(HookedTransformer of GPT-2 small's shape) + apply_topn({TOP_N}) -> ours")
         graph = Graph(GPT2)
         theirs = read_eapig_json(folder / "from_model.peer.json")
-        names = graph.table()["edge"].tolist()
+        names = [eapig_name(e) for e in graph.table()["edge"]]  # ours spelled as EAP-IG spells them
         assert len(theirs["edges"]) == graph.n_edges == report["from_model"]["edges"], "edge counts differ"
         assert set(theirs["edges"]) == set(names), "edge names differ"
         in_graph, scores = from_eapig(theirs, graph)

@@ -29,6 +29,7 @@ import pandas as pd
 
 from interp._io import atomic_write, atomic_write_json
 from interp.errors import UnknownNameError, UsageError
+from interp.names import file_name, head_name, memory_name
 from interp.registry import Registry
 
 CI_SUFFIXES = ("_lo", "_hi")
@@ -350,7 +351,7 @@ def few_sequences_note(n: int, unit: str = "sequence") -> str:
 def file_label(layer: int, head: int) -> str:
     """A head's label in saved files, ``L0H10``: no spreadsheet or ``pd.read_csv`` reads it as a
     number (``"0.10"`` becomes ``0.1``, the label of head 1)."""
-    return f"L{int(layer)}H{int(head)}"
+    return file_name(head_name(layer, head))
 
 
 def json_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -374,49 +375,41 @@ def read_csv(path: str | Path, **kwargs: Any) -> pd.DataFrame:
     return pd.read_csv(path, float_precision="round_trip", **kwargs)
 
 
-# the columns that name a head as "0.10" in memory (a path's sender, a composition's source, a QK
-# term's query side): saved as ``L0H10`` like ``label``, read back as "0.10"
-HEAD_NAME_COLUMNS = ("sender", "receiver", "src", "dst", "query", "key")
-_HEAD_NAME = re.compile(r"^(\d+)\.(\d+)$")
-
-
-def file_name(name: Any) -> Any:
-    """A component's name as saved: a head ``"0.10"`` -> ``"L0H10"``; any other name as it is."""
-    m = _HEAD_NAME.match(name) if isinstance(name, str) else None
-    return file_label(int(m[1]), int(m[2])) if m else name
-
-
-def memory_name(name: Any) -> Any:
-    """The inverse of :func:`file_name`: ``"L0H10"`` -> ``"0.10"``."""
-    m = _FILE_LABEL.match(name) if isinstance(name, str) else None
-    return f"{int(m[1])}.{int(m[2])}" if m else name
+# the columns that name a component (a head "0.10", a receiver "0.10<q>", an edge "0.1->0.10<k>")
+# as memory spells it: saved as files spell it (``L0H10``, :func:`interp.names.file_name`) like
+# ``label``, and read back as memory spells it
+NAME_COLUMNS = ("edge", "sender", "receiver", "src", "dst", "query", "key")
 
 
 def file_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """A frame as saved: ``label`` written ``L0H10`` (from the integer layer and head), and so each
-    head named in a :data:`HEAD_NAME_COLUMNS` column."""
-    names = [c for c in HEAD_NAME_COLUMNS if c in frame and not pd.api.types.is_numeric_dtype(frame[c])]
+    component named in a :data:`NAME_COLUMNS` column."""
+    columns = _name_columns(frame)
     labelled = {"layer", "head", "label"} <= set(frame.columns)
-    if not (labelled or names):
+    if not (labelled or columns):
         return frame
     out = frame.copy()
     if labelled:
         out["label"] = [file_label(l, h) for l, h in zip(out["layer"], out["head"])]
-    for c in names:
+    for c in columns:
         out[c] = [file_name(v) for v in out[c]]
     return out
 
 
 def memory_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The inverse of :func:`file_frame`: ``label`` and the head names back to the ``0.10`` form the
-    toolkit prints."""
-    names = [c for c in HEAD_NAME_COLUMNS if c in frame and not pd.api.types.is_numeric_dtype(frame[c])]
+    """The inverse of :func:`file_frame`: ``label`` and the components' names back to the spelling
+    the toolkit prints (``0.10``; EAP-IG's, which results saved before this spelling hold, too)."""
+    columns = _name_columns(frame)
     relabel = "label" in frame and len(frame) and frame["label"].astype(str).str.match(_FILE_LABEL).all()
-    if not (relabel or names):
+    if not (relabel or columns):
         return frame
     frame = frame.copy()
     if relabel:
-        frame["label"] = [f"{l}.{h}" for l, h in zip(frame["layer"], frame["head"])]
-    for c in names:
+        frame["label"] = [head_name(l, h) for l, h in zip(frame["layer"], frame["head"])]
+    for c in columns:
         frame[c] = [memory_name(v) for v in frame[c]]
     return frame
+
+
+def _name_columns(frame: pd.DataFrame) -> list[str]:
+    return [c for c in NAME_COLUMNS if c in frame and not pd.api.types.is_numeric_dtype(frame[c])]

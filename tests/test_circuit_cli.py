@@ -36,7 +36,7 @@ def test_the_toy_repeat_circuit_prints_its_top_edges_the_faithful_size_and_the_a
     at = text.splitlines().index("top 10 edges by |score| (logit-diff units, 95% CI over pairs):")
     printed = [line.split()[0] for line in text.splitlines()[at + 1 : at + 11]]
     assert printed == list(top.edge)
-    assert printed[:2] == ["a1.h2->logits", "a1.h1->logits"]  # as the README says (EAP, noising)
+    assert printed[:2] == ["1.2->logits", "1.1->logits"]  # as the README says (EAP, noising)
     curve = FaithfulnessCurve.load(out)
     reach = curve.meta["smallest_faithful"]
     assert (

@@ -54,7 +54,7 @@ def node_places(fig) -> dict[str, tuple[float, float]]:
 
 
 def node_of(end: str) -> str:
-    """The node an edge's end is drawn at: a head's receiver ``a1.h2<k>`` is the head ``a1.h2``."""
+    """The node an edge's end is drawn at: a head's receiver ``1.2<k>`` is the head ``1.2``."""
     return re.sub(r"<[qkv]>$", "", end)
 
 
@@ -63,8 +63,8 @@ def layer_of(node: str, n_layers: int) -> float:
         return -1
     if node == "logits":
         return n_layers
-    layer = int(re.match(r"[am](\d+)", node).group(1))
-    return layer + (0.5 if node.startswith("m") else 0)  # a (sequential) MLP reads after its heads
+    layer = int(re.match(r"(?:mlp\.)?(\d+)", node).group(1))
+    return layer + (0.5 if node.startswith("mlp.") else 0)  # a (sequential) MLP reads after its heads
 
 
 def rgb(colour: str) -> tuple[int, ...]:
@@ -109,11 +109,11 @@ def test_a_large_circuit_draws_its_strongest_edges_and_says_so(toy_edges):
 
 def test_in_circuit_column_chooses_the_edges(toy_edges):
     table = toy_edges.table.copy()
-    chosen = table["edge"].isin(["input->a0.h0<q>", "a0.h1->a1.h3<k>", "a0.h1->a1.h0<v>", "a1.h2->logits"])
+    chosen = table["edge"].isin(["input->0.0<q>", "0.1->1.3<k>", "0.1->1.0<v>", "1.2->logits"])
     table["in_circuit"] = chosen
     fig = graph_figure(table, toy_edges.meta, edges=60)  # edges= does not apply: the column says
     assert set(edge_traces(fig)) == set(table.loc[chosen, "edge"])
-    assert set(node_places(fig)) == {"input", "logits", "a0.h0", "a0.h1", "a1.h0", "a1.h2", "a1.h3"}
+    assert set(node_places(fig)) == {"input", "logits", "0.0", "0.1", "1.0", "1.2", "1.3"}
     assert "4 of 81 edges" in fig.layout.title.text
     # an empty circuit: the input and the logits alone
     table["in_circuit"] = False
@@ -132,8 +132,8 @@ def test_layers_run_bottom_to_top():
             assert places[a][1] < places[b][1], (a, b)
         else:
             assert places[a][1] == places[b][1], (a, b)
-    heads = [places[f"a1.h{h}"][0] for h in range(3)]
-    assert heads == sorted(heads) and heads == [places[f"a0.h{h}"][0] for h in range(3)]  # columns line up
+    heads = [places[f"1.{h}"][0] for h in range(3)]
+    assert heads == sorted(heads) and heads == [places[f"0.{h}"][0] for h in range(3)]  # columns line up
     for trace in edge_traces(fig).values():  # every edge runs upward, sender to receiver
         assert trace.y[-1] > trace.y[0]
 
@@ -142,12 +142,12 @@ def test_mlp_above_its_heads_unless_parallel():
     shape = Shape(2, 3, 3, (0, 1))
     table = hand_table(shape)
     places = node_places(graph_figure(table, {}, edges=len(table)))
-    assert places["a0.h0"][1] < places["m0"][1] < places["a1.h0"][1]
+    assert places["0.0"][1] < places["mlp.0"][1] < places["1.0"][1]
     par = hand_table(Shape(2, 3, 3, (0, 1), parallel=True))
     for meta in ({"parallel": True}, {"graph": Graph(Shape(2, 3, 3, (0, 1), parallel=True)).describe()}):
         places = node_places(graph_figure(par, meta, edges=len(par)))
-        assert places["m0"][1] == places["a0.h0"][1]  # on its heads' row, after them
-        assert places["m0"][0] > max(places[f"a0.h{h}"][0] for h in range(3))
+        assert places["mlp.0"][1] == places["0.0"][1]  # on its heads' row, after them
+        assert places["mlp.0"][0] > max(places[f"0.{h}"][0] for h in range(3))
 
 
 def test_colour_and_width_follow_the_score():
@@ -198,40 +198,40 @@ def test_hover_gives_score_ci_and_stability(toy_edges):
 
 def test_q_k_v_are_told_apart():
     table = hand_table(Shape(2, 2, 2, ()))
-    chosen = {f"input->a1.h0<{s}>" for s in "qkv"}
+    chosen = {f"input->1.0<{s}>" for s in "qkv"}
     table["in_circuit"] = table["edge"].isin(chosen)
     fig = graph_figure(table, {})
     drawn = edge_traces(fig)
     assert set(drawn) == chosen
-    dashes = {drawn[f"input->a1.h0<{s}>"].line.dash for s in "qkv"}
-    ends = {drawn[f"input->a1.h0<{s}>"].x[-1] for s in "qkv"}
+    dashes = {drawn[f"input->1.0<{s}>"].line.dash for s in "qkv"}
+    ends = {drawn[f"input->1.0<{s}>"].x[-1] for s in "qkv"}
     assert len(dashes) == 3 and len(ends) == 3  # a dash and an end of its own each
     for site, word in zip("qkv", ("queries", "keys", "values")):
-        assert word in drawn[f"input->a1.h0<{site}>"].hovertext[0]
+        assert word in drawn[f"input->1.0<{site}>"].hovertext[0]
     legend = {t.meta["legend"]: t for t in fig.data if isinstance(t.meta, dict) and "legend" in t.meta}
-    assert {s: legend[s].line.dash for s in "qkv"} == {s: drawn[f"input->a1.h0<{s}>"].line.dash for s in "qkv"}
-    assert set(node_places(fig)) == {"input", "logits", "a1.h0"}  # the three receivers are one node
+    assert {s: legend[s].line.dash for s in "qkv"} == {s: drawn[f"input->1.0<{s}>"].line.dash for s in "qkv"}
+    assert set(node_places(fig)) == {"input", "logits", "1.0"}  # the three receivers are one node
 
 
 def test_gqa_draws_key_value_receivers_between_their_query_heads():
     table = Graph(Shape(2, 4, 2, (0, 1))).table()
     table["score"] = np.where(table["receiver"].str.contains("kv"), 1.0, 0.1)
-    table.loc[table["receiver"] == "a1.kv1<v>", "score"] = -3.0
+    table.loc[table["receiver"] == "1.kv1<v>", "score"] = -3.0
     fig = graph_figure(table, {"model": "gqa"}, edges=int((table["score"] != 0.1).sum()))
     drawn = edge_traces(fig)
     assert drawn and all("kv" in name for name in drawn)
     places = node_places(fig)
-    assert {n for n in places if ".kv" in n} == {"a0.kv0", "a0.kv1", "a1.kv0", "a1.kv1"}
+    assert {n for n in places if ".kv" in n} == {"0.kv0", "0.kv1", "1.kv0", "1.kv1"}
     for l in (0, 1):  # a key/value head between its query heads (0 1 and 2 3)
-        assert places[f"a{l}.kv0"][0] == 0.5 and places[f"a{l}.kv1"][0] == 2.5
+        assert places[f"{l}.kv0"][0] == 0.5 and places[f"{l}.kv1"][0] == 2.5
     # on its layer, a little under its query heads' row: above the rows below it
-    assert places["input"][1] < places["a0.kv0"][1] == places["a0.kv1"][1] < places["a0.h0"][1]
-    assert places["a0.h0"][1] < places["m0"][1] < places["a1.kv0"][1] < places["logits"][1]
+    assert places["input"][1] < places["0.kv0"][1] == places["0.kv1"][1] < places["0.0"][1]
+    assert places["0.0"][1] < places["mlp.0"][1] < places["1.kv0"][1] < places["logits"][1]
     hover = next(t for t in fig.data if isinstance(t.meta, dict) and t.meta.get("nodes") == "kv")
     text = dict(zip(hover.customdata, hover.hovertext))
-    assert "query heads 2 3" in text["a1.kv1"] and "query heads 0 1" in text["a0.kv0"]
-    assert "query heads 2 3" in drawn["a0.h2->a1.kv1<v>"].hovertext[0]
-    assert rgb(drawn["a0.h2->a1.kv1<v>"].line.color) == scale_end(0.0)
+    assert "query heads 2 3" in text["1.kv1"] and "query heads 0 1" in text["0.kv0"]
+    assert "query heads 2 3" in drawn["0.2->1.kv1<v>"].hovertext[0]
+    assert rgb(drawn["0.2->1.kv1<v>"].line.color) == scale_end(0.0)
 
 
 def test_gpt2_sized_graph_fits_the_width():
@@ -256,7 +256,7 @@ def test_saved_page_is_self_contained(toy_edges, tmp_path):
     page = path.read_text()
     assert len(page) > 3_000_000 and "plotly.js" in page.lower()  # plotly.js inlined (about 4.8 MB)
     assert not re.search(r"<script[^>]*\bsrc=", page)  # nothing fetched from a network
-    assert "a1.h2-&gt;logits" in page or "a1.h2->logits" in page
+    assert "1.2-&gt;logits" in page or "1.2->logits" in page
 
 
 def hovered(browser, page: str, curve: int, point: int) -> str:

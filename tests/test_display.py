@@ -211,9 +211,9 @@ def test_edge_results_show_the_signed_score_the_circuit_and_the_curves_figures()
 
     edges = pd.DataFrame(
         {
-            "edge": ["a0.h0->logits", "input->a0.h0<q>", "input->logits"],
-            "sender": ["a0.h0", "input", "input"],
-            "receiver": ["logits", "a0.h0<q>", "logits"],
+            "edge": ["0.0->logits", "input->0.0<q>", "input->logits"],
+            "sender": ["0.0", "input", "input"],
+            "receiver": ["logits", "0.0<q>", "logits"],
             "site": ["logits", "q", "logits"],
             "score": [-0.5, 0.2, 0.01],
             "score_lo": [-0.6, 0.1, 0.0],
@@ -224,12 +224,12 @@ def test_edge_results_show_the_signed_score_the_circuit_and_the_curves_figures()
     edges["abs_score"] = edges["score"].abs()
     lines = repr(EdgeScores(edges, {"model": "toy"})).splitlines()
     assert lines[1].split() == ["edge", "score", "score_lo", "score_hi", "stability", "site"]
-    assert lines[2].split()[:2] == ["a0.h0->logits", "-0.5"]  # ranked by |score|, shown signed
+    assert lines[2].split()[:2] == ["0.0->logits", "-0.5"]  # ranked by |score|, shown signed
     inside = edges.assign(in_circuit=[True, False, True])
     meta = {"model": "toy", "faithfulness": 0.9, "faithfulness_ci": [0.85, 0.95]}
     lines = repr(Circuit(inside, meta)).splitlines()
     assert lines[0] == "Circuit of toy: 2 edges of 3, faithfulness 0.900 [0.850, 0.950]"
-    assert [line.split()[0] for line in lines[2:]] == ["a0.h0->logits", "input->logits"]  # its own edges only
+    assert [line.split()[0] for line in lines[2:]] == ["0.0->logits", "input->logits"]  # its own edges only
     curve = pd.DataFrame(
         {"size": [0, 1, 2, 3], "fraction": [0.001, 0.3, 0.6, 1.0], "n_edges": [0, 0, 2, 3], "metric": [0.0] * 4}
         | {"faithfulness": [0.0, 0.0, 0.9, 1.0], "faithfulness_lo": [0.0] * 4, "faithfulness_hi": [1.0] * 4}

@@ -14,6 +14,7 @@ import pytest
 from interp.circuits import Graph, Shape, count_edges
 from interp.circuits.eapig import from_eapig, read_eapig_json, to_eapig, write_eapig_json
 from interp.errors import UsageError
+from interp.names import memory_name
 from tests.helpers import ROOT
 
 GPT2 = Shape(12, 12, 12, tuple(range(12)))
@@ -34,7 +35,8 @@ def through_json(data: dict) -> dict:
 
 
 def row(graph: Graph, edge: str) -> int:
-    return edge_names(graph).index(edge)
+    """The table row of ``edge``, named as EAP-IG names it (``a0.h1->a1.h2<k>``; ours ``0.1->1.2<k>``)."""
+    return edge_names(graph).index(memory_name(edge))
 
 
 _NAMES: dict[Shape, list[str]] = {}
@@ -62,6 +64,10 @@ def test_gpt2_small_round_trip_is_exact_with_eapig_names_and_cfg():
         i = row(graph, edge)
         assert data["edges"][edge] == {"score": scores[i], "in_graph": bool(in_graph[i])}
     assert "a1.h0->a1.h2<k>" not in data["edges"] and "m1->m1" not in data["edges"]
+    # our tables spell the same edges as every table here spells a component; only the JSON is EAP-IG's
+    ours = edge_names(graph)
+    assert ours[:2] == ["input->0.0<q>", "input->0.1<q>"] and "0.1->1.2<k>" in ours and "mlp.11->logits" in ours
+    assert [name for name in ours if name in data["edges"]] == ["input->logits"]  # the one edge spelled alike
 
     back_in, back_scores = from_eapig(through_json(data), graph)
     assert back_in.dtype == np.bool_ and back_scores.dtype == np.float64
@@ -92,7 +98,8 @@ def test_node_in_graph_follows_eapigs_rule():
 
     given = to_eapig(graph, in_graph, nodes_in_graph={"m1": True, "a0.h1": False})["nodes"]
     assert {k for k, v in given.items() if v["in_graph"]} == {"input", "m1", "logits"}
-    flags = np.array([n.name == "a1.h1" for n in graph.senders])
+    assert to_eapig(graph, in_graph, nodes_in_graph={"mlp.1": True, "0.1": False})["nodes"] == given  # our names
+    flags = np.array([n.name == "1.1" for n in graph.senders])
     by_sender = to_eapig(graph, in_graph, nodes_in_graph=flags)["nodes"]
     assert {k for k, v in by_sender.items() if v["in_graph"]} == {"a1.h1", "logits"}
 
@@ -259,8 +266,8 @@ def test_to_eapig_refuses_values_not_per_edge():
     with pytest.raises(UsageError) as e:
         to_eapig(graph, nodes_in_graph={"a0.kv0": True})
     assert str(e.value) == (
-        "nodes_in_graph= names 1 node(s) EAP-IG's graph of this shape lacks (first: 'a0.kv0'): name nodes as it "
-        "does ('input', 'a0.h0', 'm0', 'logits')"
+        "nodes_in_graph= names 1 node(s) EAP-IG's graph of this shape lacks (first: 'a0.kv0'): name nodes as "
+        "graph.senders does ('input', '0.0', 'mlp.0', 'logits') or as EAP-IG does ('a0.h0', 'm0')"
     )
     with pytest.raises(UsageError) as e:
         to_eapig(graph, nodes_in_graph={"logits": False})

@@ -34,13 +34,13 @@ def test_parallel_and_grouped_graphs_follow_the_model():
     g = Graph(Shape(2, 4, 2, (0, 1)))
     t = g.table()
     keys = t[(t.site == "k") & (t.receiver_layer == 1)]
-    assert sorted(set(keys.receiver)) == ["a1.kv0<k>", "a1.kv1<k>"]
-    assert set(keys[keys.receiver == "a1.kv1<k>"].query_heads) == {"2 3"}
+    assert sorted(set(keys.receiver)) == ["1.kv0<k>", "1.kv1<k>"]
+    assert set(keys[keys.receiver == "1.kv1<k>"].query_heads) == {"2 3"}
     # per layer: 4 q + 2 k + 2 v head receivers, then the MLP; senders upstream only
     assert g.n_edges == 8 * 1 + 5 + 8 * 6 + 10 + 11 == len(t)
     # only an MLP reads a sender of its own layer (its heads)
     same = t[t.sender_layer >= t.receiver_layer]
-    assert set(same.site) == {"mlp"} and set(same.sender.str[:3]) == {"a0.", "a1."}
+    assert set(same.site) == {"mlp"} and set(same.sender.str[:2]) == {"0.", "1."}
 
 
 def test_a_model_the_graph_cannot_describe_is_refused_before_any_work():
@@ -67,17 +67,17 @@ def test_bad_options_are_refused_with_the_parameter_named():
 def test_planted_induction_chain_comes_out_first_and_nothing_else_scores():
     # 0.0 reads the token (its value) and writes it as the next position's "previous token"; 1.0's
     # keys read that, and 1.0 writes the copied token, which the unembedding reads: the chain
-    # input -> a0.h0<v>, a0.h0 -> a1.h0<k>, a1.h0 -> logits
+    # input -> 0.0<v>, 0.0 -> 1.0<k>, 1.0 -> logits
     model = planted_model(n_ctx=64)
     r = edge_scores(model, "repeat", config=FAST)
-    chain = {"input->a0.h0<v>", "a0.h0->a1.h0<k>", "a1.h0->logits"}
+    chain = {"input->0.0<v>", "0.0->1.0<k>", "1.0->logits"}
     assert set(r.top(3).edge) == chain
     top = r.top(3)
     assert (top.score_lo > 1).all() and (top.stability == 1).all()
     rest = r.table[~r.table.edge.isin(chain)]
     assert rest.score.abs().max() < 0.01 * top.score.abs().min()
     # the chain to the logits is linear: it carries the whole clean-corrupted gap
-    logit = r.table.set_index("edge").loc["a1.h0->logits", "score"]
+    logit = r.table.set_index("edge").loc["1.0->logits", "score"]
     assert logit == pytest.approx(r.meta["gap"], rel=1e-4)
 
 
@@ -95,9 +95,9 @@ def _outputs(model, tokens):
     for l in range(L):
         z, W_O = cache[f"blocks.{l}.attn.hook_z"], model.blocks[l].attn.W_O
         for h in range(model.cfg.n_heads):
-            out[f"a{l}.h{h}"] = z[:, :, h] @ W_O[h]
+            out[f"{l}.{h}"] = z[:, :, h] @ W_O[h]
         if hasattr(model.blocks[l], "mlp"):
-            out[f"m{l}"] = cache[f"blocks.{l}.hook_mlp_out"]
+            out[f"mlp.{l}"] = cache[f"blocks.{l}.hook_mlp_out"]
     return out
 
 
@@ -114,8 +114,8 @@ def _receiver_hooks(model, receiver: str, shift):
 
     if receiver == "logits":  # only the final norm reads the last block's output
         return [(f"blocks.{L - 1}.hook_resid_post", lambda x, hook: x + shift)]
-    if receiver.startswith("m"):
-        l = int(receiver[1:])
+    if receiver.startswith("mlp."):
+        l = int(receiver[4:])
 
         def mlp_input(y, hook):
             if seen.get("inside"):  # the norm below runs this hook again
@@ -127,7 +127,7 @@ def _receiver_hooks(model, receiver: str, shift):
 
         return [(f"blocks.{l}.hook_resid_mid", keep("x")), (f"blocks.{l}.ln2.hook_normalized", mlp_input)]
     head, site = receiver[:-3], receiver[-2]
-    l, j = int(head[1 : head.index(".")]), int(head.split(".")[1].lstrip("hkv"))
+    l, j = int(head.split(".")[0]), int(head.split(".")[1].lstrip("kv"))
     attn = model.blocks[l].attn
     W = attn._weight("qkv".index(site))[j]  # [d_model, d_head]: head j's (or key/value head j's) own
 
@@ -181,7 +181,7 @@ def test_edge_scores_equal_the_plain_loop_on_random_edges(lngqa, method):
     t = r.table.set_index("edge")
     assert len(t) == graph_of(model).n_edges
     picked = random.Random(0).sample(list(t.index), 10)
-    picked += ["a0.h1->a1.kv1<k>", "a0.h3->a1.kv0<v>", "m0->a1.h2<q>", "a1.h0->m1", "input->logits", "m1->logits"]
+    picked += ["0.1->1.kv1<k>", "0.3->1.kv0<v>", "mlp.0->1.2<q>", "1.0->mlp.1", "input->logits", "mlp.1->logits"]
     donor = task.clean  # denoising: the corrupted prompts run
     for edge in picked:
         if method == "eap":
@@ -191,7 +191,7 @@ def test_edge_scores_equal_the_plain_loop_on_random_edges(lngqa, method):
         elif method == "eap-ig-inputs":  # EAP-IG's points: k / m for k = 0 .. m - 1
             ref = sum(reference_eap(model, task, edge, _moved(model, ["input"], donor, k / 3)) for k in range(3)) / 3
         else:  # each node layer alone, k / m for k = 1 .. m
-            nodes = [["input"], ["z0"], ["m0"], ["z1"], ["m1"]]
+            nodes = [["input"], ["z0"], ["mlp.0"], ["z1"], ["mlp.1"]]
             points = [_moved(model, n, donor, k / 3) for n in nodes for k in (1, 2, 3)]
             ref = sum(reference_eap(model, task, edge, p) for p in points) / len(points)
         assert t.loc[edge, "score"] == pytest.approx(ref, rel=1e-4, abs=1e-6), edge
@@ -200,10 +200,10 @@ def test_edge_scores_equal_the_plain_loop_on_random_edges(lngqa, method):
 
 def _moved(model, nodes, donor_tokens, alpha):
     """The hooks of an integrated-gradients point: the nodes' outputs (``input``, ``z{l}`` a layer's
-    heads, ``m{l}`` an MLP) at ``donor + alpha (own - donor)``."""
+    heads, ``mlp.{l}`` an MLP) at ``donor + alpha (own - donor)``."""
     name = {"input": "blocks.0.hook_resid_pre"}
     name.update({f"z{l}": f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)})
-    name.update({f"m{l}": f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers)})
+    name.update({f"mlp.{l}": f"blocks.{l}.hook_mlp_out" for l in range(model.cfg.n_layers)})
     names = [name[n] for n in nodes]
     with torch.no_grad():
         _, cache = model.run_with_cache(donor_tokens, names_filter=lambda n: n in names)
@@ -223,7 +223,7 @@ def test_eap_equals_exact_edge_patching_where_the_metric_is_linear_in_the_receiv
     with torch.no_grad():
         base = _metric(model, own, task, []).mean()
         delta = {k: _outputs(model, donor)[k] - v for k, v in _outputs(model, own).items()}
-        edges = [e for e in t.index if e.endswith("->logits") or e.endswith("<v>") and e.split("->")[1][1] == "1"]
+        edges = [e for e in t.index if e.endswith("->logits") or e.endswith("<v>") and e.split("->")[1][0] == "1"]
         assert len(edges) == 9 + 4 * 5
         for edge in edges:
             sender, receiver = edge.split("->")
@@ -241,14 +241,14 @@ def test_trained_toy_repeat_puts_layer1_heads_to_logits_and_0_1_to_layer1_keys_o
     model = interp.load_model("toy")
     r = edge_scores(model, "repeat", direction="noise", config=FAST)
     top = r.top(10)
-    assert set(top.edge[:2]) == {"a1.h2->logits", "a1.h1->logits"}
+    assert set(top.edge[:2]) == {"1.2->logits", "1.1->logits"}
     assert (top.score_hi[:2] < 0).all() and (top.stability[:2] == 1).all()
-    keys = set(top.edge[top.edge.str.startswith("a0.h1->a1.") & top.edge.str.endswith("<k>")])
-    assert {"a0.h1->a1.h3<k>", "a0.h1->a1.h1<k>"} <= keys
+    keys = set(top.edge[top.edge.str.startswith("0.1->1.") & top.edge.str.endswith("<k>")])
+    assert {"0.1->1.3<k>", "0.1->1.1<k>"} <= keys
     # every layer-1 head's write to the logits lowers the metric when noised; none of layer 0's does as much
     logits = r.table[r.table.receiver == "logits"].set_index("sender").score
-    assert (logits[[f"a1.h{h}" for h in range(4)]] < 0).all()
-    assert logits[[f"a0.h{h}" for h in range(4)]].abs().max() < logits[["a1.h1", "a1.h2"]].abs().min()
+    assert (logits[[f"1.{h}" for h in range(4)]] < 0).all()
+    assert logits[[f"0.{h}" for h in range(4)]].abs().max() < logits[["1.1", "1.2"]].abs().min()
 
 
 def test_edge_scores_round_trip_and_stability_is_a_share_of_resamples(tmp_path):

@@ -188,7 +188,7 @@ def _senders(hf: Any, spec: Spec, tokens: torch.Tensor, n_heads: int) -> dict[st
                 _handle(_submodule(layer, spec.o).register_forward_pre_hook(pre(f"z{l}"), with_kwargs=True))
             )
             mlp_out = _submodule(layer, spec.mlp_out or spec.mlp)
-            stack.enter_context(_handle(mlp_out.register_forward_hook(post(f"m{l}"))))
+            stack.enter_context(_handle(mlp_out.register_forward_hook(post(f"mlp.{l}"))))
             if spec.post:
                 stack.enter_context(
                     _handle(_submodule(layer, spec.post).register_forward_pre_hook(pre(f"n{l}"), with_kwargs=True))
@@ -208,8 +208,8 @@ def _senders(hf: Any, spec: Spec, tokens: torch.Tensor, n_heads: int) -> dict[st
             for h in range(n_heads):
                 alone = torch.zeros_like(z)
                 alone[..., h * d : (h + 1) * d] = z[..., h * d : (h + 1) * d]
-                out[f"a{l}.h{h}"] = (o(alone) - base) * factor
-        out[f"m{l}"] = seen[f"m{l}"].reshape(out["input"].shape)  # OPT: [batch * pos, d_model]
+                out[f"{l}.{h}"] = (o(alone) - base) * factor
+        out[f"mlp.{l}"] = seen[f"mlp.{l}"].reshape(out["input"].shape)  # OPT: [batch * pos, d_model]
     return out
 
 
@@ -251,8 +251,8 @@ def reference_eap(
         hooks.append(
             (_submodule(hf, spec.final), "pre", lambda m, args, kwargs: ((args[0] + shift, *args[1:]), kwargs))
         )
-    elif receiver.startswith("m"):
-        layer = layers[int(receiver[1:])]
+    elif receiver.startswith("mlp."):
+        layer = layers[int(receiver[4:])]
         norm = _submodule(layer, spec.norm2 or spec.norm1)
         seen, once = {}, _Once()
         hooks.append((norm, "pre", _keeper(seen, once)))
@@ -266,7 +266,7 @@ def reference_eap(
         hooks.append((_submodule(layer, spec.mlp), "pre", mlp_in))
     else:
         head, site = receiver[:-3], receiver[-2]
-        l, j = int(head[1 : head.index(".")]), int(head.split(".")[1].lstrip("hkv"))
+        l, j = int(head.split(".")[0]), int(head.split(".")[1].lstrip("kv"))
         layer = layers[l]
         norm, proj = _submodule(layer, spec.norm1), _submodule(layer, getattr(spec, site))
         cols = spec.cols(site, j, n_heads, n_kv, d_head)
@@ -322,12 +322,12 @@ def test_eap_equals_the_hugging_face_gradient_loop(family):
     assert len(t) == graph_of(model).n_edges
     shape = graph_of(model).shape
     d_head = getattr(hf_ref.config, "head_dim", None) or hf_ref.config.hidden_size // N_HEADS
-    kv = "kv" if shape.group > 1 else "h"
+    kv = "kv" if shape.group > 1 else ""
     j = min(1, shape.n_kv_heads - 1)
     picked = random.Random(family).sample(list(t.index), 8)
-    picked += [f"a0.h1->a1.{kv}{j}<k>", f"a0.h2->a1.{kv}0<v>", "m0->a1.h3<q>", "a0.h0->m1", "input->m0", "m1->logits"]
+    picked += [f"0.1->1.{kv}{j}<k>", f"0.2->1.{kv}0<v>", "mlp.0->1.3<q>", "0.0->mlp.1", "input->mlp.0", "mlp.1->logits"]
     # a parallel block's MLP reads the residual its own layer's attention reads: no edge from those heads
-    assert ("a1.h0->m1" in t.index) == (not shape.parallel)
+    assert ("1.0->mlp.1" in t.index) == (not shape.parallel)
     for edge in picked:
         ref = reference_eap(hf_ref, SPECS[family], task, edge, N_HEADS, shape.n_kv_heads, d_head)
         assert t.loc[edge, "score"] == pytest.approx(ref, rel=1e-3, abs=1e-5), edge
@@ -347,9 +347,9 @@ def test_exact_edges_equal_the_hugging_face_loop(family):
     receiver's input moved by the sender's output difference, on randomly picked edges."""
     hf_ref, model, task, graph = _family(family)
     names, shape = list(graph.table().edge), graph.shape
-    kv = "kv" if shape.group > 1 else "h"
+    kv = "kv" if shape.group > 1 else ""
     picked = random.Random(f"exact {family}").sample(names, 8)
-    picked += [f"a0.h1->a1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "m0->a1.h3<q>", "input->m0", "m1->logits"]
+    picked += [f"0.1->1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "mlp.0->1.3<q>", "input->mlp.0", "mlp.1->logits"]
     r = edge_scores(model, task, method="exact", metric="raw-logit-diff", edges=picked, config=RunConfig(n_boot=50))
     t = r.table.set_index("edge")
     d_head = getattr(hf_ref.config, "head_dim", None) or hf_ref.config.hidden_size // N_HEADS
@@ -367,9 +367,9 @@ def test_a_circuit_missing_one_edge_equals_the_hugging_face_forward_with_that_ed
     the sender's output is its share of the post-attention norm's output, that norm's scale the run's."""
     hf_ref, model, task, graph = _family(family)
     names, shape = list(graph.table().edge), graph.shape
-    kv = "kv" if shape.group > 1 else "h"
-    picked = random.Random(f"circuit {family}").sample([n for n in names if n.startswith("a")], 3)
-    picked += [f"a0.h1->a1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "a1.h2->logits", "a0.h0->m1"]
+    kv = "kv" if shape.group > 1 else ""
+    picked = random.Random(f"circuit {family}").sample([n for n in names if n[0].isdigit()], 3)  # from a head
+    picked += [f"0.1->1.{kv}{min(1, shape.n_kv_heads - 1)}<k>", "1.2->logits", "0.0->mlp.1"]
     masks = [np.array([n != edge for n in names]) for edge in picked]
     curve = evaluate_circuits(model, task, masks, metric="raw-logit-diff", config=RunConfig(n_boot=50))
     clean = curve.meta["clean_metric"]
@@ -387,7 +387,7 @@ def test_a_circuit_missing_one_edge_equals_the_hugging_face_forward_with_that_ed
 def _gemma_point(hf: Any, donor: torch.Tensor, node: str, alpha: float) -> list:
     """An EAP-IG-activations point on Gemma: one node's output at ``donor + alpha (own - donor)``:
     the input entering layer 0, a layer's post-attention norm's output (``z{l}``, its heads' writes
-    together) or its post-feedforward norm's (``m{l}``)."""
+    together) or its post-feedforward norm's (``mlp.{l}``)."""
     layers = _submodule(hf, GEMMA.layers)
     if node == "input":
         seen = {}
@@ -429,9 +429,9 @@ def test_eap_ig_activations_on_gemma_moves_each_layers_post_normed_write(family)
     nodes = ["input"] + [f"{k}{l}" for l in range(hf_ref.config.num_hidden_layers) for k in "zm"]
     points = [_gemma_point(hf_ref, task.clean, n, k / 2) for n in nodes for k in (1, 2)]
     picked = random.Random(f"ig {family}").sample(list(t.index), 3) + [
-        "a0.h1->a1.kv0<v>",
-        "a1.h2->logits",
-        "m0->a1.h3<q>",
+        "0.1->1.kv0<v>",
+        "1.2->logits",
+        "mlp.0->1.3<q>",
     ]
     for edge in picked:
         refs = [

@@ -81,6 +81,7 @@ LAYERS: dict[str, float] = {
     "kernels": 2,
     # plumbing every layer may use
     "hooks": 1,
+    "names": 1,
     "_io": 1,
     "registry": 1,
     "config": 1,

@@ -237,10 +237,10 @@ def test_smollm2_eap_edges_into_the_logits_come_from_the_top_patched_heads(smoll
     and its most negative ones are heads whose patch lowers the logit difference (negative name movers)."""
     _, exact, _ = smollm2_ioi
     t = smollm2_eap.table
-    into = t[(t["receiver"] == "logits") & t["sender"].str.startswith("a")].sort_values("score", ascending=False)
-    heads = [tuple(int(x) for x in s[1:].split(".h")) for s in into["sender"]]
+    into = t[(t["receiver"] == "logits") & t["sender"].str[0].str.isdigit()].sort_values("score", ascending=False)
+    heads = [tuple(int(x) for x in s.split(".")) for s in into["sender"]]
     assert set(heads[:3]) <= set(_ranked(exact)[:5])
-    assert smollm2_eap.top(1)["edge"].iloc[0] == "a23.h3->logits"
+    assert smollm2_eap.top(1)["edge"].iloc[0] == "23.3->logits"
     effect = exact.table.set_index(["layer", "head"])["effect"]
     assert all(effect.loc[h] < -0.1 for h in heads[-2:]), [(h, effect.loc[h]) for h in heads[-2:]]  # -0.24, -0.23
 
@@ -303,10 +303,10 @@ def test_gemma3_eap_edges_through_the_post_norm_lead_from_the_name_mover_to_the_
     largest head -> logits edges come from the top patched heads."""
     exact, _ = gemma3_ioi
     assert gemma3_eap.meta["graph"].startswith("91 senders, 127 receivers, 5,644 edges")
-    assert gemma3_eap.top(1)["edge"].iloc[0] == "a11.h3->logits"
+    assert gemma3_eap.top(1)["edge"].iloc[0] == "11.3->logits"
     t = gemma3_eap.table
-    into = t[(t["receiver"] == "logits") & t["sender"].str.startswith("a")].sort_values("score", ascending=False)
-    heads = [tuple(int(x) for x in s[1:].split(".h")) for s in into["sender"]]
+    into = t[(t["receiver"] == "logits") & t["sender"].str[0].str.isdigit()].sort_values("score", ascending=False)
+    heads = [tuple(int(x) for x in s.split(".")) for s in into["sender"]]
     assert heads[0] == _ranked(exact)[0] == (11, 3) and set(heads[:3]) <= set(_ranked(exact)[:6])
 
 
@@ -320,7 +320,7 @@ def test_gemma3_exact_edges_equal_one_hugging_face_forward_per_edge(gemma3, gemm
     from interp.circuits.edges import edge_scores
     from tests.test_edges_conformance import SPECS, reference_eap
 
-    edges = ["a11.h3->logits", "a11.h1->a12.kv0<v>", "a5.h1->a11.h3<q>", "m3->a12.kv0<v>"]
+    edges = ["11.3->logits", "11.1->12.kv0<v>", "5.1->11.3<q>", "mlp.3->12.kv0<v>"]
     r = edge_scores(gemma3, gemma3_task, method="exact", edges=edges, config=RUN)
     got = r.table.set_index("edge").loc[edges, "score"]
     hf = AutoModelForCausalLM.from_pretrained(gguf_folder(packaged_file("gemma3-270m")), attn_implementation="eager")

@@ -1,7 +1,8 @@
 """Circuits as graphs: the edges between a model's components, their scores, and the circuits they make.
 
-The graph (:mod:`interp.patching.graph`) names the nodes as EAP-IG and MIB do (``input``,
-``a{l}.h{h}`` with its ``<q>``, ``<k>``, ``<v>`` inputs, ``m{l}``, ``logits``) and the edges between
+The graph (:mod:`interp.patching.graph`) has EAP-IG's and MIB's nodes, spelled as every table here
+spells a component (:mod:`interp.names`: ``input``, ``{l}.{h}`` with its ``<q>``, ``<k>``, ``<v>``
+inputs, ``mlp.{l}``, ``logits``; EAP-IG's ``a{l}.h{h}`` and ``m{l}`` in its JSON) and the edges between
 them (:class:`Graph`, :func:`count_edges`, :func:`graph_of`, which refuses a model the graph cannot
 describe exactly). :mod:`~interp.circuits.edges` scores every edge on a task (:func:`edge_scores`,
 by the methods of :data:`METHODS`: attribution, or exact edge patching on the one intervention

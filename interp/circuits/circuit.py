@@ -36,6 +36,7 @@ from interp.adapters import HookedModel
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.journal import Journal
+from interp.names import INPUT, LOGITS, head_name
 from interp.patching.core import gap_meta, pooled_ratio, setup
 from interp.patching.edge_patch import SOURCES, CodeUnits, EdgeSweeper
 from interp.patching.edge_replay import SOURCE
@@ -68,7 +69,7 @@ def _receiver_nodes(graph: Graph) -> list[list[str]]:
     out = []
     for r in graph.receivers:
         if r.kind == "head":
-            out.append([f"a{r.layer}.h{q}" for q in r.query_heads])
+            out.append([head_name(r.layer, q) for q in r.query_heads])
         else:
             out.append([r.name])
     return out
@@ -83,11 +84,11 @@ def prune(graph: Graph, keep: Bool[np.ndarray, " edge"]) -> Bool[np.ndarray, " e
     nodes = _receiver_nodes(graph)
     stage = np.array([graph.receivers[r].stage for _, r in idx])
     order = np.argsort(stage, kind="stable")
-    reached = {"input"}
+    reached = {INPUT}
     for e in order:
         if keep[e] and senders[idx[e, 0]] in reached:
             reached.update(nodes[idx[e, 1]])
-    alive = {"logits"}
+    alive = {LOGITS}
     for e in order[::-1]:
         if keep[e] and any(n in alive for n in nodes[idx[e, 1]]):
             alive.add(senders[idx[e, 0]])
@@ -144,7 +145,7 @@ def _greedy(graph: Graph, mag: np.ndarray, n: int) -> np.ndarray:
             for e in by_node.get(node, []):
                 heapq.heappush(heap, (-mag[e], e))
 
-    enter("logits")
+    enter(LOGITS)
     while heap and int(keep.sum()) < n:
         _, e = heapq.heappop(heap)
         if keep[e] or mag[e] < 0:
@@ -216,7 +217,7 @@ class Circuit(Result):
         """The nodes the circuit's edges touch, senders first in graph order, then the logits."""
         t = self.table[self.in_circuit]
         names = list(dict.fromkeys(t.sender))
-        return names + ["logits"] if (t.receiver == "logits").any() else names
+        return names + [LOGITS] if (t.receiver == LOGITS).any() else names
 
     def evaluate(
         self,

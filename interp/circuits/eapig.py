@@ -9,9 +9,11 @@ The file is one JSON object with three keys:
   travel through its ``from_json``/``to_json`` unchanged; on GQA/MQA we add TransformerLens's
   ``n_key_value_heads``, and :func:`from_eapig` checks it where present;
 - ``nodes``: ``{name: {"in_graph": bool}}`` for ``input``, every ``a{l}.h{h}``, every ``m{l}`` and
-  ``logits``, in the order EAP-IG builds them (``logits`` is always in the graph);
+  ``logits``, in the order EAP-IG builds them (``logits`` is always in the graph). These are EAP-IG's
+  names; :meth:`Graph.table` spells the same nodes ``{l}.{h}`` and ``mlp.{l}`` (:mod:`interp.names`);
 - ``edges``: ``{"sender->receiver": {"score": float, "in_graph": bool}}`` for every edge, named as
-  :meth:`Graph.table` names them (``a0.h1->a1.h2<k>``, ``m0->logits``, ``input->a0.h0<q>``), in
+  EAP-IG names them (``a0.h1->a1.h2<k>``, ``m0->logits``, ``input->a0.h0<q>``; in our tables
+  ``0.1->1.2<k>``, ``mlp.0->logits``, ``input->0.0<q>``), in
   EAP-IG's order: layer by layer the heads' inputs (sender, then head, then ``q``/``k``/``v``), then
   the MLP's (in a parallel block the MLP's inputs come with the heads', sender by sender), then the
   logits'.
@@ -20,7 +22,7 @@ What differs from our graph, and how it is carried:
 
 - **GQA/MQA.** EAP-IG has one ``<k>`` and one ``<v>`` receiver per *query* head: it asks for
   TransformerLens's ``ungroup_grouped_query_attention``, which gives each query head its own copy of
-  the key/value head's input. Our key/value receiver ``a{l}.kv{j}<k>`` is written as one edge per
+  the key/value head's input. Our key/value receiver ``{l}.kv{j}<k>`` is written as one edge per
   query head it serves. The gradient at a shared input is the sum of the gradients at its copies, so
   the kv edge's score is the *sum* of its copies' scores: :func:`to_eapig` writes ``score / group``
   on each copy (the last copy takes the rounding remainder, so that the sum in query-head order gives
@@ -55,7 +57,8 @@ from jaxtyping import Bool, Float
 
 from interp._io import atomic_write
 from interp.errors import UsageError
-from interp.patching.graph import INPUT, LOGITS, MLP_SITE, Graph, Shape
+from interp.names import INPUT, LOGITS, eapig_name, edge_name, head_name, receiver_name
+from interp.patching.graph import MLP_SITE, Graph, Shape
 
 KEYS = ("cfg", "nodes", "edges")  # what EAP-IG's from_json asserts
 CFG_KEYS = ("n_layers", "n_heads", "parallel_attn_mlp")  # what a graph's shape is read from
@@ -109,20 +112,20 @@ def _layout(shape: Shape) -> _Layout:
         )
     )
     s_idx, r_idx = s_idx[order], r_idx[order]
-    nodes = [n.name for n in full.senders] + [LOGITS]
+    nodes = [eapig_name(n.name) for n in full.senders] + [LOGITS]
     node_of = {name: i for i, name in enumerate(nodes)}
-    receiver_node = np.array([node_of[n.name.split("<")[0]] for n in rcv])
-    names = [f"{full.senders[s].name}->{rcv[r].name}" for s, r in zip(s_idx.tolist(), r_idx.tolist())]
+    receiver_node = np.array([node_of[eapig_name(n.name).split("<")[0]] for n in rcv])
+    names = [eapig_name(edge_name(full.senders[s].name, rcv[r].name)) for s, r in zip(s_idx.tolist(), r_idx.tolist())]
 
     # where each of EAP-IG's edge names is among ours: a key/value receiver's copies by query head
     ours_of: dict[str, tuple[int, int, bool]] = {}
     index = _edge_index(graph)
     for r, node in enumerate(graph.receivers):
         kv = node.site in ("k", "v") and shape.group > 1
-        copies = [f"a{node.layer}.h{q}<{node.site}>" for q in node.query_heads] if kv else [node.name]
+        copies = [receiver_name(head_name(node.layer, q), node.site) for q in node.query_heads] if kv else [node.name]
         for s in np.nonzero(index[:, r] >= 0)[0].tolist():
             for part, name in enumerate(copies):
-                ours_of[f"{graph.senders[s].name}->{name}"] = (int(index[s, r]), part, kv)
+                ours_of[eapig_name(edge_name(graph.senders[s].name, name))] = (int(index[s, r]), part, kv)
     where = [ours_of.get(n, (-1, 0, False)) for n in names]
     ours = np.array([w[0] for w in where], dtype=np.int64)
     part = np.array([w[1] for w in where], dtype=np.int64)
@@ -265,13 +268,14 @@ def _given_nodes(
             )
         named = {node.name: bool(flag) for node, flag in zip(graph.senders, flags.tolist())}
     position = {name: i for i, name in enumerate(layout.nodes)}
-    unknown = [name for name in named if name not in position]
+    unknown = [name for name in named if eapig_name(name) not in position]
     if unknown:
         raise UsageError(
             f"nodes_in_graph= names {len(unknown)} node(s) EAP-IG's graph of this shape lacks (first: {unknown[0]!r}): "
-            f"name nodes as it does ({INPUT!r}, 'a0.h0', 'm0', {LOGITS!r})",
+            f"name nodes as graph.senders does ({INPUT!r}, '0.0', 'mlp.0', {LOGITS!r}) or as EAP-IG does ('a0.h0', 'm0')",
             params="nodes_in_graph",
         )
+    named = {eapig_name(name): flag for name, flag in named.items()}
     if named.get(LOGITS, True) is not True:
         raise UsageError(
             f"nodes_in_graph= takes {LOGITS!r} out of the graph: EAP-IG's logits are always in it; drop that entry",

@@ -41,6 +41,7 @@ from interp.circuits.passes import METHODS, GradientPasses, edge_memory, fused_a
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.journal import Journal
+from interp.names import memory_name
 from interp.patching.core import FEWER_PAIRS, Setup, gap_meta, own_metric, setup, validate_setup
 from interp.patching.edge_patch import EdgeSweeper, EdgeUnits
 from interp.patching.graph import Graph, Shape, graph_of
@@ -224,6 +225,7 @@ def _exact(
 def _picked(names: list[str], edges: Sequence[str]) -> list[int]:
     """The indices of the named edges (refusing a name the graph lacks, with the nearest one)."""
     where = {n: i for i, n in enumerate(names)}
+    edges = [memory_name(e) for e in edges]  # EAP-IG's spelling, or the files', names the same edges
     unknown = [e for e in edges if e not in where]
     if unknown:
         close = difflib.get_close_matches(unknown[0], names, n=1)

@@ -7,7 +7,7 @@ wrote; in a parallel block (GPT-J, NeoX) the MLP reads what its heads read, so i
 after them. A head is one node: its ``<q>``, ``<k>`` and ``<v>`` receivers are that node, and an
 edge into one of them ends just under it, left for ``q``, centre for ``k``, right for ``v``, and
 with its own dash (solid, dashed, dotted; the legend says which). On GQA/MQA a key/value receiver
-``a{l}.kv{j}`` is its own small node, placed between the query heads it serves and a little below
+``{l}.kv{j}`` is its own small node, placed between the query heads it serves and a little below
 them. Only nodes an edge drawn touches are drawn, and the ``input`` and ``logits`` always. An edge
 that skips rows bows sideways, so that it does not run through the nodes between its ends.
 
@@ -24,7 +24,6 @@ Every trace says what it is in its ``meta`` (``{"edge": name, "site": ...}`` for
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from jaxtyping import Float
 
+from interp.names import INPUT, LOGITS, parse
 from interp.plots.style import DIVERGING, MAX_WIDTH, Scale, colour_at, refuse_greys, short_name, styled, title_width
 
 DEFAULT_EDGES = 60
@@ -63,9 +63,6 @@ NODE_STYLE = {  # kind -> (legend name, marker symbol, size)
     "kv": ("key/value head", "triangle-up", 11),
     "mlp": ("MLP", "square", 13),
 }
-_HEAD = re.compile(r"a(\d+)\.h(\d+)(?:<([qkv])>)?$")
-_KV = re.compile(r"a(\d+)\.kv(\d+)<([kv])>$")
-_MLP = re.compile(r"m(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ def graph_figure(
     cmin, cmax, cmid, colorscale = scale.limits(score)
 
     fig = go.Figure()
-    nodes = {n: layout.node(n) for n in ("input", "logits")}
+    nodes = {n: layout.node(n) for n in (INPUT, LOGITS)}
     ends: dict[str, list[str]] = {}  # node -> the sites of the chosen edges that touch it ("out": it sends)
     order = np.argsort(np.nan_to_num(np.abs(score)), kind="stable")  # the strongest drawn last, on top
     mids: list[tuple[float, float, float]] = []
@@ -217,8 +214,10 @@ def _strongest(table: pd.DataFrame, edges: int | None) -> pd.DataFrame:
 
 def _site(receiver: str) -> str:
     """The site a receiver reads at, from its name: ``q``/``k``/``v``, ``mlp`` or ``logits``."""
-    m = re.search(r"<([qkv])>$", receiver)
-    return m.group(1) if m else "mlp" if _MLP.match(receiver) else receiver
+    part = parse(receiver)
+    if part is None:
+        return receiver
+    return part.site or ("mlp" if part.kind == "mlp" else receiver)
 
 
 def _colour(score: float, top: float) -> str:
@@ -243,7 +242,7 @@ def _edge_label(row: pd.Series, meta: Mapping[str, Any]) -> str:
         top = f" (share of resamples in the top {meta['stability_top']})" if meta.get("stability_top") else ""
         lines.append(f"stability {float(row['stability']):.2f}{top}")
     qh = str(row.get("query_heads", "") or "")
-    if "kv" in str(row["receiver"]) and qh:
+    if getattr(parse(str(row["receiver"])), "kind", "") == "kv" and qh:
         lines.append(f"key/value head of query heads {qh}")
     return "<br>".join(lines)
 
@@ -267,31 +266,26 @@ class _Layout:
     def of(cls, table: pd.DataFrame, meta: Mapping[str, Any]) -> _Layout:
         """The layout of ``table``'s graph: layers and heads from ``meta`` or else from the node names,
         key/value heads' query heads from ``query_heads``, parallel blocks from ``meta``."""
-        names = pd.unique(pd.concat([table["sender"], table["receiver"]]).astype(str))
-        layers, heads = [int(meta.get("n_layers") or 0) - 1], [int(meta.get("n_heads") or 0) - 1]
-        for name in names:
-            for pattern in (_HEAD, _KV, _MLP):
-                m = pattern.match(name)
-                if m:
-                    layers.append(int(m.group(1)))
-                    if pattern is _HEAD:
-                        heads.append(int(m.group(2)))
+        parts = [parse(n) for n in pd.unique(pd.concat([table["sender"], table["receiver"]]).astype(str))]
+        parts = [p for p in parts if p is not None and p.kind in ("head", "kv", "mlp")]
+        layers = [int(meta.get("n_layers") or 0) - 1, *(p.layer for p in parts)]
+        heads = [int(meta.get("n_heads") or 0) - 1, *(p.index for p in parts if p.kind == "head")]
         if "receiver_layer" in table.columns:
             layers.append(int(table["receiver_layer"].max()) - 1)  # the logits' layer is n_layers
         groups: dict[tuple[int, int], tuple[int, ...]] = {}
-        kv = table[table["receiver"].astype(str).str.contains(r"\.kv\d+<", regex=True)]
-        n_kv = 1 + max((int(_KV.match(r).group(2)) for r in kv["receiver"].astype(str)), default=-1)
-        for receiver, qh in zip(kv["receiver"].astype(str), kv.get("query_heads", pd.Series([""] * len(kv)))):
-            l, j = (int(g) for g in _KV.match(receiver).groups()[:2])
+        kv = [(parse(str(r)), qh) for r, qh in zip(table["receiver"], table.get("query_heads", [""] * len(table)))]
+        kv = [(p, qh) for p, qh in kv if p is not None and p.kind == "kv"]
+        n_kv = 1 + max((p.index for p, _ in kv), default=-1)
+        for p, qh in kv:
             served = tuple(int(h) for h in str(qh or "").split())
             heads.extend(served)
-            groups[(l, j)] = served
+            groups[(p.layer, p.index)] = served
         H = max(heads) + 1
         for key, served in list(groups.items()):  # a table without query_heads: the even split
             if not served:
                 g = max(1, H // max(n_kv, 1))
                 groups[key] = tuple(range(key[1] * g, (key[1] + 1) * g))
-        has_mlp = any(_MLP.match(n) for n in names)
+        has_mlp = any(p.kind == "mlp" for p in parts)
         return cls(max(layers) + 1, max(H, 1), parallel=_parallel(meta), has_mlp=has_mlp, groups=groups)
 
     @property
@@ -309,27 +303,23 @@ class _Layout:
 
     def node(self, name: str) -> _Node:
         """The node an edge's end belongs to (a head's receiver: the head; a key/value head's: its own)."""
-        if name == "input":
-            return _Node(name, "input", -1, self.centre, 0.0, "the embeddings, the stream entering layer 0")
-        if name == "logits":
-            return _Node(name, "input", self.n_layers, self.centre, self.row(self.n_layers), "the final residual")
-        m = _HEAD.match(name)
-        if m:
-            l, h = int(m.group(1)), int(m.group(2))
-            return _Node(f"a{l}.h{h}", "head", l, float(h), self.row(l), f"head {h} of layer {l}")
-        m = _KV.match(name)
-        if m:
-            l, j = int(m.group(1)), int(m.group(2))
+        part = parse(name)
+        kind, l, j = (part.kind, part.layer, part.index) if part is not None else ("", 0, 0)
+        if kind == INPUT:
+            return _Node(INPUT, "input", -1, self.centre, 0.0, "the embeddings, the stream entering layer 0")
+        if kind == LOGITS:
+            return _Node(LOGITS, "input", self.n_layers, self.centre, self.row(self.n_layers), "the final residual")
+        if kind == "head":
+            return _Node(part.node, "head", l, float(j), self.row(l), f"head {j} of layer {l}")
+        if kind == "kv":
             served = self.groups.get((l, j), (j,))
             detail = f"key/value head {j} of layer {l}, read by query heads {' '.join(map(str, served))}"
-            return _Node(f"a{l}.kv{j}", "kv", l, float(np.mean(served)), self.row(l) - KV_DROP, detail)
-        m = _MLP.match(name)
-        if m:
-            l = int(m.group(1))
+            return _Node(part.node, "kv", l, float(np.mean(served)), self.row(l) - KV_DROP, detail)
+        if kind == "mlp":
             if self.parallel:
-                return _Node(name, "mlp", l, float(self.n_heads), self.row(l), f"layer {l}'s MLP (parallel block)")
-            return _Node(name, "mlp", l, self.centre, self.row(l) + MLP_RISE, f"layer {l}'s MLP")
-        raise ValueError(f"{name!r} is not a node of the graph (input, a{{l}}.h{{h}}, a{{l}}.kv{{j}}, m{{l}}, logits)")
+                return _Node(part.node, "mlp", l, float(self.n_heads), self.row(l), f"layer {l}'s MLP (parallel block)")
+            return _Node(part.node, "mlp", l, self.centre, self.row(l) + MLP_RISE, f"layer {l}'s MLP")
+        raise ValueError(f"{name!r} is not a node of the graph (input, {{l}}.{{h}}, {{l}}.kv{{j}}, mlp.{{l}}, logits)")
 
 
 def _parallel(meta: Mapping[str, Any]) -> bool:

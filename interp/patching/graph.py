@@ -1,14 +1,15 @@
 """The computational graph that edge attribution scores and circuits are subgraphs of.
 
-Nodes are named as EAP-IG and MIB name them, so scores and circuits compare with theirs:
+The nodes are EAP-IG's and MIB's, so scores and circuits compare with theirs; they are spelled as
+every table here spells a component (:mod:`interp.names`; EAP-IG's own names go into its JSON):
 
 - ``input``: the embeddings (token and position), the stream entering block 0;
-- ``a{l}.h{h}``: attention head ``h`` of layer ``l``, a *sender* through its output (``z_h W_O_h``)
-  and a *receiver* through each of its inputs ``a{l}.h{h}<q>``, ``<k>``, ``<v>`` separately (the
+- ``{l}.{h}``: attention head ``h`` of layer ``l``, a *sender* through its output (``z_h W_O_h``)
+  and a *receiver* through each of its inputs ``{l}.{h}<q>``, ``<k>``, ``<v>`` separately (the
   residual stream before the block's norm, as that head's queries, keys or values read it); on
-  GQA/MQA a key or value receiver is its key/value head, ``a{l}.kv{j}<k>``, shared by the query
+  GQA/MQA a key or value receiver is its key/value head, ``{l}.kv{j}<k>``, shared by the query
   heads ``j * group .. (j + 1) * group - 1``;
-- ``m{l}``: layer ``l``'s MLP, a sender through its output and a receiver through its input;
+- ``mlp.{l}``: layer ``l``'s MLP, a sender through its output and a receiver through its input;
 - ``logits``: a receiver (the final residual, before the final norm).
 
 An edge ``sender -> receiver`` exists wherever the sender writes the residual stream upstream of
@@ -36,8 +37,9 @@ from interp.adapters.weights import post_attention_norm_site
 from interp.errors import UsageError
 from interp.hooks import resid_mid_hook
 from interp.models import ModelInfo, describe
+from interp.names import INPUT, LOGITS, edge_name, head_name, kv_name, mlp_name, receiver_name
 
-INPUT, LOGITS, MLP_SITE = "input", "logits", "mlp"
+MLP_SITE = "mlp"
 HEAD_SITES = ("q", "k", "v")
 
 
@@ -103,13 +105,15 @@ class Graph:
         senders = [Node(INPUT, "input", -1, 0, "", -1)]
         receivers: list[Node] = []
         for l in range(L):
-            senders += [Node(f"a{l}.h{h}", "head", l, h, "", 2 * l) for h in range(s.n_heads)]
-            receivers += [Node(f"a{l}.h{h}<q>", "head", l, h, "q", 2 * l, (h,)) for h in range(s.n_heads)]
+            senders += [Node(head_name(l, h), "head", l, h, "", 2 * l) for h in range(s.n_heads)]
+            receivers += [
+                Node(receiver_name(head_name(l, h), "q"), "head", l, h, "q", 2 * l, (h,)) for h in range(s.n_heads)
+            ]
             for site in ("k", "v"):
                 receivers += [_kv_receiver(l, j, site, s.group) for j in range(s.n_kv_heads)]
             if l in mlp:
-                senders.append(Node(f"m{l}", MLP_SITE, l, 0, "", 2 * l + 1))
-                receivers.append(Node(f"m{l}", MLP_SITE, l, 0, MLP_SITE, 2 * l if s.parallel else 2 * l + 1))
+                senders.append(Node(mlp_name(l), MLP_SITE, l, 0, "", 2 * l + 1))
+                receivers.append(Node(mlp_name(l), MLP_SITE, l, 0, MLP_SITE, 2 * l if s.parallel else 2 * l + 1))
         receivers.append(Node(LOGITS, LOGITS, L, 0, LOGITS, 2 * L))
         self.senders, self.receivers = senders, receivers
 
@@ -137,7 +141,7 @@ class Graph:
 
     def table(self) -> pd.DataFrame:
         """One row per edge, in receiver order (layer by layer, then the logits), then sender order:
-        ``edge`` (EAP-IG's name, ``sender->receiver``), ``sender``, ``receiver``, ``site``, the layers,
+        ``edge`` (``sender->receiver``), ``sender``, ``receiver``, ``site``, the layers,
         and ``query_heads`` (the query heads a receiver serves: one, or a key/value head's group)."""
         pairs = self.edges.T.nonzero().tolist()  # receiver-major
         rows = []
@@ -145,7 +149,7 @@ class Graph:
             snd, rcv = self.senders[s], self.receivers[r]
             rows.append(
                 {
-                    "edge": f"{snd.name}->{rcv.name}",
+                    "edge": edge_name(snd.name, rcv.name),
                     "sender": snd.name,
                     "receiver": rcv.name,
                     "site": rcv.site,
@@ -168,7 +172,7 @@ class Graph:
 
 def _kv_receiver(layer: int, j: int, site: str, group: int) -> Node:
     """A key or value receiver: head ``j`` on multi-head attention, key/value head ``j`` of a group."""
-    name = f"a{layer}.h{j}<{site}>" if group == 1 else f"a{layer}.kv{j}<{site}>"
+    name = receiver_name(head_name(layer, j) if group == 1 else kv_name(layer, j), site)
     return Node(name, "head", layer, j, site, 2 * layer, tuple(range(j * group, (j + 1) * group)))
 
 

@@ -34,6 +34,7 @@ from interp.config import RunConfig
 from interp.errors import InterpError, UsageError
 from interp.journal import Journal
 from interp.models import ModelInfo, describe
+from interp.names import LOGITS, edge_name, head_name, kv_name, receiver_name
 from interp.patching.core import (
     Setup,
     gap_meta,
@@ -56,7 +57,6 @@ from interp.scores import NOISE_FLOOR_FRACTION
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-LOGITS = "logits"
 STEM = "path_patching"
 PATH_SITES: Registry[str] = Registry("path patching site")  # a receiver head's input the path reaches
 for _site in ("q", "k", "v"):
@@ -251,7 +251,7 @@ class PathUnits(Units):
         g, names = graph.shape.group, {n.name: i for i, n in enumerate(graph.receivers)}
         senders = {n.name: i for i, n in enumerate(graph.senders)}
         targets = [names[LOGITS]] if recv == LOGITS else [names[_receiver_name(l, h, site, g)] for l, h in recv]
-        self.pairs = [(senders[f"a{sl}.h{sh}"], r) for sl, sh in send for r in targets]
+        self.pairs = [(senders[head_name(sl, sh)], r) for sl, sh in send for r in targets]
         self.unreached = torch.tensor([graph.receivers[r].layer <= graph.senders[s].layer for s, r in self.pairs])
         self.layer = torch.tensor([n.layer for n in graph.senders])
         self.reads = torch.tensor([n.layer for n in graph.receivers])
@@ -289,14 +289,13 @@ class PathUnits(Units):
 
     def key(self, i: int) -> Any:
         s, r = self.pairs[i]
-        return f"{self.graph.senders[s].name}->{self.graph.receivers[r].name}"
+        return edge_name(self.graph.senders[s].name, self.graph.receivers[r].name)
 
 
 def _receiver_name(layer: int, head: int, site: str, group: int) -> str:
     """The graph's name of head ``layer.head``'s input ``site`` (a key/value head's on GQA/MQA)."""
-    if site == "q" or group == 1:
-        return f"a{layer}.h{head}<{site}>"
-    return f"a{layer}.kv{head // group}<{site}>"
+    node = head_name(layer, head) if site == "q" or group == 1 else kv_name(layer, head // group)
+    return receiver_name(node, site)
 
 
 def _scores(run: Setup, send: list[tuple[int, int]], columns: list[str], values: Tensor, site: str) -> PathScores:
