@@ -13,18 +13,22 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch
 
 from interp import _io, distributed, heads
 from interp.ablation import Sweeper, exact_sweep, gradient_importance, incontext_loss
-from interp.cli import ablate, common, induction, report, sinks
+from interp.circuits import edge_scores, evaluate_circuits, graph_of
+from interp.cli import ablate, circuit, common, induction, report, sinks
 from interp.config import RunConfig
 from interp.errors import ModelLoadError
 from interp.heads import head_scores
 from interp.probes import random_tokens, repeated_tokens
+from interp.probes.task import task_probe
 from interp.sinks import sink_scores
 
 BATCH = 5  # odd: the ranks' blocks of sequences differ in size
+EDGES, CIRCUITS = 6, 4  # exact edges and circuits evaluated (each rank evaluates half of them)
 
 
 @contextlib.contextmanager
@@ -73,6 +77,19 @@ def library_results(model: Any) -> dict[str, Any]:
         out["tables"][f"exact_{kind}"] = run(
             f"exact_{kind}", lambda: exact_sweep(model, probe, metric, ablation=kind, config=RunConfig(minibatch=2))
         ).table
+    task = task_probe(model, "repeat", n_pairs=BATCH, seed=0)
+    config = RunConfig(minibatch=2, n_boot=200)
+    graph = graph_of(model)
+    names = graph.table()["edge"].tolist()
+    picked = names[-2 * EDGES :: 2]  # into the last layer's MLP and the logits: effects well above rounding
+    out["tables"]["edges_exact"] = run(
+        "edges_exact", lambda: edge_scores(model, task, method="exact", edges=picked, config=config)
+    ).table
+    sizes = [len(names) * k // (CIRCUITS + 1) for k in range(1, CIRCUITS + 1)]
+    masks = [np.arange(len(names)) >= len(names) - n for n in sizes]  # the last n edges: into the logits first
+    curve = run("circuits", lambda: evaluate_circuits(model, task, masks, config=config))
+    # the metric per circuit (a random model's gap is small: its faithfulness magnifies rounding)
+    out["tables"]["circuits"] = curve.table[["size", "n_edges", "metric"]]
     for kind in ("zero", "mean"):
         scores = run(
             f"gradient_{kind}",
@@ -115,6 +132,7 @@ def cli_runs(model_dir: str | os.PathLike, out: Path, *, inject: bool = False) -
             ]
         )
         codes["report"] = report.cli([*common_args, "--seq-len", "8", "--out", str(out / "report")])
+        codes["circuit"] = circuit.cli([*common_args, "--task", "repeat", "--out", str(out / "circuit")])
     codes["files_written"] = len(written)
     if not inject:
         return codes

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from interp import distributed
-from tests.dist_cases import BATCH, cli_runs, library_results, tensor_of
+from tests.dist_cases import BATCH, CIRCUITS, EDGES, cli_runs, library_results, tensor_of
 from tests.helpers import one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +85,11 @@ def test_each_rank_does_its_share(launched, single):
             assert per_rank == [BATCH // 2, BATCH - BATCH // 2] and total == BATCH, (name, per_rank)
         elif name.startswith("gradient"):  # blocks of sequences (mean ablation: each rank fits the means)
             assert max(per_rank) < total and sum(per_rank) - total == (0 if name.endswith("zero") else BATCH)
+        elif name in ("edges_exact", "circuits"):  # each intervention's replay runs every sequence through
+            # the last block once; the ranks take turns, and the empty circuit (its own pass) falls to rank 0
+            n = EDGES if name == "edges_exact" else CIRCUITS
+            share = [(n + 1) // 2 + (name == "circuits"), n // 2]
+            assert [total - r for r in per_rank] == [share[1] * BATCH, share[0] * BATCH], (name, per_rank, total)
         else:  # exact sweeps: a clean pass and a self-check on every rank; of the 8 heads' replays
             # (each runs all sequences through the last block) each rank skips the other's 4
             assert [total - r for r in per_rank] == [4 * BATCH, 4 * BATCH], (name, per_rank, total)
@@ -94,14 +99,14 @@ def test_commands_under_torchrun_write_once_and_match(launched, single):
     """Every command exits 0 on both ranks; only rank 0 writes files and prints the summary; the
     files equal the one-process command's."""
     ranks = [r["codes"] for r in launched["ranks"]]
-    for name in ("induction", "sinks", "ablate", "gradient", "report"):
+    for name in ("induction", "sinks", "ablate", "gradient", "report", "circuit"):
         assert [c[name] for c in ranks] == [0, 0] and single["codes"][name] == 0, name
     assert ranks[0]["files_written"] == single["codes"]["files_written"] > 0
     assert ranks[1]["files_written"] == 0
-    assert launched["stdout"].count("\nwrote:") == 5
+    assert launched["stdout"].count("\nwrote:") == 6
     cli = launched["out"] / "cli"
     pairs = {"induction": "induction.csv", "sinks": "sinks.csv", "ablate": "ablate_exact.csv"}
-    pairs.update(gradient="ablate_gradient.csv", report="atlas_roles.csv")
+    pairs.update(gradient="ablate_gradient.csv", report="atlas_roles.csv", circuit="circuit_faithfulness.csv")
     for folder, name in pairs.items():
         got = pd.read_csv(cli / folder / name, dtype={"label": str})
         want = pd.read_csv(single["out"] / "cli" / folder / name, dtype={"label": str})
