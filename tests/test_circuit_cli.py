@@ -171,10 +171,13 @@ def test_draw_caps_the_circuits_figure_and_says_so(tmp_path, capsys):
     )
 
 
-def test_evaluate_zero_reads_zero_outside_each_circuit_and_says_so(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "source, said", [("zero", "zero, a zero ablation"), ("resample", "another pair's prompt, a resample ablation")]
+)
+def test_evaluate_zero_and_resample_read_their_source_outside_each_circuit_and_say_so(tmp_path, capsys, source, said):
     out = tmp_path / "out"
-    assert cli([*BASE, "--task", "repeat", "--evaluate", "zero", "--top", "30", "--out", str(out)]) == 0
+    assert cli([*BASE, "--task", "repeat", "--evaluate", source, "--top", "30", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "circuits at MIB's sizes (top; outside each circuit, edges read zero, a zero ablation), " in text
+    assert f"circuits at MIB's sizes (top; outside each circuit, edges read {said}), " in text
     curve = FaithfulnessCurve.load(out)
-    assert curve.meta["source"] == "zero" and curve.meta["empty_metric"] != curve.meta["corrupted_metric"]
+    assert curve.meta["source"] == source and curve.meta["empty_metric"] != curve.meta["corrupted_metric"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import interp
+from interp.ablation.modes import derangement
 from interp.circuits import MIB_FRACTIONS, Circuit, Graph, Shape, edge_scores, evaluate_circuits, graph_of
 from interp.circuits.circuit import FaithfulnessCurve, prune, select, sizes_of
 from interp.errors import UsageError
@@ -109,14 +110,14 @@ def test_eap_equals_exact_edge_patching_where_the_metric_is_linear_in_the_receiv
 # ---- circuit evaluation against EAP-IG's definition, written as plain hooks --------------------------
 
 
-def _circuit_reference(model, task, keep_edges: set[str], zero: bool = False) -> torch.Tensor:
+def _circuit_reference(model, task, keep_edges: set[str], zero: bool = False, donors=None) -> torch.Tensor:
     """The clean prompts run; every receiver reads each sender outside the circuit at its output on
     the corrupted prompt (the rest as this run computes it): EAP-IG's evaluate_graph, as plain hooks
-    (``zero``: at zero instead)."""
+    (``zero``: at zero instead; ``donors``: on these prompts instead)."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     graph = graph_of(model)
     table = graph.table()
-    corrupted = _outputs(model, task.corrupted)
+    corrupted = _outputs(model, task.corrupted if donors is None else donors)
     if zero:
         corrupted = {k: torch.zeros_like(v) for k, v in corrupted.items()}
     actual: dict[str, torch.Tensor] = {}
@@ -244,6 +245,53 @@ def test_the_zero_source_reads_zero_outside_the_circuit():
     assert curve.meta["empty_metric"] == pytest.approx(wants[-1], abs=1e-4)  # nothing read: 0 within rounding
     patched = evaluate_circuits(model, task, masks[:1], metric="raw-logit-diff", config=FAST).table.metric.iloc[0]
     assert abs(wants[0] - patched) > 0.1 and abs(wants[0] - wants[-1]) > 0.1  # zero is neither patch nor empty
+
+
+def test_the_resample_source_reads_another_pairs_prompt_outside_the_circuit():
+    """``source="resample"``: every receiver reads each sender outside the circuit at its output on
+    another pair's clean prompt (the run's seeded derangement), against the plain hooks; no pair reads
+    itself; one pair is refused."""
+    model, task = _random_toy(dtype=torch.float64)
+    graph = graph_of(model)
+    names = list(graph.table().edge)
+    ranked = list(edge_scores(model, task, metric="raw-logit-diff", config=FAST).top(len(names)).edge)
+    circuits = [set(ranked[:40]), set(ranked[:60]), set()]
+    masks = [np.array([n in c for n in names]) for c in circuits]
+    config = interp.RunConfig(n_boot=200, seed=3)
+    curve = evaluate_circuits(model, task, masks, source="resample", metric="raw-logit-diff", config=config)
+    order = derangement(task.n_pairs, 3)
+    assert not (order == torch.arange(task.n_pairs)).any()
+    wants = [float(_circuit_reference(model, task, c, donors=task.clean[order]).mean()) for c in circuits]
+    for got, want in zip(curve.table.metric, wants):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (got, want)
+    patched = evaluate_circuits(model, task, masks[:1], metric="raw-logit-diff", config=FAST).table.metric.iloc[0]
+    assert abs(wants[0] - patched) > 0.05 and abs(wants[0] - wants[-1]) > 0.05  # neither patch nor empty
+    with pytest.raises(UsageError) as e:
+        evaluate_circuits(model, task_probe(model, "repeat", n_pairs=1, seed=1), masks[:1], source="resample")
+    assert str(e.value) == (
+        "source=resample reads each pair's senders on another pair's prompt: 1 pair cannot; use more pairs, "
+        "or another source"
+    )
+
+
+@pytest.mark.parametrize("to, source", [("corrupted", "patch"), ("mean", "mean")])
+def test_head_faithfulness_is_the_node_circuits_evaluation(to, source):
+    """One meaning of each source: the faithfulness curve of the top ``n`` heads (every other head's
+    output replaced) equals circuit evaluation of the node circuit that keeps every edge but those out
+    of the other heads; ``mean`` is the position-wise mean over the corrupted prompts in both."""
+    from interp.patching import faithfulness_curves, patch_heads
+
+    model, task = _random_toy(dtype=torch.float64)
+    ranking = patch_heads(model, task, config=FAST)
+    ns = [0, 1, 3, 6, 8]
+    curves = faithfulness_curves(model, task, {"exact": ranking}, to=to, ns=ns, config=FAST)
+    t = ranking.table.sort_values(["effect", "layer", "head"], ascending=[False, True, True], kind="mergesort")
+    order = [f"{l}.{h}" for l, h in zip(t["layer"], t["head"])]
+    table = graph_of(model).table()
+    masks = [~table["sender"].isin(order[n:]).to_numpy() for n in ns]  # the heads outside the top n send nothing
+    circuits = evaluate_circuits(model, task, masks, source=source, config=FAST)
+    np.testing.assert_allclose(circuits.table.metric, curves.table.metric, rtol=1e-9, atol=1e-9)
+    assert np.ptp(curves.table.metric) > 0.1  # the curve moves: the comparison is not of constants
 
 
 # ---- extraction, pruning and MIB's areas --------------------------------------------------------

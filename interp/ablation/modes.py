@@ -241,10 +241,27 @@ class MeanAblation(HeadAblation):
         minibatch: int | None = None,
     ) -> MeanAblation:
         zs = _captured_z(model, _probe_tokens(cls.kind, probe), minibatch)
-        return cls(torch.stack([_mean_output(z).to(zs[0].device) for z in zs]))  # layers may sit on several devices
+        return cls(torch.stack([cls._reduce(z).to(zs[0].device) for z in zs]))  # layers may sit on several devices
+
+    @staticmethod
+    def _reduce(z: Float[Tensor, "batch pos head d_head"]) -> Tensor:
+        return _mean_output(z)
 
     def replacement(self, layer: int, rows: Tensor | slice | None = None) -> Tensor:
         return self.mean[layer]
+
+
+@dataclass
+class PositionMeanAblation(MeanAblation):
+    """The head's output at each position is set to its mean at that position over the prompts (a
+    task's corrupted prompts, whose positions line up): ``mean`` is ``[layer, pos, head, d_head]``.
+    It is what ``mean`` means on a task, for heads as for circuit evaluation's senders."""
+
+    kind: ClassVar[str] = "position-mean"
+
+    @staticmethod
+    def _reduce(z: Float[Tensor, "batch pos head d_head"]) -> Tensor:
+        return z.double().mean(0).to(z.dtype)
 
 
 @ABLATIONS.register("resample", "the head outputs its clean output on another probe sequence (a seeded derangement)")

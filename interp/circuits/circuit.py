@@ -8,8 +8,9 @@ logits along the circuit's own edges.
 
 Evaluation is exact, EAP-IG's ``evaluate_graph``: the clean prompt runs, and every receiver reads each
 sender outside the circuit at its value on the corrupted prompt (``source="patch"``), at that
-value's position-wise mean over the pairs (``"mean"``) or at zero (``"zero"``); edges in the circuit carry what this run
-computes. Every size of a curve is one row of one batched replay (:class:`EdgeSweeper`).
+value's position-wise mean over the pairs (``"mean"``), at zero (``"zero"``) or at its value on another
+pair's clean prompt (``"resample"``, a seeded derangement of the pairs); edges in the circuit carry
+what this run computes. Every size of a curve is one row of one batched replay (:class:`EdgeSweeper`).
 Faithfulness is ``(M_circuit - M_corrupted) / (M_clean - M_corrupted)`` (a ratio of means over
 pairs, with a bootstrap CI over pairs), ``M_corrupted`` being the empty circuit's metric (equal to
 the corrupted run's when the source is the paired prompt). Over MIB's edge fractions

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from interp import memory
 from interp.ablation.calls import expand_call
+from interp.ablation.modes import derangement
 from interp.ablation.replay import Sweeper, UnpatchedBatch, _rounding, read_out
 from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head
@@ -48,6 +49,7 @@ from interp.patching.edge_replay import ACTUAL, SOURCE, EdgeBatch, Layout, Repla
 from interp.patching.graph import Graph
 from interp.patching.post_norm import fold, layer_write, post_norms, scaled
 from interp.registry import Registry
+from interp.results import plural
 
 SOURCES: Registry[str] = Registry("edge patching source")
 SOURCES.add(
@@ -60,6 +62,11 @@ SOURCES.add(
 )
 SOURCES.add(
     "zero", "the sender's output (the input's embedding too) set to 0: a zero ablation", reads="zero, a zero ablation"
+)
+SOURCES.add(
+    "resample",
+    "the sender's output on another pair's own prompt (a seeded derangement of the pairs): a resample ablation",
+    reads="another pair's prompt, a resample ablation",
 )
 
 
@@ -173,6 +180,7 @@ class EdgeSweeper(Sweeper):
         self.layout = Layout(graph)
         self.norms = ReceiverNorms.of(run.model, graph.shape.mlp_layers)
         self._mean: SenderValues | None = None
+        self.donors = _donors(run, source)
         super().__init__(
             run.model,
             run.probe,
@@ -189,9 +197,13 @@ class EdgeSweeper(Sweeper):
 
     def _capture(self, rows: Tensor) -> EdgeBatch:
         batch = super()._capture(rows)
-        donor = self.probe.donor[rows.to(self.probe.donor.device)]
         fields = {f: getattr(batch, f) for f in UnpatchedBatch.__dataclass_fields__}
-        return EdgeBatch(**fields, own=self._senders(batch.tokens), source=self._senders(donor))
+        return EdgeBatch(**fields, own=self._senders(batch.tokens), source=self._senders(self._donor(rows)))
+
+    def _donor(self, rows: Tensor) -> Tensor:
+        """The prompts the senders' source values come from: each pair's paired prompt, or (resampled)
+        another pair's own prompt."""
+        return self.donors[rows.to(self.donors.device)]
 
     def _senders(self, tokens: Tensor) -> SenderValues:
         """Every sender's output on a plain forward of ``tokens``."""
@@ -218,9 +230,10 @@ class EdgeSweeper(Sweeper):
         )
 
     def sources(self, batch: EdgeBatch) -> SenderValues:
-        """What a ``SOURCE`` code reads on ``batch``: its paired prompts, their mean over every pair,
-        or zero (one row each for the last two, read by every sequence)."""
-        if self.source == "patch":
+        """What a ``SOURCE`` code reads on ``batch``: its paired prompts (or, resampled, other pairs'
+        own prompts), their mean over every pair, or zero (one row each for the last two, read by
+        every sequence)."""
+        if self.source in ("patch", "resample"):
             return batch.source
         if self.source == "zero":
             own = batch.own
@@ -324,13 +337,11 @@ class EdgeSweeper(Sweeper):
         return None
 
     def _plain_source(self, batch: EdgeBatch) -> Tensor:
-        """The read-out of a plain forward of the source: the paired prompts; for the mean (or zero),
-        the run's own prompts with the input and every sender's write held at it."""
-        probe = self.probe
-        donor = probe.donor[batch.rows.to(probe.donor.device)]
-        if self.source == "patch":
+        """The read-out of a plain forward of the source: the paired (or resampled) prompts; for the
+        mean (or zero), the run's own prompts with the input and every sender's write held at it."""
+        if self.source in ("patch", "resample"):
             with torch.no_grad():
-                return read_out(self.model, donor, self.metric, [], self.info.n_layers)
+                return read_out(self.model, self._donor(batch.rows), self.metric, [], self.info.n_layers)
         held = self.sources(batch)
         hooks = [(resid_pre_hook(0), lambda x, hook: held.input.to(x.dtype).expand_as(x))]
         for l in range(self.info.n_layers):  # a post-normed layer: its write, which its heads' scaled outputs sum to
@@ -386,6 +397,22 @@ class EdgeSweeper(Sweeper):
         per_forward += item * self.chunk_size * b * T * info.d_model * 2 * (len(g.senders) + 1)  # + each code's total
         kept_is = "the unpatched pass and every sender's output on both prompts, kept"
         return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
+
+
+def _donors(run: Setup, source: str) -> Tensor:
+    """Each pair's donor prompt: its paired prompt, or for ``resample`` the own prompt of the pair a
+    seeded derangement (the run's seed) assigns it, so that no pair reads itself."""
+    probe = run.probe
+    if source != "resample":
+        return probe.donor
+    n = probe.tokens.shape[0]
+    if n < 2:
+        raise UsageError(
+            f"source=resample reads each pair's senders on another pair's prompt: {plural(n, 'pair')} cannot; "
+            "use more pairs, or another source",
+            params="source",
+        )
+    return probe.tokens[derangement(n, run.config.seed).to(probe.tokens.device)]
 
 
 def _fixed(value: Tensor) -> Callable:

@@ -2,7 +2,9 @@
 
 For each ``n``, the clean prompt runs with the ``n`` highest-ranked heads left alone and every other
 head's output (``hook_z``) replaced: by its output on the pair's corrupted prompt (``to="corrupted"``)
-or by its mean output over the corrupted prompts (``to="mean"``). The metric, normalised so the
+or by its mean output over the corrupted prompts, position by position (``to="mean"``, as circuit
+evaluation's ``mean`` source reads a sender: the top ``n`` heads are the node circuit whose edges are
+every edge but those out of the other heads). The metric, normalised so the
 corrupted run is 0 and the clean run is 1 (pooled over pairs), is plotted against ``n``; the smallest
 ``n`` that reaches 0.8 and 0.9 of the clean metric is reported per ranking. Every point is one row of
 the ablation sweep's batched replay.
@@ -18,7 +20,7 @@ import pandas as pd
 import torch
 
 from interp.ablation.metrics import Metric
-from interp.ablation.modes import MeanAblation, PatchAblation, head_mask
+from interp.ablation.modes import PatchAblation, PositionMeanAblation, head_mask
 from interp.ablation.replay import Sweeper
 from interp.adapters import HookedModel
 from interp.config import RunConfig
@@ -37,7 +39,11 @@ TARGETS = (0.8, 0.9)
 STEM = "faithfulness"
 FAITHFUL_TO: Registry[str] = Registry("faithfulness replacement")  # what the heads outside the top n are patched to
 FAITHFUL_TO.add("corrupted", "each pair's corrupted run", printed="its pair's corrupted run")
-FAITHFUL_TO.add("mean", "the mean over the corrupted prompts", printed="its mean over the corrupted prompts")
+FAITHFUL_TO.add(
+    "mean",
+    "the mean over the corrupted prompts, position by position",
+    printed="its mean over the corrupted prompts, position by position",
+)
 
 
 @dataclass(repr=False)
@@ -113,7 +119,7 @@ def faithfulness_curves(
     if to == "corrupted":
         ablation = PatchAblation.fit(model, run.probe, minibatch=run.config.minibatch)
     else:
-        ablation = MeanAblation.fit(model, run.task.corrupted, minibatch=run.config.minibatch)
+        ablation = PositionMeanAblation.fit(model, run.task.corrupted, minibatch=run.config.minibatch)
     sweeper = Sweeper(model, run.probe, run.metric, ablation=ablation, config=run.config)
     every = head_mask(info, run.heads, allow_empty=True)  # replaced: every head but an order's top n
     masks = torch.stack(
