@@ -13,7 +13,8 @@ import torch
 import interp
 from interp.ablation.modes import derangement
 from interp.circuits import MIB_FRACTIONS, Circuit, Graph, Shape, edge_scores, evaluate_circuits, graph_of
-from interp.circuits.circuit import FaithfulnessCurve, prune, select, sizes_of
+from interp.circuits.circuit import REFINE, REFINE_SIZES, prune, select, sizes_of
+from interp.circuits.curve import FaithfulnessCurve
 from interp.errors import UsageError
 from interp.patching.core import setup
 from interp.patching.edge_patch import CodeUnits, EdgeSweeper
@@ -287,11 +288,28 @@ def test_head_faithfulness_is_the_node_circuits_evaluation(to, source):
     curves = faithfulness_curves(model, task, {"exact": ranking}, to=to, ns=ns, config=FAST)
     t = ranking.table.sort_values(["effect", "layer", "head"], ascending=[False, True, True], kind="mergesort")
     order = [f"{l}.{h}" for l, h in zip(t["layer"], t["head"])]
-    table = graph_of(model).table()
-    masks = [~table["sender"].isin(order[n:]).to_numpy() for n in ns]  # the heads outside the top n send nothing
-    circuits = evaluate_circuits(model, task, masks, source=source, config=FAST)
+    graph = graph_of(model)
+    mlps = [f"mlp.{l}" for l in graph.shape.mlp_layers]
+    nodes = [Circuit.of_nodes(graph, ["input", *order[:n], *mlps]) for n in ns]  # the other heads send nothing
+    assert nodes[1].meta["nodes"] == ["input", order[0], *mlps] and nodes[1].meta["level"] == "node"
+    circuits = evaluate_circuits(model, task, [c.in_circuit for c in nodes], source=source, config=FAST)
     np.testing.assert_allclose(circuits.table.metric, curves.table.metric, rtol=1e-9, atol=1e-9)
     assert np.ptp(curves.table.metric) > 0.1  # the curve moves: the comparison is not of constants
+
+
+def test_node_circuits_keep_every_edge_out_of_their_nodes_and_refuse_unknown_ones():
+    graph = Graph(Shape(2, 4, 2, (0, 1)))
+    circuit = Circuit.of_nodes(graph, ["input", "a0.h1", "L1H2", "mlp.0"])  # any spelling
+    t = circuit.table
+    assert set(t[t.in_circuit].sender) == {"input", "0.1", "1.2", "mlp.0"}
+    assert t[t.sender.isin(["input", "0.1", "1.2", "mlp.0"])].in_circuit.all() and circuit.meta["nodes"][1] == "0.1"
+    assert circuit.n_edges == int(t.sender.isin(["input", "0.1", "1.2", "mlp.0"]).sum()) > 0
+    with pytest.raises(UsageError) as e:
+        Circuit.of_nodes(graph, ["0.1", "2.0"])
+    assert str(e.value) == (
+        "nodes=: '2.0' is not a sender of this graph (11 senders, 19 receivers, 82 edges (2 layers x 4 heads, "
+        "2 key/value heads, 2 MLPs)): name the input ('input'), heads ('0.1') and MLPs ('mlp.0')"
+    )
 
 
 # ---- extraction, pruning and MIB's areas --------------------------------------------------------
@@ -325,7 +343,7 @@ def test_mib_sizes_and_the_areas_of_a_known_curve():
     f = np.array([0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.0])
     x = np.array(MIB_FRACTIONS)
     areas = [sum((x[i + 1] - x[i]) * (v[i] + v[i + 1]) / 2 for i in range(9)) for v in (f, abs(1 - f))]
-    from interp.circuits.circuit import _trapezoid
+    from interp.circuits.curve import trapezoid as _trapezoid
 
     assert _trapezoid(f, x) == pytest.approx(areas[0]) and _trapezoid(abs(1 - f), x) == pytest.approx(areas[1])
     assert areas[0] + areas[1] == pytest.approx(1 - 0.001)  # f in [0, 1]: the two areas fill the strip
@@ -361,6 +379,14 @@ def test_trained_toy_circuit_curve_is_monotone_enough_and_finds_a_faithful_circu
     below = curve.table[curve.table.n_edges < reach["n_edges"]]
     assert len(refined) and (below.faithfulness < 0.8).all()  # nothing smaller reached it
     assert 0 < curve.meta["cpr"] < 1 and curve.meta["cpr"] + curve.meta["cmd"] == pytest.approx(0.999, abs=1e-6)
+    # two rounds of at most 8 sizes find what evaluating every size of the first bracket finds
+    assert len(refined) <= REFINE * REFINE_SIZES
+    sizes = mib["size"].tolist()
+    first = next(i for i, f in enumerate(mib.faithfulness) if f >= 0.8)
+    every = list(range(sizes[first - 1] + 1, sizes[first] + 1))
+    scored = scores.table["score"].to_numpy()
+    all_sizes = evaluate_circuits(toy, "repeat", [select(scores.graph, scored, "top", n=n) for n in every], config=FAST)
+    assert len(every) > len(refined) + 1 and reach["size"] == every[int(np.argmax(all_sizes.table.faithfulness >= 0.8))]
     back = FaithfulnessCurve.load(curve.save(tmp_path)[1])
     assert back.table.equals(curve.table) and back.meta == curve.meta
     circuit = scores.circuit(reach["size"])

@@ -17,11 +17,11 @@ from interp.circuits.circuit import (
     HOWS,
     MIB_FRACTIONS,
     Circuit,
-    FaithfulnessCurve,
     evaluate_circuits,
     faithfulness_curve,
     validate_circuit,
 )
+from interp.circuits.curve import FaithfulnessCurve
 from interp.circuits.edges import METHODS, EdgeScores, edge_scores, stability, validate_edge_scores
 from interp.patching.graph import Graph, Shape, count_edges, graph_of
 

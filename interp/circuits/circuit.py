@@ -21,7 +21,7 @@ CMD the area between it and 1 (trapezoids over the fractions, as MIB computes th
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,10 +34,11 @@ from torch import Tensor
 
 from interp.ablation.metrics import Metric
 from interp.adapters import HookedModel
+from interp.circuits.curve import FAITHFUL, FaithfulnessCurve, trapezoid, with_smallest_faithful
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
 from interp.journal import Journal
-from interp.names import INPUT, LOGITS, head_name
+from interp.names import INPUT, LOGITS, head_name, memory_name
 from interp.patching.core import gap_meta, pooled_ratio, setup
 from interp.patching.edge_patch import SOURCES, CodeUnits, EdgeSweeper
 from interp.patching.edge_replay import SOURCE
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-FAITHFUL = 0.8  # the faithfulness a summary names the smallest circuit reaching
+REFINE, REFINE_SIZES = 2, 8  # rounds narrowing down the smallest faithful size, and the sizes each evaluates
 
 HOWS: Registry[str] = Registry("circuit extraction")
 HOWS.add("top", "the n edges of largest absolute score, then pruned (EAP-IG's apply_topn)")
@@ -197,6 +198,24 @@ class Circuit(Result):
         info = {"shape": graph.shape.as_dict(), "n_edges": int(table.in_circuit.sum()), "graph_edges": len(table)}
         return cls(table, {**meta, **info})
 
+    @classmethod
+    def of_nodes(cls, graph: Graph, nodes: Sequence[str], **meta: Any) -> Circuit:
+        """The node circuit of ``nodes`` (senders, in any spelling: ``input``, ``0.1``, ``mlp.0``):
+        every edge out of them and no other, as EAP-IG's node-level circuits keep a node's outgoing
+        edges (``apply_topn(level='node')``). Evaluated, every other sender is patched for all its
+        readers: node patching of those senders."""
+        named = [memory_name(n) for n in nodes]
+        senders = {n.name for n in graph.senders}
+        unknown = [n for n in named if n not in senders]
+        if unknown:
+            raise UsageError(
+                f"nodes=: {unknown[0]!r} is not a sender of this graph ({graph.describe()}): name the input "
+                f"({INPUT!r}), heads ('0.1') and MLPs ('mlp.0')",
+                params="nodes",
+            )
+        keep = graph.table()["sender"].isin(named).to_numpy()
+        return cls.of(graph, keep, level="node", nodes=named, **meta)
+
     @property
     def graph(self) -> Graph:
         return Graph(Shape.of_dict(self.meta.get("shape")))
@@ -303,93 +322,6 @@ class Circuit(Result):
         return graph_figure(self.table, self.meta, edges=edges, title=title)
 
 
-@dataclass(repr=False)
-class FaithfulnessCurve(Result):
-    """A row per circuit: its ``size`` asked for, ``fraction`` of the graph's edges, ``n_edges`` kept
-    after pruning, ``metric`` (mean over pairs) and ``faithfulness`` with its bootstrap CI over pairs.
-    ``meta``: ``cpr``, ``cmd`` (over MIB's fractions, where the curve has them), the clean and
-    corrupted metrics and the smallest circuit reaching :data:`FAITHFUL`."""
-
-    KIND = "circuit_faithfulness"
-    what = "circuit faithfulness"
-    shown_by = None
-
-    def headline(self) -> str:
-        """The class, the model, then :meth:`summary`: CPR and CMD, the smallest faithful circuit."""
-        return f"FaithfulnessCurve of {self.meta.get('model', 'a model')}: " + "; ".join(self.summary())
-
-    def shown_rows(self, n: int = SHOWN_ROWS) -> pd.DataFrame:
-        """The sizes that keep edges (the smallest sizes prune to none), one row per circuit kept."""
-        kept = self.table[self.table["n_edges"] > 0].drop_duplicates("n_edges")
-        return kept.head(n)
-
-    def figure(self, title: str | None = None, chosen: Circuit | None = None) -> go.Figure:
-        """Faithfulness against the share of the graph's edges, with its CI, on a log axis; the level
-        :data:`FAITHFUL` and the smallest circuit reaching it marked, and ``chosen`` (a circuit with its
-        faithfulness in its meta, as the command's) where given."""
-        import plotly.graph_objects as go
-
-        from interp.plots.style import styled
-
-        t = self.table[self.table.fraction > 0]  # a log axis: the empty circuit is the curve's zero
-        m = self.meta
-        fig = go.Figure(
-            go.Scatter(
-                x=t.fraction,
-                y=t.faithfulness,
-                mode="lines+markers",
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": t.faithfulness_hi - t.faithfulness,
-                    "arrayminus": t.faithfulness - t.faithfulness_lo,
-                },
-                customdata=np.stack([t.n_edges, t.metric], axis=1),
-                hovertemplate="%{x:.3%} of edges (%{customdata[0]} kept): faithfulness %{y:.3f}, "
-                "metric %{customdata[1]:.3g}<extra></extra>",
-                name="circuit",
-            )
-        )
-        fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-        fig.add_hline(y=0.0, line_dash="dot", line_color="grey")
-        fig.add_hline(
-            y=FAITHFUL,
-            line_dash="dash",
-            line_color="#2ca02c",
-            annotation_text=f"faithfulness {FAITHFUL}",
-            annotation_position="top left",
-        )
-        for trace in _marks(m, chosen):
-            fig.add_trace(trace)
-        cpr = f", CPR {m['cpr']:.3f}, CMD {m['cmd']:.3f}" if "cpr" in m else ""
-        fig.update_layout(
-            title=title
-            or f"{m.get('model', 'model')}: circuit faithfulness ({m.get('how', 'given')}, {m.get('source', 'patch')}){cpr}",
-            xaxis={"title": "share of the graph's edges", "type": "log", "tickformat": ".1%"},
-            yaxis={"title": "faithfulness"},
-            width=900,
-            height=560,
-            legend={"orientation": "h", "x": 0, "y": -0.22, "yanchor": "top"},
-        )
-        return styled(fig)
-
-    def summary(self) -> list[str]:
-        """The lines a command prints: the curve's area figures and the smallest faithful circuit."""
-        m, lines = self.meta, []
-        if "cpr" in m:
-            lines.append(f"CPR {m['cpr']:.3f} (area under the curve), CMD {m['cmd']:.3f} (area between it and 1)")
-        reach = m.get("smallest_faithful")
-        if reach is None:
-            lines.append(f"no circuit of these sizes reaches faithfulness {FAITHFUL}")
-        else:
-            share = reach["n_edges"] / m["graph_edges"] if m.get("graph_edges") else reach["fraction"]
-            lines.append(
-                f"smallest circuit reaching faithfulness {FAITHFUL}: {reach['n_edges']:,} edges "
-                f"({share:.2%} of the graph, after pruning), faithfulness {reach['faithfulness']:.3f}"
-            )
-        return lines
-
-
 def validate_circuit(*, how: str = "top", source: str = "patch", fractions: Sequence[float] = MIB_FRACTIONS) -> None:
     """What extraction and evaluation refuse before any forward, without a model."""
     HOWS.check(how)
@@ -417,9 +349,11 @@ def faithfulness_curve(
 ) -> FaithfulnessCurve:
     """The circuits ``how`` extracts from ``scores`` (per edge, :meth:`Graph.table` order) at
     ``floor(fraction * edges)`` edges each, evaluated in one batched pass; CPR and CMD over the
-    fractions. ``refine``: then the sizes between the two fractions around the first reaching
-    :data:`FAITHFUL` (all of them, or 32 evenly spaced), in a second pass, so the smallest faithful
-    size is found to within that step (rows with ``mib`` false; CPR and CMD read MIB's rows only)."""
+    fractions. ``refine``: then the smallest faithful size is narrowed down in :data:`REFINE` rounds,
+    each evaluating up to :data:`REFINE_SIZES` evenly spaced sizes in one pass between the two sizes
+    around the first reaching :data:`FAITHFUL` (the MIB fractions', then the last round's), so it is
+    found to within ``1 / (REFINE_SIZES + 1) ** REFINE`` of that first bracket (rows with ``mib``
+    false; CPR and CMD read MIB's rows only)."""
     validate_circuit(how=how, source=source, fractions=fractions)
     missing = int(np.isnan(np.asarray(scores, dtype=np.float64)).sum())
     if missing:
@@ -437,23 +371,25 @@ def faithfulness_curve(
     table = ev.rows([select(ev.graph, scores, how, n=n) for n in sizes], sizes)
     table.insert(1, "fraction", list(fractions))
     table["mib"] = True
-    if refine and not ev.sweeper.interrupted:
+    for k in range(REFINE if refine else 0):
         reached = np.flatnonzero(table.faithfulness.to_numpy() >= FAITHFUL)
-        if len(reached) and reached[0] > 0:
-            lo, hi = sizes[reached[0] - 1], sizes[reached[0]]
-            between = sorted(set(np.linspace(lo + 1, hi - 1, min(32, max(0, hi - lo - 1))).round().astype(int)))
-            if between:
-                extra = ev.rows([select(ev.graph, scores, how, n=n) for n in between], between, scope="refine")
-                extra.insert(1, "fraction", [n / ev.graph.n_edges for n in between])
-                extra["mib"] = False
-                table = pd.concat([table, extra]).sort_values(["size", "mib"], kind="stable").reset_index(drop=True)
+        if ev.sweeper.interrupted or not len(reached) or reached[0] == 0:
+            break
+        lo, hi = int(table["size"].iloc[reached[0] - 1]), int(table["size"].iloc[reached[0]])
+        between = sorted(set(np.linspace(lo + 1, hi - 1, min(REFINE_SIZES, hi - lo - 1)).round().astype(int)))
+        if not between:
+            break
+        extra = ev.rows([select(ev.graph, scores, how, n=n) for n in between], between, scope=f"refine{k + 1}")
+        extra.insert(1, "fraction", [n / ev.graph.n_edges for n in between])
+        extra["mib"] = False
+        table = pd.concat([table, extra]).sort_values(["size", "mib"], kind="stable").reset_index(drop=True)
     meta = ev.meta(how=how)
     mib = table[table.mib]
     if len(mib) > 1:
         f, x = mib.faithfulness.to_numpy(), mib.fraction.to_numpy(dtype=np.float64)
-        meta["cpr"] = _trapezoid(f, x)
-        meta["cmd"] = _trapezoid(np.abs(1 - f), x)
-    return FaithfulnessCurve(table, _faithful(table, meta))
+        meta["cpr"] = trapezoid(f, x)
+        meta["cmd"] = trapezoid(np.abs(1 - f), x)
+    return FaithfulnessCurve(table, with_smallest_faithful(table, meta))
 
 
 def evaluate_circuits(
@@ -474,7 +410,7 @@ def evaluate_circuits(
     n = [int(np.asarray(c).sum()) for c in circuits]
     table = ev.rows(circuits, n)
     table.insert(1, "fraction", [k / ev.graph.n_edges for k in n])
-    return FaithfulnessCurve(table, _faithful(table, ev.meta()))
+    return FaithfulnessCurve(table, with_smallest_faithful(table, ev.meta()))
 
 
 class _Evaluation:
@@ -549,43 +485,3 @@ class _Evaluation:
         if self.sweeper.interrupted:
             meta["partial"] = True
         return meta
-
-
-def _marks(meta: Mapping[str, Any], chosen: Circuit | None) -> list[go.Scatter]:
-    """The curve figure's marked circuits: the smallest reaching :data:`FAITHFUL`, and ``chosen``
-    (with its CI) where it has a faithfulness, each at its share of the graph's edges."""
-    import plotly.graph_objects as go
-
-    E, marks = meta.get("graph_edges"), []
-    reach = meta.get("smallest_faithful")
-    if reach is not None:
-        x = reach["n_edges"] / E if E else reach["fraction"]
-        name = f"smallest reaching {FAITHFUL}: {plural(reach['n_edges'], 'edge')}"
-        star = {"symbol": "star", "size": 16, "color": "#2ca02c"}
-        marks.append(go.Scatter(x=[x], y=[reach["faithfulness"]], mode="markers", marker=star, name=name))
-    if chosen is not None and "faithfulness" in chosen.meta and E and chosen.n_edges:
-        f, (lo, hi) = chosen.meta["faithfulness"], chosen.meta["faithfulness_ci"]
-        name = f"chosen: {plural(chosen.n_edges, 'edge')}, faithfulness {f:.3f} [{lo:.3f}, {hi:.3f}]"
-        bar = {"type": "data", "symmetric": False, "array": [hi - f], "arrayminus": [f - lo]}
-        diamond = {"symbol": "diamond-open", "size": 14, "color": "#d62728", "line": {"width": 2}}
-        marks.append(go.Scatter(x=[chosen.n_edges / E], y=[f], mode="markers", marker=diamond, error_y=bar, name=name))
-    return marks
-
-
-def _faithful(table: pd.DataFrame, meta: dict[str, Any]) -> dict[str, Any]:
-    """``meta`` with the smallest circuit of ``table`` reaching :data:`FAITHFUL` (``smallest_faithful``)."""
-    faithful = table[table.faithfulness >= FAITHFUL]
-    if len(faithful):
-        row = faithful.sort_values("n_edges", kind="stable").iloc[0]
-        meta["smallest_faithful"] = {
-            "size": int(row["size"]),
-            "n_edges": int(row["n_edges"]),
-            "fraction": float(row["fraction"]),
-            "faithfulness": float(row["faithfulness"]),
-        }
-    return meta
-
-
-def _trapezoid(y: np.ndarray, x: np.ndarray) -> float:
-    """The area under ``y`` over ``x`` by trapezoids (MIB's rule)."""
-    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))

@@ -52,7 +52,8 @@ from interp.scores import bootstrap_mean
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from interp.circuits.circuit import Circuit, FaithfulnessCurve
+    from interp.circuits.circuit import Circuit
+    from interp.circuits.curve import FaithfulnessCurve
 
 STEM = "edge_scores"
 DEFAULT_TOP = 20  # the stability's top-n

@@ -26,7 +26,8 @@ import torch
 from interp._io import ensure_writable_dir
 from interp.adapters import HookedModel
 from interp.circuits import METHODS, EdgeScores, edge_scores, validate_edge_scores
-from interp.circuits.circuit import FAITHFUL, Circuit, FaithfulnessCurve, validate_circuit
+from interp.circuits.circuit import Circuit, validate_circuit
+from interp.circuits.curve import FAITHFUL, FaithfulnessCurve
 from interp.circuits.eapig import write_eapig_json
 from interp.circuits.figure import DEFAULT_EDGES
 from interp.cli import flags
