@@ -297,6 +297,34 @@ def test_head_faithfulness_is_the_node_circuits_evaluation(to, source):
     assert np.ptp(curves.table.metric) > 0.1  # the curve moves: the comparison is not of constants
 
 
+@pytest.mark.parametrize("direction", ["noise", "denoise"])
+def test_a_heads_node_score_is_its_attribution_and_the_top_nodes_make_a_node_circuit(direction):
+    """One definition of attribution for nodes and edges: a head's EAP node score (the sum of its
+    edges') equals patch_heads' attribution of it, the gradient path of node patching."""
+    from interp.patching import patch_heads
+
+    model, task = _random_toy(dtype=torch.float64)
+    scores = edge_scores(model, task, direction=direction, metric="raw-logit-diff", config=FAST)
+    nodes = scores.node_scores().set_index("node")
+    heads = patch_heads(model, task, method="attribution", direction=direction, metric="raw-logit-diff", config=FAST)
+    t = heads.table
+    got = nodes.loc[[f"{l}.{h}" for l, h in zip(t["layer"], t["head"])], "score"].to_numpy()
+    np.testing.assert_allclose(got, t["effect"], rtol=1e-5, atol=1e-6)
+    assert np.abs(t["effect"]).max() > 0.5  # scores well above the tolerance
+    assert list(nodes.index[:3]) == ["input", "0.0", "0.1"] and nodes.loc["mlp.1", "layer"] == 1
+    circuit = scores.node_circuit(3)
+    top = list(nodes.index[np.argsort(-nodes["abs_score"].to_numpy(), kind="stable")[:3]])
+    assert circuit.meta["nodes"] == top and set(circuit.table[circuit.in_circuit].sender) == set(top)
+    assert (circuit.table["score"] == scores.table["score"]).all()
+    with pytest.raises(UsageError) as e:
+        scores.node_circuit(12)
+    assert str(e.value) == "n=12: a number of nodes from 0 to 11 (the graph's senders)"
+    some = edge_scores(model, task, method="exact", edges=["1.0->logits"], metric="raw-logit-diff", config=FAST)
+    assert some.node_scores()["score"].isna().all()  # every sender has an unscored edge
+    with pytest.raises(UsageError, match=r"^some nodes have unscored edges \(exact scores of a subset of edges\?\)"):
+        some.node_circuit(1)
+
+
 def test_node_circuits_keep_every_edge_out_of_their_nodes_and_refuse_unknown_ones():
     graph = Graph(Shape(2, 4, 2, (0, 1)))
     circuit = Circuit.of_nodes(graph, ["input", "a0.h1", "L1H2", "mlp.0"])  # any spelling

@@ -199,11 +199,11 @@ class Circuit(Result):
         return cls(table, {**meta, **info})
 
     @classmethod
-    def of_nodes(cls, graph: Graph, nodes: Sequence[str], **meta: Any) -> Circuit:
+    def of_nodes(cls, graph: Graph, nodes: Sequence[str], scores: np.ndarray | None = None, **meta: Any) -> Circuit:
         """The node circuit of ``nodes`` (senders, in any spelling: ``input``, ``0.1``, ``mlp.0``):
         every edge out of them and no other, as EAP-IG's node-level circuits keep a node's outgoing
-        edges (``apply_topn(level='node')``). Evaluated, every other sender is patched for all its
-        readers: node patching of those senders."""
+        edges (``apply_topn(level='node')``); ``scores``: its edges' scores, where it has them. Evaluated,
+        every other sender is patched for all its readers: node patching of those senders."""
         named = [memory_name(n) for n in nodes]
         senders = {n.name for n in graph.senders}
         unknown = [n for n in named if n not in senders]
@@ -214,7 +214,7 @@ class Circuit(Result):
                 params="nodes",
             )
         keep = graph.table()["sender"].isin(named).to_numpy()
-        return cls.of(graph, keep, level="node", nodes=named, **meta)
+        return cls.of(graph, keep, scores, level="node", nodes=named, **meta)
 
     @property
     def graph(self) -> Graph:

@@ -99,6 +99,40 @@ class EdgeScores(Result):
             circuit.table.insert(at + n, column, self.table[column].to_numpy())  # its CSV, hover and repr show them
         return circuit
 
+    def node_scores(self) -> pd.DataFrame:
+        """A row per sender (``node``, ``layer``, ``score``, ``abs_score``; graph order): the sum of its
+        edges' scores, EAP-IG's node score (``level='node'``). A sender's output reaches every receiver
+        above it through the residual stream, so the gradient at that output is the sum of theirs: a
+        head's node score is :func:`~interp.patching.patch_heads`' attribution of it (tested). NaN where
+        an edge of the sender is unscored."""
+        g = self.table.groupby("sender", sort=False)
+        return pd.DataFrame(
+            {
+                "node": list(g.groups),
+                "layer": g["sender_layer"].first().to_numpy(),
+                "score": g["score"].apply(lambda s: s.sum(skipna=False)).to_numpy(),
+            }
+        ).assign(abs_score=lambda t: t["score"].abs())
+
+    def node_circuit(self, n: int) -> Circuit:
+        """The node circuit of the ``n`` senders of largest absolute :meth:`node_scores` (ties in graph
+        order; EAP-IG's ``apply_topn(n, level='node')``): every edge out of them
+        (:meth:`~interp.circuits.Circuit.of_nodes`)."""
+        from interp.circuits.circuit import Circuit
+
+        nodes = self.node_scores()
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= len(nodes):
+            raise UsageError(f"n={n!r}: a number of nodes from 0 to {len(nodes)} (the graph's senders)", params="n")
+        if nodes["score"].isna().any():
+            raise UsageError(
+                "some nodes have unscored edges (exact scores of a subset of edges?): a node's score sums all its "
+                "edges; score all edges (edge_scores without edges=)",
+                params="n",
+            )
+        top = nodes["node"].to_numpy()[np.argsort(-nodes["abs_score"].to_numpy(), kind="stable")[:n]]
+        meta = {k: self.meta[k] for k in ("model", "task", "method", "direction", "metric") if k in self.meta}
+        return Circuit.of_nodes(self.graph, list(top), self.table["score"].to_numpy(), how="top", n=n, **meta)
+
     def faithfulness_curve(
         self,
         model: HookedModel,
