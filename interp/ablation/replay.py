@@ -68,8 +68,10 @@ class Sweeper:
     ``base`` heads (a mask) stay ablated throughout (used by pruning with re-estimation). With
     ``replay="auto"`` the fast replay is used when replaying the model's blocks reproduces its
     output, else the plain loop; ``"fast"`` insists on the former, ``"loop"`` forces the latter.
-    Masks passed to :meth:`evaluate` add to ``base``; :attr:`clean` is the metric per sequence with
-    only the ``base`` heads ablated (none by default). ``chunk``: ablations batched into one forward
+    Masks passed to :meth:`evaluate` add to ``base``; :attr:`unpatched` is the metric per sequence with
+    only the ``base`` heads ablated (none by default). ``ablation=None``: no head ablation, for a
+    subclass that brings interventions of its own (:class:`~interp.patching.edge_patch.EdgeSweeper`'s
+    edge codes). ``chunk``: ablations batched into one forward
     by the fast replay (default: as many as make about 2k tokens on a CPU, 16k elsewhere).
     ``config``: its ``minibatch`` (probe sequences per forward, default all), ``seed`` (of a
     resample ablation fitted here) and ``progress`` (progress bars). ``journal`` (an opened
@@ -91,7 +93,7 @@ class Sweeper:
         probe: TokenProbe,
         metric: Metric | Callable,
         *,
-        ablation: str | HeadAblation = "zero",
+        ablation: str | HeadAblation | None = "zero",
         base: Any = None,
         replay: str = "auto",
         chunk: int | None = None,
@@ -112,7 +114,11 @@ class Sweeper:
         self.minibatch = config.minibatch or probe.batch
         self.chunk = chunk
         memory.check(self.memory_estimate, self.minibatch, self.info.device, fewer=self.fewer)  # before any forward
-        self.ablation = as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
+        self.ablation = (  # None: a subclass that brings interventions of its own (edges)
+            None
+            if ablation is None
+            else as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
+        )
         self.base = (
             torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)
             if base is None
@@ -130,7 +136,7 @@ class Sweeper:
         # exact shortcuts (interp.adapters.surgery), if the self-check agrees
         self._trim = self.replay == "fast" and self._can_trim()
         # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
-        self._reuse = self.replay == "fast" and self.ablation.site == "z" and self._can_reuse()
+        self._reuse = self.replay == "fast" and getattr(self.ablation, "site", None) == "z" and self._can_reuse()
         self._head_cache: tuple[Any, int, Any] = (None, -1, None)
         if self.replay == "fast":
             why = self._self_check()
@@ -177,7 +183,7 @@ class Sweeper:
 
     def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor, extra: list | None = None) -> Tensor:
         """One plain forward with ``mask``'s heads ablated (then ``extra`` hooks); the metric's read-out."""
-        hooks = [] if mask is None else self.ablation.hooks(mask, rows)
+        hooks = [] if mask is None or self.ablation is None else self.ablation.hooks(mask, rows)
         padding = (
             None
             if self.probe.attention_mask is None

@@ -185,7 +185,7 @@ class EdgeSweeper(Sweeper):
             run.model,
             run.probe,
             run.metric,
-            ablation="zero",
+            ablation=None,  # its interventions are edge codes, not a head ablation
             replay=replay,
             chunk=chunk,
             config=run.config,
