@@ -112,7 +112,7 @@ def _refused(capsys, tmp_path, argv):
     "argv, said",
     [
         (["--export", "c.txt"], "--export c.txt: EAP-IG's graph is a .json file; name one, e.g. circuit.json"),
-        (["--evaluate", "none"], "--evaluate none leaves no faithfulness to choose the circuit by: pass --top N, --greedy N or --threshold T"),
+        (["--evaluate", "none"], "--evaluate none leaves no faithfulness to choose the circuit by: pass --top N, --greedy N, --threshold T or --nodes N"),
         (["--steps", "3"], "python -m interp.circuit would ignore --steps (it applies to --method eap-ig-*): drop it"),
         (["--threshold", "-1"], "--threshold -1.0: the least |score| an edge keeps, a number >= 0"),
     ],
@@ -181,3 +181,34 @@ def test_evaluate_zero_and_resample_read_their_source_outside_each_circuit_and_s
     assert f"circuits at MIB's sizes (top; outside each circuit, edges read {said}), " in text
     curve = FaithfulnessCurve.load(out)
     assert curve.meta["source"] == source and curve.meta["empty_metric"] != curve.meta["corrupted_metric"]
+
+
+def test_nodes_names_a_node_circuit_evaluated_on_its_own(tmp_path, capsys):
+    """``--nodes N``: every edge out of the N senders of largest |node score|, its faithfulness that of
+    its own evaluation (the curve's circuits are edge circuits, never taken for it)."""
+    out = tmp_path / "out"
+    assert cli([*BASE, "--task", "repeat", "--direction", "noise", "--nodes", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    scores, circuit = EdgeScores.load(out), Circuit.load(out)
+    want = scores.node_circuit(3)
+    assert (
+        circuit.meta["level"] == "node" and circuit.meta["nodes"] == want.meta["nodes"] and circuit.edges == want.edges
+    )
+    model, config = interp.load_model("toy"), interp.RunConfig(n_boot=200)
+    own = want.evaluate(model, "repeat", config=config).table.iloc[0]
+    assert circuit.meta["faithfulness"] == pytest.approx(own.faithfulness, rel=1e-6)
+    assert (
+        f"circuit: {circuit.n_edges} edges of 81 ({circuit.n_edges / 81:.2%} of the graph; out of the 3 nodes of "
+        f"largest |node score|), " in text
+    )
+    with pytest.raises(SystemExit) as stop:
+        cli([*BASE, "--task", "repeat", "--nodes", "3", "--top", "5", "--out", str(tmp_path / "two")])
+    assert stop.value.code == 2 and "error: --top and --nodes each choose the circuit: pass one of them\n" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit) as stop:
+        cli([*BASE, "--task", "repeat", "--nodes", "10", "--out", str(tmp_path / "many")])
+    assert (
+        stop.value.code == 2 and "--nodes 10: the graph has 9 senders; ask for at most 9\n" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "many" / "edge_scores.csv").exists()  # refused before any file

@@ -6,7 +6,8 @@ patching), prints the top edges, evaluates the circuits the scores give at MIB's
 prompt runs, every edge outside a circuit reads its sender's output on the corrupted prompt, or its
 mean with ``--evaluate mean``), prints the curve's CPR and CMD and the smallest circuit reaching
 faithfulness 0.8, and writes ``edge_scores.{csv,json}``, ``circuit.{csv,json,html}`` (the circuit
-``--top``/``--greedy``/``--threshold`` names, by default that smallest faithful one, drawn as a graph)
+``--top``/``--greedy``/``--threshold``/``--nodes`` names, by default that smallest faithful one, drawn
+as a graph)
 and ``circuit_faithfulness.{csv,json,html}`` under ``--out``; ``--export FILE.json`` writes the
 circuit as EAP-IG's graph JSON. Exact work is journaled: ``--resume`` continues it.
 """
@@ -87,6 +88,14 @@ def build_parser(prog: str = "python -m interp.circuit") -> argparse.ArgumentPar
     which.add_argument(
         "--threshold", type=float, default=None, metavar="T", help="the circuit: every edge whose |score| is at least T"
     )
+    which.add_argument(
+        "--nodes",
+        type=flags.positive_int,
+        default=None,
+        metavar="N",
+        help="the circuit: every edge out of the N senders of largest |node score| (the sum of their edges'; "
+        "EAP-IG's level='node')",
+    )
     p.add_argument(
         "--evaluate",
         choices=[*SOURCES.names(), NO_EVALUATION],
@@ -126,16 +135,16 @@ def check(args: argparse.Namespace) -> None:
     """Before the model loads: the library's checks of the scores and the circuit asked for, a circuit
     chosen by faithfulness without an evaluation, an export that is not a .json file, the task."""
     validate_edge_scores(method=args.method, steps=args.steps, metric=args.metric, direction=args.direction)
-    named = (("--top", args.top), ("--greedy", args.greedy), ("--threshold", args.threshold))
+    named = (("--top", args.top), ("--greedy", args.greedy), ("--threshold", args.threshold), ("--nodes", args.nodes))
     chosen = [flag for flag, value in named if value is not None]
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(chosen)} each choose the circuit: pass one of them")
     how = "greedy" if args.greedy is not None else "threshold" if args.threshold is not None else "top"
     validate_circuit(how=how, source=args.evaluate if args.evaluate != NO_EVALUATION else "patch")
-    if args.evaluate == NO_EVALUATION and args.top is None and args.greedy is None and args.threshold is None:
+    if args.evaluate == NO_EVALUATION and not chosen:
         raise UsageError(
-            f"--evaluate {NO_EVALUATION} leaves no faithfulness to choose the circuit by: pass --top N, --greedy N "
-            "or --threshold T"
+            f"--evaluate {NO_EVALUATION} leaves no faithfulness to choose the circuit by: pass --top N, --greedy N, "
+            "--threshold T or --nodes N"
         )
     if args.threshold is not None and not args.threshold >= 0:
         raise UsageError(f"--threshold {args.threshold}: the least |score| an edge keeps, a number >= 0")
@@ -190,6 +199,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     _print_top(scores)
     if args.evaluate != NO_EVALUATION:  # faithfulness divides by the gap: refused before any file is written
         refuse_equal(torch.tensor([m["clean_metric"]]), torch.tensor([m["corrupted_metric"]]), m["metric"], True)
+    senders = len(scores.graph.senders)
+    if args.nodes is not None and args.nodes > senders:
+        raise UsageError(f"--nodes {args.nodes}: the graph has {senders} senders; ask for at most {senders}")
     written = scores.save(out)
     if m.get("partial"):
         stop_partial(written, journals)
@@ -244,6 +256,8 @@ def _print_top(scores: EdgeScores) -> None:
 
 def _chosen(args: argparse.Namespace, scores: EdgeScores, curve: FaithfulnessCurve | None) -> Circuit:
     """The circuit the flags name, or the smallest faithful one the curve found (else the whole graph)."""
+    if args.nodes is not None:  # not on the curve, whose circuits are edges': evaluated on its own
+        return scores.node_circuit(args.nodes)
     if args.threshold is not None:
         circuit = scores.circuit(how="threshold", threshold=args.threshold)
     elif args.greedy is not None or args.top is not None:
@@ -299,6 +313,8 @@ def _print_chosen(args: argparse.Namespace, scores: EdgeScores, circuit: Circuit
 
 
 def _named(args: argparse.Namespace) -> str:
+    if args.nodes is not None:
+        return f"out of the {plural(args.nodes, 'node')} of largest |node score|"
     if args.threshold is not None:
         return f"|score| >= {args.threshold:g}"
     if args.greedy is not None:
