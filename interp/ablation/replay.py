@@ -468,7 +468,7 @@ class Sweeper:
 
     @property
     def batches(self) -> tuple[UnpatchedBatch, ...]:
-        """The clean (or base-ablated) pass over each minibatch of the probe, as the replays use it."""
+        """The unpatched (or base-ablated) pass over each minibatch of the probe, as the replays use it."""
         return tuple(self._batches)
 
     def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:

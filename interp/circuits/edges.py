@@ -92,12 +92,16 @@ class EdgeScores(Result):
             **({"n": n} if n is not None else {}),
             **({"threshold": threshold} if threshold is not None else {}),
         }
-        meta = {k: self.meta[k] for k in ("model", "task", "method", "direction", "metric") if k in self.meta}
+        meta = self._provenance()
         circuit = Circuit.of(self.graph, keep, scores, **meta, **asked)
         at = circuit.table.columns.get_loc("score") + 1
         for n, column in enumerate(c for c in ("score_lo", "score_hi", "stability") if c in self.table):
             circuit.table.insert(at + n, column, self.table[column].to_numpy())  # its CSV, hover and repr show them
         return circuit
+
+    def _provenance(self) -> dict[str, Any]:
+        """What a circuit extracted from these scores carries of their meta: model, task, method, direction, metric."""
+        return {k: self.meta[k] for k in ("model", "task", "method", "direction", "metric") if k in self.meta}
 
     def node_scores(self) -> pd.DataFrame:
         """A row per sender (``node``, ``layer``, ``score``, ``abs_score``; graph order): the sum of its
@@ -130,7 +134,7 @@ class EdgeScores(Result):
                 params="n",
             )
         top = nodes["node"].to_numpy()[np.argsort(-nodes["abs_score"].to_numpy(), kind="stable")[:n]]
-        meta = {k: self.meta[k] for k in ("model", "task", "method", "direction", "metric") if k in self.meta}
+        meta = self._provenance()
         return Circuit.of_nodes(self.graph, list(top), self.table["score"].to_numpy(), how="top", n=n, **meta)
 
     def faithfulness_curve(

@@ -34,7 +34,7 @@ from interp.errors import UsageError
 from interp.hooks import mlp_out_hook, qkv_hook, resid_pre_hook, z_hook
 from interp.patching.core import Setup
 from interp.patching.graph import Graph
-from interp.patching.post_norm import fold, layer_write, post_norms, scaled
+from interp.patching.post_norm import fold, layer_write, post_norms, sender_hooks
 from interp.progress import tqdm
 from interp.registry import Registry
 from interp.results import plural
@@ -175,28 +175,10 @@ class GradientPasses:
         ``minus``'s tensor in place instead (``keep`` then holds those differences)."""
 
         def put(key: str, x: Tensor) -> None:
-            if minus is None:
-                keep[key] = x.detach()
-            else:
-                keep[key] = minus[key].sub_(x.detach().reshape(minus[key].shape))
+            keep[key] = x if minus is None else minus[key].sub_(x.reshape(minus[key].shape))
 
-        def grab(key: str) -> Callable:
-            return lambda x, hook: put(key, x)
-
-        raw: dict[str, Tensor] = {}  # a post-normed layer's z, until its norm's scale is seen
-
-        def scale(key: str) -> Callable:
-            return lambda s, hook: put(key, scaled(raw.pop(key), s.detach()))
-
-        hooks = [(resid_pre_hook(0), grab("input"))]
-        for l in range(self.info.n_layers):
-            if l in self.posts:
-                hooks.append((z_hook(l), lambda x, hook, k=f"z{l}": raw.__setitem__(k, x.detach())))
-                hooks.append((self.posts[l].scale, scale(f"z{l}")))
-            else:
-                hooks.append((z_hook(l), grab(f"z{l}")))
-        hooks += [(mlp_out_hook(l), grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
-        return hooks
+        info = self.info
+        return sender_hooks(self.posts, info.n_layers, info.n_heads, self.graph.shape.mlp_layers, put)
 
     def _toward(self, donor: dict[str, Tensor], key: str, alpha: float) -> tuple[str, Callable]:
         """The hook moving sender ``key``'s output to ``donor + alpha (own - donor)``: a post-normed

@@ -39,7 +39,6 @@ from interp.ablation.calls import expand_call
 from interp.ablation.modes import derangement
 from interp.ablation.replay import Sweeper, UnpatchedBatch, _rounding, read_out
 from interp.adapters.receivers import ReceiverNorms
-from interp.adapters.surgery import by_head
 from interp.adapters.weights import read_head_weights
 from interp.errors import UsageError
 from interp.hooks import mlp_out_hook, resid_pre_hook, z_hook
@@ -47,7 +46,7 @@ from interp.journal import Journal
 from interp.patching.core import FEWER_PAIRS, Setup
 from interp.patching.edge_replay import ACTUAL, SOURCE, EdgeBatch, Layout, Replay, SenderValues
 from interp.patching.graph import Graph
-from interp.patching.post_norm import fold, layer_write, post_norms, scaled
+from interp.patching.post_norm import fold, layer_write, post_norms, sender_hooks
 from interp.registry import Registry
 from interp.results import plural
 
@@ -208,25 +207,18 @@ class EdgeSweeper(Sweeper):
     def _senders(self, tokens: Tensor) -> SenderValues:
         """Every sender's output on a plain forward of ``tokens``."""
         keep: dict[str, Tensor] = {}
-
-        def grab(key: str) -> Callable:
-            def hook(x: Tensor, hook: Any) -> None:
-                keep[key] = x.detach()
-
-            return hook
-
-        L = self.info.n_layers
-        hooks = [(resid_pre_hook(0), grab("input"))]
-        hooks += [(z_hook(l), grab(f"z{l}")) for l in range(L)]
-        hooks += [(mlp_out_hook(l), grab(f"m{l}")) for l in self.graph.shape.mlp_layers]
-        hooks += [(site.scale, grab(f"s{l}")) for l, site in self.posts.items()]
+        L, mlps = self.info.n_layers, self.graph.shape.mlp_layers
         with torch.no_grad():
-            read_out(self.model, tokens, self.metric, hooks, L)
-        z = [by_head(keep[f"z{l}"], self.info.n_heads) for l in range(L)]
+            read_out(
+                self.model,
+                tokens,
+                self.metric,
+                sender_hooks(self.posts, L, self.info.n_heads, mlps, keep.__setitem__),
+                L,
+            )
+        shape = keep["input"].shape
         return SenderValues(
-            keep["input"],
-            [scaled(z[l], keep[f"s{l}"]) if l in self.posts else z[l] for l in range(L)],
-            {l: keep[f"m{l}"].reshape(keep["input"].shape) for l in self.graph.shape.mlp_layers},
+            keep["input"], [keep[f"z{l}"] for l in range(L)], {l: keep[f"m{l}"].reshape(shape) for l in mlps}
         )
 
     def sources(self, batch: EdgeBatch) -> SenderValues:

@@ -13,6 +13,7 @@ convention need not be known.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -20,7 +21,9 @@ from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.adapters.surgery import by_head
 from interp.adapters.weights import NormSite, gain_and_bias, post_attention_norm_site
+from interp.hooks import mlp_out_hook, resid_pre_hook, z_hook
 
 
 def post_norms(model: Any, n_layers: int) -> dict[int, NormSite]:
@@ -67,3 +70,40 @@ def layer_write(
 
 
 __all__ = ["fold", "layer_write", "post_norms", "scaled"]
+
+
+def sender_hooks(
+    posts: dict[int, NormSite],
+    n_layers: int,
+    n_heads: int,
+    mlp_layers: Iterable[int],
+    put: Callable[[str, Tensor], Any],
+) -> list[tuple[str, Callable]]:
+    """Hooks handing every sender's output on a forward to ``put(key, output)``, detached: the stream
+    entering block 0 (``"input"``), each layer's ``hook_z`` by head (``"z{l}"``; a post-normed
+    layer's divided by its norm's scale, :func:`scaled`, once the scale is seen) and each MLP's
+    output (``"m{l}"``)."""
+    raw: dict[str, Tensor] = {}  # a post-normed layer's z, until its norm's scale is seen
+
+    def grab(key: str) -> Callable:
+        return lambda x, hook: put(key, x.detach())
+
+    def head_outputs(key: str, post: bool) -> Callable:
+        def hook(z: Tensor, hook: Any) -> None:
+            z = by_head(z.detach(), n_heads)
+            if post:
+                raw[key] = z
+            else:
+                put(key, z)
+
+        return hook
+
+    def scale(key: str) -> Callable:
+        return lambda s, hook: put(key, scaled(raw.pop(key), s.detach()))
+
+    hooks = [(resid_pre_hook(0), grab("input"))]
+    for l in range(n_layers):
+        hooks.append((z_hook(l), head_outputs(f"z{l}", l in posts)))
+        if l in posts:
+            hooks.append((posts[l].scale, scale(f"z{l}")))
+    return hooks + [(mlp_out_hook(l), grab(f"m{l}")) for l in mlp_layers]
