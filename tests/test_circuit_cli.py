@@ -13,6 +13,7 @@ import interp
 from interp.circuits import Circuit, EdgeScores, FaithfulnessCurve
 from interp.cli.circuit import cli
 from interp.models import describe
+from interp.patching.edge_patch import EdgeSweeper
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -81,7 +82,6 @@ def test_a_named_circuit_and_no_evaluation(tmp_path, capsys):
 
 def test_exact_edges_resume_from_their_journal_without_a_patched_forward(tmp_path, capsys, monkeypatch):
     from interp.journal import Journal
-    from interp.patching.edge_patch import EdgeSweeper
 
     model = interp.load_model("toy")
     config = interp.RunConfig(n_boot=200)
@@ -212,3 +212,31 @@ def test_nodes_names_a_node_circuit_evaluated_on_its_own(tmp_path, capsys):
         stop.value.code == 2 and "--nodes 10: the graph has 9 senders; ask for at most 9\n" in capsys.readouterr().err
     )
     assert not (tmp_path / "many" / "edge_scores.csv").exists()  # refused before any file
+
+
+@pytest.mark.parametrize("stage", ["sizes", "refine1", "refine2"])
+def test_ctrl_c_in_any_pass_of_the_curve_ends_the_run_marked_partial(tmp_path, capsys, monkeypatch, stage):
+    """An interrupt during MIB's sizes or either refinement round ends the command: exit 130, the
+    curve marked partial, no circuit written as if complete, and no later pass runs."""
+    evaluate, group = EdgeSweeper.evaluate, EdgeSweeper._evaluate_group
+    passes: list[str] = []
+
+    def evaluate_named(self, units, *, desc="patching edges", scope=None, named=None):
+        passes.append(desc)
+        return evaluate(self, units, desc=desc, scope=scope, named=named)
+
+    def stopping(self, start, codes):
+        if stage in passes[-1]:
+            raise KeyboardInterrupt
+        return group(self, start, codes)
+
+    monkeypatch.setattr(EdgeSweeper, "evaluate", evaluate_named)
+    monkeypatch.setattr(EdgeSweeper, "_evaluate_group", stopping)
+    out = tmp_path / "out"
+    assert cli([*BASE, "--task", "repeat", "--direction", "noise", "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.endswith("\npython -m interp.circuit: interrupted\n")
+    assert passes[-1] == f"evaluating circuits ({stage})"  # nothing ran after the interrupted pass
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert "circuit_faithfulness.partial.json" in names and "circuit.json" not in names, names
+    assert not [n for n in names if n.endswith(".tmp")]
