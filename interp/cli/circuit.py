@@ -199,8 +199,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     _print_top(scores)
     if args.evaluate != NO_EVALUATION:  # faithfulness divides by the gap: refused before any file is written
         refuse_equal(torch.tensor([m["clean_metric"]]), torch.tensor([m["corrupted_metric"]]), m["metric"], True)
-    senders = len(scores.graph.senders)
-    if args.nodes is not None and args.nodes > senders:
+    if args.nodes is not None and args.nodes > (senders := len(scores.graph.senders)):
         raise UsageError(f"--nodes {args.nodes}: the graph has {senders} senders; ask for at most {senders}")
     written = scores.save(out)
     if m.get("partial"):
