@@ -48,6 +48,19 @@ class ReceiverNorms:
         """Does layer ``layer``'s MLP read through its attention's norm (a parallel block sharing one)?"""
         return self.mlps[layer] is self.heads[layer]
 
+    def computed(self, module: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+        """``module``'s own computation, for inputs the edge replay forms itself: a bridge's norm
+        in its native mode returns its Hugging Face module's output, after working out the
+        statistics its hooks would see; that module is called directly, once (bit for bit the
+        same). Any other norm is called as it is."""
+        inner = getattr(module, "original_component", None)
+        native = getattr(module, "use_native_layernorm_autograd", False) or getattr(
+            getattr(module, "config", None), "layer_norm_folding", False
+        )
+        if isinstance(inner, torch.nn.Module) and native and not isinstance(inner, torch.nn.Identity):
+            return inner
+        return module
+
     def watch(self, stack: ExitStack, module: torch.nn.Module, fn: PreHook) -> None:
         """``fn`` on ``module``'s first input at every call of it, for as long as ``stack`` is open
         (what ``fn`` returns, if not None, replaces that input)."""

@@ -179,6 +179,7 @@ class EdgeSweeper(Sweeper):
         self.layout = Layout(graph)
         self.norms = ReceiverNorms.of(run.model, graph.shape.mlp_layers)
         self._mean: SenderValues | None = None
+        self.scratch: dict[Any, Tensor] = {}  # the replay's buffers, reused forward after forward
         self.donors = _donors(run, source)
         super().__init__(
             run.model,
@@ -374,9 +375,9 @@ class EdgeSweeper(Sweeper):
 
     def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:
         """The replay's estimate, plus every sender's output on both prompts kept for every pair and,
-        per batched forward, the shifted inputs of the widest layer's receivers and every sender's
-        projected difference and their running total for each of the two codes (:meth:`Replay._fill`,
-        :meth:`Replay._total`)."""
+        per batched forward, every sender's projected difference and their running total for each
+        of the two codes (:meth:`Replay._fill`, :meth:`Replay._total`) and the shifted inputs of
+        the widest layer's receivers, one intervention's at a time (:meth:`Replay._norm_of`)."""
         base = super().memory_estimate(minibatch)
         info, T = self.info, self.probe.seq_len
         item = memory.Shape.of(self.model, info).itemsize
@@ -385,7 +386,7 @@ class EdgeSweeper(Sweeper):
         widest = max(len(g.receivers_of(l)) for l in range(g.shape.n_layers + 1))
         b = min(minibatch or self.minibatch, self.probe.batch)
         kept = base.kept + item * self.probe.batch * T * senders
-        per_forward = base.per_forward + item * self.chunk_size * b * T * info.d_model * (3 * widest + 2)
+        per_forward = base.per_forward + item * b * T * info.d_model * (3 * widest + 2)
         per_forward += item * self.chunk_size * b * T * info.d_model * 2 * (len(g.senders) + 1)  # + each code's total
         kept_is = "the unpatched pass and every sender's output on both prompts, kept"
         return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)

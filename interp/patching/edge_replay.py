@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
@@ -81,6 +80,7 @@ class Patcher(Protocol):
     W_O: Tensor  # [layer, head, d_head, d_model], a post-norm's gain folded in
     posts: dict[int, NormSite]  # the layers whose attention output passes through a norm
     metric: Any
+    scratch: dict[Any, Tensor]  # buffers each forward reuses (see _zeroed)
 
     def sources(self, batch: EdgeBatch) -> SenderValues: ...
 
@@ -190,21 +190,23 @@ class Replay:
 
         return keep
 
-    def _norm_of(self, norm: torch.nn.Module, x: Tensor, D: Tensor) -> Tensor:
-        """``norm(x + D) - norm(x)`` per receiver, ``[rep, C, b, T, d]``: ``D`` is ``[rep, C, b, T, d]``,
-        ``x`` ``[rep * b, T, d]`` (its norm formed once, not once per receiver)."""
-        rep, C, b, T, d = D.shape
-        moved = (x.reshape(rep, 1, b, T, d) + D).reshape(rep * C * b, T, d)
+    def _norm_of(self, norm: Callable[[Tensor], Tensor], x: Tensor, D: Tensor) -> Tensor:
+        """``norm(x + D) - norm(x)`` for one intervention's receivers, ``[C, b, T, d]``: ``D`` is
+        ``[C, b, T, d]``, ``x`` ``[b, T, d]``. Formed one intervention at a time, so the norm's passes
+        run over a block the caches hold, not over every intervention's at once."""
+        C, b, T, d = D.shape
+        moved = (x[None] + D).reshape(C * b, T, d)
         self.inside = True
         try:
-            return norm(moved).reshape(rep, C, b, T, d) - norm(x).reshape(rep, 1, b, T, d)
+            return norm(moved).reshape(C, b, T, d) - norm(x)[None]
         finally:
             self.inside = False
 
-    def _shift(self, receivers: list[int]) -> tuple[Tensor, Tensor] | None:
-        """``(D, live)``: ``live``, the receivers (indices into ``receivers``) that some intervention
-        shifts, and ``D``, ``[rep, C_live, b, T, d_model]``, for each of them the sum over its senders
-        coded otherwise of (chosen output - actual output); ``None`` when nothing is.
+    def _shift(self, receivers: list[int]) -> Shift | None:
+        """The shift of ``receivers``' inputs: ``live``, the receivers (indices into ``receivers``)
+        that some intervention shifts, and per intervention (:meth:`Shift.of`), for each of them the
+        sum over its senders coded otherwise of (chosen output - actual output); ``None`` when
+        nothing is.
 
         By corrections: where a receiver reads more than half its upstream senders under one code
         (a small circuit's receivers read nearly every sender at the source), its sum is that code's
@@ -219,7 +221,7 @@ class Replay:
         n_up = self.sw.graph.upstream(receivers[0])
         live = (codes[:, :n_up] != ACTUAL).any(1).any(0).nonzero()[:, 0]  # receivers some intervention shifts
         codes = codes[:, :n_up, live]
-        D = None
+        terms = []
         for code in (SOURCE, OWN):
             m = codes == code  # [rep, n_up, C_live]
             k = m.sum(1)  # [rep, C_live]: the senders each receiver reads under this code
@@ -228,15 +230,12 @@ class Replay:
             flip = 2 * k > n_up  # cheaper as the total minus the rest
             summed = m ^ flip[:, None, :]  # the senders summed, with sign -1 where flipped
             used = summed.any(0).any(-1) | bool(flip.any())
-            P = self._fill(code, used.cpu().numpy())  # [rep, sender, b * T * d]
+            P = self._fill(code, used.cpu().numpy())[:, :n_up]  # [rep, n_up, b * T * d]
             sign = torch.where(flip, -1.0, 1.0).to(P.dtype)  # [rep, C_live]
             weights = summed.transpose(1, 2).to(P.dtype) * sign[:, :, None]  # [rep, C_live, n_up]
-            term = _products(weights, P[:, :n_up])  # [rep, C_live, b * T * d]
-            if bool(flip.any()):
-                term = term + flip[:, :, None].to(P.dtype) * self._total(code, n_up)[:, None]
-            D = term if D is None else D + term
-        rep, C = D.shape[:2]
-        return D.reshape(rep, C, self.b, self.T, -1), live.to(D.device)
+            total = self._total(code, n_up) if bool(flip.any()) else None
+            terms.append((weights, P, flip.to(P.dtype), total))
+        return Shift(live.to(self.codes.device), terms, (self.b, self.T))
 
     def _total(self, code: int, n_up: int) -> Float[Tensor, "rep btd"]:
         """The sum of the first ``n_up`` senders' differences under ``code`` (every one filled),
@@ -270,12 +269,8 @@ class Replay:
         block every copy holds the own run: one copy's difference stands for them all."""
         P = self.stacked.get(code)
         if P is None:
-            d = self.sw.info.d_model
-            dtype = self.own.input.dtype
-            P = torch.zeros(
-                self.rep, len(self.sw.graph.senders), self.b * self.T * d, dtype=dtype, device=self.codes.device
-            )
-            self.stacked[code] = P
+            shape = (self.rep, len(self.sw.graph.senders), self.b * self.T * self.sw.info.d_model)
+            P = self.stacked[code] = _zeroed(self.sw.scratch, code, shape, self.own.input.dtype, self.codes.device)
         filled = self.filled.setdefault(code, set())
         for sl, actual, source, own_value, W_O in self._groups():
             if sl.start >= len(used):
@@ -288,10 +283,11 @@ class Replay:
             a = actual[:1] if actual.stride(0) == 0 else actual
             diff = chosen.to(a.dtype).expand(self.b, *chosen.shape[1:])[None] - a
             if W_O is None:  # [rep, b, T, d]: one sender
-                diff = diff[..., None, :]
-            else:
-                diff = einsum(diff, W_O.to(a.dtype), "r b t h e, h e d -> r b t h d")
-            P[:, sl] = diff.permute(0, 3, 1, 2, 4).reshape(diff.shape[0], diff.shape[3], -1).to(P.dtype)
+                P[:, sl] = diff.reshape(diff.shape[0], 1, -1).to(P.dtype)
+            else:  # each head's difference through its W_O, [head, rep, b * T * d]
+                r, h, e = diff.shape[0], diff.shape[3], diff.shape[4]
+                by = torch.bmm(diff.permute(3, 0, 1, 2, 4).reshape(h, -1, e), W_O.to(a.dtype))
+                P[:, sl] = by.reshape(h, r, -1).transpose(0, 1).to(P.dtype)
             filled.add(sl.start)
         return P
 
@@ -299,17 +295,21 @@ class Replay:
         receivers = self.sw.layout.sites[l].get(site, [])
 
         def hook(y: Tensor, hook: Any) -> Tensor:
-            shifted = self._shift(receivers)
-            if shifted is None:
+            shift = self._shift(receivers)
+            if shift is None:
                 return y
-            D, live = shifted
-            x = self.x[f"ln1.{l}"]
-            moved = self._norm_of(self.sw.norms.heads[l], x, D)  # [rep, C_live, b, T, d]
-            W = self.sw.W[site][l][live.to(self.sw.W[site].device)].to(moved.dtype)
-            change = einsum(moved, W, "r c b t d, c d e -> r b t c e")
+            live = shift.live
+            x = self.x[f"ln1.{l}"].reshape(self.rep, self.b, self.T, -1)
+            norm = self.sw.norms.computed(self.sw.norms.heads[l])
+            W = self.sw.W[site][l][live.to(self.sw.W[site].device)]
             yy = by_head(y, len(receivers))
-            change = change.reshape(yy.shape[0], *yy.shape[1:-2], len(live), yy.shape[-1]).to(yy.dtype)
-            return yy.index_add(-2, live, change).reshape(y.shape)
+            out = yy.reshape(self.rep, self.b, *yy.shape[1:]).clone()
+            for r in range(self.rep):
+                moved = self._norm_of(norm, x[r], shift.of(r))  # [C_live, b, T, d]
+                C, b, T, d = moved.shape
+                change = torch.bmm(moved.reshape(C, b * T, d), W.to(moved.dtype))  # [C_live, b * T, d_head]
+                out[r].index_add_(-2, live, change.reshape(C, b, T, -1).permute(1, 2, 0, 3).to(out.dtype))
+            return out.reshape(y.shape)
 
         return hook
 
@@ -319,13 +319,15 @@ class Replay:
         def hook(y: Tensor, hook: Any) -> Tensor:
             if self.inside:
                 return y
-            shifted = self._shift(receivers)
-            if shifted is None:
+            shift = self._shift(receivers)
+            if shift is None:
                 return y
-            norm = self.sw.norms.mlps[l]
-            x = self.x.get(f"ln2.{l}", self.x.get(f"ln1.{l}"))
-            moved = self._norm_of(norm, x.reshape(self.rep * self.b, self.T, -1), shifted[0])[:, 0]
-            return y + moved.reshape(y.shape).to(y.dtype)
+            norm = self.sw.norms.computed(self.sw.norms.mlps[l])
+            x = self.x.get(f"ln2.{l}", self.x.get(f"ln1.{l}")).reshape(self.rep, self.b, self.T, -1)
+            out = y.reshape(self.rep, self.b, self.T, -1).clone()
+            for r in range(self.rep):
+                out[r] += self._norm_of(norm, x[r], shift.of(r))[0].to(out.dtype)
+            return out.reshape(y.shape)
 
         return hook
 
@@ -333,30 +335,59 @@ class Replay:
         if self.inside:
             return None
         L = self.sw.info.n_layers
-        shifted = self._shift(self.sw.layout.sites[L]["logits"])
-        if shifted is None:
+        shift = self._shift(self.sw.layout.sites[L]["logits"])
+        if shift is None:
             return None
-        d = shifted[0][:, 0].reshape(self.rep * self.b, self.T, -1)
+        d = torch.stack([shift.of(r)[0] for r in range(self.rep)]).reshape(self.rep * self.b, self.T, -1)
         if x.shape[1] != self.T:  # the replay reads the metric's positions only
             d = self.sw.metric.read(d)
         return x + d.to(x.dtype)
 
 
-DENSE_ROWS = 4  # a dense product costs about min(C, 4) sparse entries' work per sender (measured on CPUs)
+@dataclass
+class Shift:
+    """What :meth:`Replay._shift` leaves for one site: the receivers shifted (``live``) and, per code
+    read, the ``[rep, C_live, n_up]`` weights (+-1) on the upstream senders' differences ``P``
+    (``[rep, n_up, b * T * d]``), which receivers take the code's total (``flip``) and that total."""
+
+    live: Tensor
+    terms: list[tuple[Tensor, Tensor, Tensor, Tensor | None]]
+    shape: tuple[int, int]  # (b, T)
+
+    def of(self, r: int) -> Float[Tensor, "C b T d"]:
+        """Intervention ``r``'s shift of each live receiver's input."""
+        D = None
+        for weights, P, flip, total in self.terms:
+            term = _product(weights[r], P[r])
+            if total is not None:
+                term = term + flip[r][:, None] * total[r][None]
+            D = term if D is None else D + term
+        return D.reshape(D.shape[0], *self.shape, -1)
 
 
-def _products(weights: Float[Tensor, "rep C n"], P: Float[Tensor, "rep n btd"]) -> Float[Tensor, "rep C btd"]:
-    """``weights @ P`` per intervention: sparse where that reads fewer of ``P``'s rows than the
-    dense product's cost (a small circuit's receivers, or a large one's by its complement; always
-    for one receiver), dense otherwise."""
-    rep, C, n = weights.shape
-    if weights.dtype not in (torch.float32, torch.float64) or weights.device.type != "cpu":
-        return torch.bmm(weights, P)
-    out = []
-    for w, p in zip(weights, P):
-        sparse = int(w.count_nonzero()) < n * min(C, DENSE_ROWS)
-        out.append(torch.sparse.mm(w.to_sparse_coo(), p) if sparse else w @ p)
-    return torch.stack(out)
+def _zeroed(scratch: dict, key: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A zeroed ``shape`` tensor, kept in ``scratch`` under ``key`` for the next forward to zero again
+    (each forward's differences are over a gigabyte on a real model: allocated afresh, their pages
+    cost more than the products that read them)."""
+    n = int(np.prod(shape))
+    buf = scratch.get(key)
+    if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+        scratch[key] = buf = torch.empty(n, dtype=dtype, device=device)
+    return buf[:n].view(shape).zero_()
+
+
+DENSE_ROWS = 2  # a dense product costs about min(C, 2) sparse entries' work per sender (measured on CPUs)
+
+
+def _product(w: Float[Tensor, "C n"], p: Float[Tensor, "n btd"]) -> Float[Tensor, "C btd"]:
+    """``w @ p``: sparse where that reads fewer of ``p``'s rows than the dense product's cost (a
+    small circuit's receivers, or a large one's by its complement; always for one receiver), dense
+    otherwise (and always off the CPU)."""
+    C, n = w.shape
+    if w.dtype not in (torch.float32, torch.float64) or w.device.type != "cpu":
+        return w @ p
+    sparse = int(w.count_nonzero()) < n * min(C, DENSE_ROWS)
+    return torch.sparse.mm(w.to_sparse_coo(), p) if sparse else w @ p
 
 
 __all__ = [
@@ -368,4 +399,5 @@ __all__ = [
     "Patcher",
     "Replay",
     "SenderValues",
+    "Shift",
 ]
