@@ -284,10 +284,8 @@ class Replay:
             diff = chosen.to(a.dtype).expand(self.b, *chosen.shape[1:])[None] - a
             if W_O is None:  # [rep, b, T, d]: one sender
                 P[:, sl] = diff.reshape(diff.shape[0], 1, -1).to(P.dtype)
-            else:  # each head's difference through its W_O, [head, rep, b * T * d]
-                r, h, e = diff.shape[0], diff.shape[3], diff.shape[4]
-                by = torch.bmm(diff.permute(3, 0, 1, 2, 4).reshape(h, -1, e), W_O.to(a.dtype))
-                P[:, sl] = by.reshape(h, r, -1).transpose(0, 1).to(P.dtype)
+            else:  # each head's difference through its W_O, written in place
+                _through(diff, W_O.to(P.dtype), P[:, sl])
             filled.add(sl.start)
         return P
 
@@ -363,6 +361,21 @@ class Shift:
                 term = term + flip[r][:, None] * total[r][None]
             D = term if D is None else D + term
         return D.reshape(D.shape[0], *self.shape, -1)
+
+
+def _through(
+    diff: Float[Tensor, "r b T head d_head"], W_O: Float[Tensor, "head d_head d"], into: Float[Tensor, "rep head btd"]
+) -> None:
+    """Each head's ``diff`` through its ``W_O``, written into ``into`` (one copy's, ``r == 1``, for
+    every copy). ``diff`` is first laid out head by head: ``hook_z`` can come as a transposed view,
+    on which a batched product would run several times slower."""
+    r, b, T, h, e = diff.shape
+    by_head = diff.permute(3, 0, 1, 2, 4).to(into.dtype).contiguous().reshape(h, r, b * T, e)
+    rows = into[:r]
+    for k in range(h):
+        torch.bmm(by_head[k], W_O[k].expand(r, *W_O.shape[1:]), out=rows[:, k].view(r, b * T, -1))
+    if r < into.shape[0]:
+        into[r:] = rows
 
 
 def _zeroed(scratch: dict, key: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
