@@ -523,3 +523,27 @@ def test_eap_runs_attention_fused_where_every_receiver_is_reached_and_gives_the_
     gpt2 = from_hf_model(*build("gpt2"), name="gpt2")
     r = edge_scores(gpt2, family_task(gpt2, causal=True), metric="raw-logit-diff", config=RunConfig(n_boot=50))
     assert r.meta["attention"] == "the model's own"
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_the_receivers_norm_computed_directly_is_the_bridge_norm_bit_for_bit(family):
+    """The edge replay forms each receiver's moved input itself and norms it through
+    ``ReceiverNorms.computed``: on a bridge in its native mode that is the Hugging Face module, called
+    once instead of through the bridge (which works out the statistics its hooks would see, then calls
+    it). It must give exactly what the bridge gives, on every receiver norm of every family.
+    Called directly, a bridge's LayerNorm (its own from-scratch forward) differs at rounding scale (5e-7
+    on GPT-2's here), so the equality below fails if the choice is wrong."""
+    from interp.adapters.receivers import ReceiverNorms
+
+    model = from_hf_model(*build(family), name=family)
+    graph = graph_of(model)
+    norms = ReceiverNorms.of(model, graph.shape.mlp_layers)
+    x = torch.randn(3, 5, model.cfg.d_model, generator=torch.Generator().manual_seed(0)) * 4 + 1
+    modules = [norms.heads[0], norms.final, *(norms.mlps[l] for l in graph.shape.mlp_layers[:1])]
+    with torch.no_grad():
+        for module in modules:
+            direct = norms.computed(module)
+            assert torch.equal(direct(x), module(x)), type(module).__name__
+            # the Hugging Face module where the bridge would return its output (RMS norms here); a
+            # bridge that computes the norm itself (its LayerNorms) is called as it is
+            assert (direct is not module) == module.use_native_layernorm_autograd
