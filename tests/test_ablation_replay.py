@@ -69,7 +69,7 @@ def test_the_replay_would_be_wrong_on_the_cross_block_model(cross_block):
     p = repeated_tokens(cross_block, batch=3, block_len=8, seed=0)
     metric = incontext_loss(p)
     sweeper = Sweeper(cross_block, p, metric, replay="loop")
-    sweeper._self_check()  # classifies the block arguments; its verdict is ignored here
+    sweeper.plan_calls()  # classifies the block arguments (the self-check's first part); no verdict
     sweeper.replay = "fast"
     fast = exact_sweep(cross_block, p, metric, replay="loop")  # reference
     masks = torch.zeros(4, 3, 4, dtype=torch.bool)

@@ -20,7 +20,7 @@ and for encoders the cosine similarity of the mean-pooled final hidden state to 
 On that footing:
 
 - :func:`ablated` silences heads inside a ``with`` block (notebooks); :class:`Sweeper` evaluates the
-  metric under many head sets at once;
+  metric under many head sets at once (its :class:`HeadSets` language; edge codes are the other);
 - :func:`exact_sweep` ablates every head alone. Its replay runs the clean pass once, caching the
   residual stream entering every block and how each block was called, and then, for the heads of
   layer ``l``, replays only blocks ``l .. L-1``, several ablations batched along the batch axis,
@@ -40,8 +40,9 @@ Importance is always signed so that *larger means the head matters more*: for a 
 on ablation; for a higher-is-better metric, the decrease.
 
 The package, one concern a module: :mod:`~interp.ablation.modes` (head sets, ablation modes,
-:func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.replay` (the replay and :class:`Sweeper`),
-:mod:`~interp.ablation.calls` (recorded block calls), :mod:`~interp.ablation.sweep` (exact sweeps),
+:func:`ablated`), :mod:`~interp.ablation.metrics`, :mod:`~interp.ablation.replay` (the replay and :class:`Sweeper`,
+the one executor), :mod:`~interp.ablation.head_sets` (the head sets' language), :mod:`~interp.ablation.calls`
+(recorded block calls), :mod:`~interp.ablation.sweep` (exact sweeps),
 :mod:`~interp.ablation.gradient`, :mod:`~interp.ablation.pruning` (computing curves),
 :mod:`~interp.ablation.curves` (the :class:`PruningCurves` result), :mod:`~interp.ablation.gates`
 and :mod:`~interp.ablation.settings` (names checked, run settings merged).
@@ -59,6 +60,7 @@ with the model adapters (:mod:`interp.adapters.surgery`).
 from interp.ablation.curves import PruningCurves, heads_prunable
 from interp.ablation.gates import GateSweep, largest_lambda_within, train_gates, validate_train_gates
 from interp.ablation.gradient import GATE_UNITS, gradient_importance, validate_gradient_importance
+from interp.ablation.head_sets import HeadSets
 from interp.ablation.metrics import (
     METRICS,
     Metric,
@@ -118,6 +120,7 @@ __all__ = [
     "AblationError",
     "GateSweep",
     "HeadAblation",
+    "HeadSets",
     "MeanAblation",
     "Metric",
     "MetricError",

@@ -98,3 +98,14 @@ def expand_call(call: Call, plan: Any, rep: int) -> Call:
 
     (args, kwargs), (args_plan, kw_plan) = call, plan
     return tuple(grow(list(args), args_plan)), grow(kwargs, kw_plan)
+
+
+def eps_of(x: Tensor) -> float:
+    return torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+
+
+def replay_tolerance(want: Tensor) -> tuple[float, float]:
+    """``want``'s scale, and the largest max error a replay of it may show and still reproduce it:
+    batched and unbatched matmuls round differently, so that much is allowed, more in low precision."""
+    scale = float(want.abs().max()) + 1e-6
+    return scale, max(1e-4, 16 * eps_of(want)) * scale

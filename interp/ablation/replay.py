@@ -1,11 +1,15 @@
-"""The replay: evaluate a metric under many head sets at once.
+"""The replay: one executor that evaluates a metric under many interventions at once.
 
-:class:`Sweeper` runs the clean pass once, caching the residual stream entering every block and how
-each block was called, then evaluates head sets by replaying blocks ``l .. L-1`` on the cached
-residual (``replay="fast"``), several ablations batched along the batch axis, or by one plain
-``run_with_hooks`` per head set (``replay="loop"``, the reference). :data:`REPLAYS` registers the
-choices. What touches the model's internals (hooks on its blocks, calling them, its unembedding,
-its stacked ``W_O``, the shortcuts' module surgery) is the model's adapter's
+:class:`Sweeper` runs the unpatched pass once, caching the residual stream entering every block and
+how each block was called, then evaluates interventions by replaying blocks ``l .. L-1`` on the
+cached residual (``replay="fast"``), several batched along the batch axis, or by one plain
+``run_with_hooks`` each (``replay="loop"``, the reference). :data:`REPLAYS` registers the choices.
+What an intervention is, is its :class:`Language`'s: head sets ablated by a kind
+(:class:`~interp.ablation.head_sets.HeadSets`, node patching and the ablation kinds) or edge codes
+(:class:`~interp.patching.edge_patch.EdgeCodes`: edges, paths, circuits); the minibatches, the
+replay, the loop, the rounds, the journal, the ranks and the memory check are the executor's, the
+same for both. What touches the model's internals (hooks on its blocks, calling them, its
+unembedding, its stacked ``W_O``, the shortcuts' module surgery) is the model's adapter's
 (:class:`interp.adapters.Adapter`); this module only calls it.
 """
 
@@ -14,24 +18,24 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 import interp.distributed as distributed
 import interp.memory as memory
-from interp.ablation.calls import Call, UnreplayableCall, call_plan, detach_call, expand_call
-from interp.ablation.metrics import Metric, as_metric, refuse_padded_ablation
-from interp.ablation.modes import HeadAblation, as_ablation, head_labels, head_mask
+from interp.ablation.calls import UnreplayableCall, call_plan, detach_call, expand_call, replay_tolerance
+from interp.ablation.head_sets import HeadSets
+from interp.ablation.language import Language, Units, UnpatchedBatch
+from interp.ablation.metrics import Metric, as_metric
+from interp.ablation.modes import HeadAblation
 from interp.ablation.settings import checked
 from interp.adapters import HookedModel, adapter_for, run_with_reducers
-from interp.adapters.surgery import by_head, head_outputs
 from interp.config import RunConfig
 from interp.errors import AblationError
-from interp.hooks import resid_post_hook, z_hook
+from interp.hooks import resid_post_hook
 from interp.journal import Journal
 from interp.models import describe
 from interp.probes import TokenProbe
@@ -48,44 +52,26 @@ REPLAYS.add("loop", "one plain run_with_hooks per head set: the reference")
 _TOKEN_BUDGET = {"cpu": 2048, "other": 16384}
 
 
-@dataclass
-class UnpatchedBatch:
-    """What the unpatched (unablated, or base-ablated) pass over one minibatch leaves for the replays."""
-
-    rows: Tensor
-    tokens: Tensor
-    resid: list[Tensor]  # the residual stream entering each block
-    calls: list[Call]  # how each block was called (besides the residual)
-    out: Tensor  # the metric's read-out of this pass
-    reference: Tensor  # the unablated read-out (== out without a base ablation)
-    z: list[Tensor | None] = field(default_factory=list)  # each layer's hook_z
-    attn_out: list[tuple[Tensor, int | None] | None] = field(default_factory=list)  # each attention's output
-
-
 class Sweeper:
-    """Evaluate a metric with many head sets ablated, on one probe.
+    """Evaluate a metric under many interventions at once, on one probe: the one executor of node
+    and edge interventions alike.
 
-    ``base`` heads (a mask) stay ablated throughout (used by pruning with re-estimation). With
-    ``replay="auto"`` the fast replay is used when replaying the model's blocks reproduces its
-    output, else the plain loop; ``"fast"`` insists on the former, ``"loop"`` forces the latter.
-    Masks passed to :meth:`evaluate` add to ``base``; :attr:`unpatched` is the metric per sequence with
-    only the ``base`` heads ablated (none by default). ``ablation=None``: no head ablation, for a
-    subclass that brings interventions of its own (:class:`~interp.patching.edge_patch.EdgeSweeper`'s
-    edge codes). ``chunk``: ablations batched into one forward
-    by the fast replay (default: as many as make about 2k tokens on a CPU, 16k elsewhere).
-    ``config``: its ``minibatch`` (probe sequences per forward, default all), ``seed`` (of a
-    resample ablation fitted here) and ``progress`` (progress bars). ``journal`` (an opened
-    :class:`~interp.journal.Journal`): :meth:`evaluate` records every head set it finishes there
-    and takes those already recorded from it (a resumed run).
+    ``language``: what an intervention is (:class:`Language`); by default head sets
+    (:class:`~interp.ablation.head_sets.HeadSets`) of ``ablation``'s kind over ``base`` heads,
+    which stay ablated throughout (used by pruning with re-estimation). With ``replay="auto"`` the
+    fast replay is used when replaying the model's blocks reproduces its output, else the plain
+    loop; ``"fast"`` insists on the former, ``"loop"`` forces the latter. :attr:`unpatched` is the
+    metric per sequence of the unpatched run (with only the ``base`` heads ablated, for head sets).
+    ``chunk``: interventions batched into one forward by the fast replay (default: as many as make
+    about 2k tokens on a CPU, 16k elsewhere). ``config``: its ``minibatch`` (probe sequences per
+    forward, default all), ``seed`` (of a resample ablation fitted here) and ``progress`` (progress
+    bars). ``journal`` (an opened :class:`~interp.journal.Journal`): :meth:`evaluate` records every
+    intervention it finishes there and takes those already recorded from it (a resumed run).
 
     Before any forward pass the memory the replay needs (the clean pass of every sequence is kept)
     is estimated and compared with what the device has free (:mod:`interp.memory`): over it, the
     construction refuses with one line saying what to do.
     """
-
-    units = "head set"  # what one row of :meth:`evaluate` is, in its progress and resume lines
-    shortcuts_wanted = True  # the attention shortcut's captures (a subclass that never reuses attention: False)
-    fewer = memory.FEWER  # what a refusal for memory asks for, when no smaller minibatch fits
 
     def __init__(
         self,
@@ -93,8 +79,9 @@ class Sweeper:
         probe: TokenProbe,
         metric: Metric | Callable,
         *,
-        ablation: str | HeadAblation | None = "zero",
+        ablation: str | HeadAblation = "zero",
         base: Any = None,
+        language: Language | None = None,
         replay: str = "auto",
         chunk: int | None = None,
         config: RunConfig | None = None,
@@ -106,281 +93,153 @@ class Sweeper:
         self.adapter = adapter_for(model)
         self.info = describe(model)
         self.journal = journal
+        self.language: Language = HeadSets(ablation, base) if language is None else language
         if probe.seq_len > self.info.n_ctx:
             raise AblationError(
                 f"probe of {probe.seq_len} tokens is longer than the model's context of {self.info.n_ctx}"
             )
-        refuse_padded_ablation(probe, ablation)
+        self.language.refuse(self)
         self.minibatch = config.minibatch or probe.batch
         self.chunk = chunk
-        memory.check(self.memory_estimate, self.minibatch, self.info.device, fewer=self.fewer)  # before any forward
-        self.ablation = (  # None: a subclass that brings interventions of its own (edges)
-            None
-            if ablation is None
-            else as_ablation(ablation, model, probe, seed=config.seed, minibatch=config.minibatch)
-        )
-        self.base = (
-            torch.zeros(self.info.n_layers, self.info.n_heads, dtype=torch.bool)
-            if base is None
-            else head_mask(self.info, base, allow_empty=True)
-        )
+        memory.check(self.memory_estimate, self.minibatch, self.info.device, fewer=self.language.fewer)
+        self.language.prepare(self)  # after the memory check: fitting an ablation runs forwards
         self.progress = config.progress
         self.replay = "loop" if replay == "loop" else "fast"
         self.interrupted = False
         self._plans: list[Any] = []
         self._batches = [
-            self._capture(torch.arange(s, min(s + self.minibatch, probe.batch)))
+            self.language.capture(self, torch.arange(s, min(s + self.minibatch, probe.batch)))
             for s in range(0, probe.batch, self.minibatch)
         ]
         self.unpatched = torch.cat([self.metric(b.out, b.tokens, b.reference, b.rows) for b in self._batches])
-        # exact shortcuts (interp.adapters.surgery), if the self-check agrees
-        self._trim = self.replay == "fast" and self._can_trim()
-        # the attention shortcut adds each head's change through W_O: for a kind that replaces hook_z
-        self._reuse = self.replay == "fast" and getattr(self.ablation, "site", None) == "z" and self._can_reuse()
-        self._head_cache: tuple[Any, int, Any] = (None, -1, None)
         if self.replay == "fast":
-            why = self._self_check()
-            if why is not None and self._reuse:  # without the shortcuts, one at a time, before giving up
-                self._reuse = False
-                why = self._self_check()
-            if why is not None and self._trim:
-                self._trim = False
-                why = self._self_check()
+            why = self.language.settle(self)
             if why is not None:
                 if replay == "fast":
                     raise AblationError(f"the fast replay cannot run this model: {why}")
                 warnings.warn(f"falling back to the run_with_hooks loop: {why}", stacklevel=2)
                 self.replay = "loop"
-                for b in self._batches:  # the loop needs none of the shortcuts' captures
-                    b.z, b.attn_out = [], []
+                self.language.to_loop(self)
+        self.language.verify(self)
 
-    # ---- capture and replay -------------------------------------------------------------------
+    @property
+    def units(self) -> str:
+        return self.language.units
 
-    def _record(self, tokens: Tensor, mask: Tensor | None, rows: Tensor) -> tuple[Tensor, list, list, list, list]:
-        """A plain forward with ``mask`` ablated: its read-out, and each block's residual and call,
-        ``hook_z`` (after the ablation) and attention output."""
-        L, H = self.info.n_layers, self.info.n_heads
-        zs: list[Any] = [None] * L
-        shortcuts = self.replay == "fast" and self.shortcuts_wanted  # what the attention shortcut needs
+    @property
+    def ablation(self) -> HeadAblation | None:
+        """The head sets' ablation kind (``None`` for a language without one)."""
+        return getattr(self.language, "ablation", None)
 
-        def keep_z(layer: int) -> Callable:
-            def hook(z: Tensor, hook: Any) -> None:
-                zs[layer] = by_head(z.detach(), H)
+    @property
+    def base(self) -> Tensor | None:
+        """The head sets' base heads, ablated throughout (``None`` for a language without them)."""
+        return getattr(self.language, "base", None)
 
-            return hook
+    # ---- the unpatched pass, a plain run, the replay --------------------------------------------
 
-        layers = self.info.attention_layers
-        extra = [(z_hook(l), keep_z(l)) for l in layers] if shortcuts and self.adapter.block_count() == L else []
-        with self.adapter.record_blocks(L, keep_attention=shortcuts, detach_call=detach_call) as (calls, attn_out):
-            out = self._run(tokens, mask, rows, extra)
-        return out, [c and c[0] for c in calls], [c and c[1] for c in calls], zs, attn_out
-
-    def _capture(self, rows: Tensor) -> UnpatchedBatch:
+    def unpatched_pass(self, rows: Tensor, hooks: list, extra: list, *, keep_attention: bool = False) -> UnpatchedBatch:
+        """A plain forward of the probe's ``rows`` under ``hooks`` (and ``extra``, which only read):
+        its read-out, and each block's residual, call and (``keep_attention``) attention output;
+        ``reference`` is the read-out without ``hooks``."""
         tokens = self.probe.tokens[rows.to(self.probe.tokens.device)]
-        out, resid, calls, zs, attn_out = self._record(tokens, self.base, rows)
-        reference = out if not bool(self.base.any()) else self._run(tokens, None, rows)
-        return UnpatchedBatch(rows, tokens, resid, calls, out, reference, zs, attn_out)
+        L = self.info.n_layers
+        with self.adapter.record_blocks(L, keep_attention=keep_attention, detach_call=detach_call) as (calls, attn):
+            out = self.run(tokens, rows, hooks + extra)
+        resid, kept = [c and c[0] for c in calls], [c and c[1] for c in calls]
+        reference = self.run(tokens, rows, []) if hooks else out
+        return UnpatchedBatch(rows, tokens, resid, kept, out, reference, [], attn)
 
-    def _run(self, tokens: Tensor, mask: Tensor | None, rows: Tensor, extra: list | None = None) -> Tensor:
-        """One plain forward with ``mask``'s heads ablated (then ``extra`` hooks); the metric's read-out."""
-        hooks = [] if mask is None or self.ablation is None else self.ablation.hooks(mask, rows)
+    def run(self, tokens: Tensor, rows: Tensor, hooks: list) -> Tensor:
+        """One plain forward of ``tokens`` (the probe's ``rows``, padded as the probe is) under ``hooks``;
+        the metric's read-out."""
         padding = (
             None
             if self.probe.attention_mask is None
             else self.probe.attention_mask[rows.to(self.probe.attention_mask.device)]
         )
-        return read_out(
-            self.model, tokens, self.metric, hooks + (extra or []), self.info.n_layers, attention_mask=padding
-        )
+        return read_out(self.model, tokens, self.metric, hooks, self.info.n_layers, attention_mask=padding)
 
-    def _replay(self, batch: UnpatchedBatch, start: int, masks: Bool[Tensor, "rep layer head *pos"]) -> Tensor:
-        """Blocks ``start .. L-1`` on the cached residual, ``rep`` ablations batched; the read-out."""
-        rep, model, L, adapter = masks.shape[0], self.model, self.info.n_layers, self.adapter
-        hidden = batch.resid[start].repeat(rep, 1, 1)
-        reuse = self._reuse and batch.attn_out[start] is not None and batch.z[start] is not None
-        hooks = [
-            (self.ablation.hook_name(l), self.ablation.layer_hook(l, masks[:, l], batch.rows))
-            for l in range(start + 1 if reuse else start, L)
-            if bool(masks[:, l].any())
-        ]
+    def replayed(self, batch: UnpatchedBatch, start: int, group: Any) -> Tensor:
+        """Blocks ``start .. L-1`` on the cached residual under ``group`` (``rep`` interventions
+        batched, the language's hooks installed; it may move the start); the read-out."""
+        rep, L, adapter = len(group), self.info.n_layers, self.adapter
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
-            stack.enter_context(model.hooks(fwd_hooks=hooks))
-            if reuse:
-                clean, n_out = batch.attn_out[start]
-                extra = masks[:, start] & ~_along(self.base, masks)[start]
-                stack.enter_context(adapter.reuse_attention(start, clean, n_out, self._per_head(batch, start), extra))
-            if self._trim:
-                T = hidden.shape[1]
-                keep = torch.tensor(sorted({p % T for p in self.metric.positions}))
-                stack.enter_context(adapter.trim_mlp(L - 1, keep, T))
+            start = self.language.install(self, stack, batch, start, group)
+            hidden = batch.resid[start].repeat(rep, 1, 1)
             calls = [expand_call(batch.calls[l], self._plans[l], rep) for l in range(start, L)]
             picked = self.metric.read(adapter.run_blocks(hidden, start, calls))
             if self.metric.reads == "logits":
                 picked = adapter.unembed(picked)
         return picked
 
-    def _per_head(self, batch: UnpatchedBatch, layer: int) -> Tensor:
-        """Each head's change of ``layer``'s attention output on ablation (kept for the last batch and layer)."""
-        cached_batch, cached_layer, _ = self._head_cache
-        if cached_batch is not batch or cached_layer != layer:
-            r = self.ablation.replacement(layer, batch.rows)
-            z = batch.z[layer]
-            W_O = self.adapter.stacked_W_O()[layer].detach().to(device=z.device)
-            self._head_cache = (batch, layer, head_outputs(z, r.to(device=z.device, dtype=z.dtype), W_O))
-        return self._head_cache[2]
-
-    def _can_reuse(self) -> bool:
-        """Are the stacked ``W_O`` weights readable (not offloaded to the meta device or disk)?"""
-        W_O = self.adapter.stacked_W_O()
-        shape = (self.info.n_layers, self.info.n_heads)
-        return isinstance(W_O, Tensor) and W_O.ndim == 4 and tuple(W_O.shape[:2]) == shape and W_O.device.type != "meta"
-
-    def _can_trim(self) -> bool:
-        positions, T = self.metric.positions, self.probe.seq_len
-        last = self.info.n_layers - 1
-        return positions is not None and self.adapter.can_trim_mlp(last) and len({p % T for p in positions}) < T
-
-    def _self_check(self) -> str | None:
-        """Can replaying this model's blocks stand in for running it? ``None`` if so, else why not.
-
-        On two probe sequences: every block argument is classified by recording the calls again for
-        three; the replay from block 0 must give the model's own output (two batched copies); and
-        replays *under ablation* -- every head of the lowest and the highest layer together, one head
-        of the lowest layer alone (batched with it), every head of the highest layer alone -- must
-        give what a plain ``run_with_hooks`` with the same heads ablated gives. That error is
-        measured against the ablation's own effect on the output, so it means the same in fp32 and in
-        bf16: a model whose blocks take inputs computed by earlier blocks (which the replay would
-        take from the clean pass) fails it.
-        """
-        check, why = self._plan_calls()
-        if why is not None:
-            return why
-        try:
-            got = self._replay(check, 0, self.base[None].expand(2, -1, -1))
-        except Exception as e:  # an architecture whose blocks need more than the recorded call
-            return f"replaying its blocks failed ({type(e).__name__}: {e})"
-        want = check.out.repeat(2, *[1] * (check.out.ndim - 1))
-        if got.shape != want.shape:
-            return f"replayed output has shape {list(got.shape)}, the model's {list(want.shape)}"
-        scale, bound = _rounding(want)
-        noise = float((got - want).abs().max())
-        if noise > bound:
-            return f"replaying its blocks does not reproduce its output (max error {noise:.2e} of {scale:.2e})"
-        rtol = 1e-3 if _eps(want) <= torch.finfo(torch.float32).eps else 0.05
-        for start, masks in self._check_masks():
-            try:
-                got = self._replay(check, start, masks).chunk(masks.shape[0])
-            except Exception as e:
-                return f"replaying its blocks under ablation failed ({type(e).__name__}: {e})"
-            for mask, replayed in zip(masks, got):
-                want = self._run(check.tokens, mask, check.rows)
-                effect = float((want - check.out).abs().max())
-                err = float((replayed - want).abs().max())
-                if err > rtol * effect + 2 * noise + 1e-6 * scale:
-                    heads = ", ".join(head_labels(mask & ~self.base))
-                    return (
-                        f"replaying its blocks under {self.ablation.kind} ablation of {heads} does not reproduce "
-                        f"a plain run (max error {err:.2e}, the ablation's effect {effect:.2e}): its blocks may "
-                        "take inputs computed by earlier blocks, which the replay takes from the clean pass"
-                    )
-        return None
-
-    def _plan_calls(self) -> tuple[UnpatchedBatch | None, str | None]:
-        """The first part of the self-check, which every replay needs: two probe sequences captured,
-        and how each block argument is expanded for ``rep`` copies (:attr:`_plans`), read off the
-        calls recorded for three; the capture, and why the blocks cannot be replayed (``None``: they can)."""
+    def plan_calls(self) -> tuple[UnpatchedBatch | None, str | None]:
+        """The first part of every self-check: two probe sequences captured, and how each block
+        argument is expanded for ``rep`` copies (:attr:`_plans`), read off the calls recorded for
+        three; the capture, and why the blocks cannot be replayed (``None``: they can)."""
         if self.adapter.block_count() is None:
             return None, "the model has no `blocks` to replay"
         if self.metric.reads == "logits" and not self.adapter.can_unembed():
             return None, "the model has no ln_final/unembed to read logits with"
         B = self.probe.batch
-        check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
+        check = self.language.capture(self, torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
         if any(r is None for r in check.resid):
             return check, "the model does not call its `blocks` one after another"
-        wider = torch.tensor([0, 1, 0]) if B >= 2 else torch.tensor([0, 0, 0])
-        _, _, calls3, _, _ = self._record(self.probe.tokens[wider.to(self.probe.tokens.device)], self.base, wider)
+        wider = self.unpatched_pass(torch.tensor([0, 1, 0]) if B >= 2 else torch.tensor([0, 0, 0]), [], [])
         try:
-            self._plans = [call_plan(calls3[l], check.calls[l], 3, 2) for l in range(self.info.n_layers)]
+            self._plans = [call_plan(wider.calls[l], check.calls[l], 3, 2) for l in range(self.info.n_layers)]
         except UnreplayableCall as e:
             return check, f"a block argument cannot be replayed: {e}"
         return check, None
 
-    def _check_masks(self) -> list[tuple[int, Bool[Tensor, "rep layer head"]]]:
-        """Head sets for the self-check, grouped by the block their replay starts at."""
-        free = ~self.base
-        free[list(self.info.absent_layers)] = False  # layers without attention have no heads to ablate
-        layers = free.any(-1).nonzero().squeeze(-1).tolist()
-        if not layers:
-            return []
-        lo, hi = layers[0], layers[-1]
-        both, one, top = self.base.clone(), self.base.clone(), self.base.clone()
-        both[lo] |= free[lo]
-        both[hi] |= free[hi]
-        one[lo, int(free[lo].nonzero()[0])] = True
-        top[hi] |= free[hi]
-        groups = [(lo, torch.stack([both, one]))]
-        if hi != lo:
-            groups.append((hi, top[None]))
-        return groups
-
     # ---- evaluation ---------------------------------------------------------------------------
 
     def evaluate(
-        self, masks: Any, *, desc: str = "ablating heads", scope: str | None = None, named: str | None = None
+        self, interventions: Any, *, desc: str = "ablating heads", scope: str | None = None, named: str | None = None
     ) -> Float[Tensor, "n batch"]:
-        """The metric per sequence under each head set in ``masks`` (``[n, layer, head]``, added to base).
-
-        ``masks`` may have a position axis, ``[n, layer, head, pos]`` (``pos`` the probe's length): each
-        head is then ablated at the positions marked only (activation patching per position).
+        """The metric per sequence under each intervention: for head sets, ``[n, layer, head]`` masks
+        (added to base), or ``[n, layer, head, pos]`` (``pos`` the probe's length) to ablate each
+        head at the positions marked only (activation patching per position); for another
+        language, its :class:`Units`.
 
         On Ctrl-C the evaluation stops, :attr:`interrupted` is set, and the rows not reached are NaN.
 
-        With a :attr:`journal`, each head set is a unit keyed ``(scope, base heads, its heads)``
-        (``scope`` defaults to ``desc``: give each evaluation its own; ``named``: the words a
-        resume's line names it by, ``"exact patching (z, denoise, by head)"``, default ``the <scope>``), recorded with its
-        values as soon as its batched forward is done; head sets already recorded are filled in from
-        the journal and not evaluated again. The head sets are cut into batched forwards exactly as
-        an uninterrupted run cuts them (a forward whose sets are all recorded is skipped, one with
-        any set missing is evaluated whole), so every value is computed by the same forward in both
-        runs: bit for bit the same.
+        With a :attr:`journal`, each intervention is a unit keyed ``(scope, *its key)`` (for a head
+        set: its base heads and its heads; ``scope`` defaults to ``desc``: give each evaluation its
+        own; ``named``: the words a resume's line names it by, ``"exact patching (z, denoise, by
+        head)"``, default ``the <scope>``), recorded with its values as soon as its batched forward
+        is done; those already recorded are filled in from the journal and not evaluated again.
+        The interventions are cut into batched forwards exactly as an uninterrupted run cuts them
+        (a forward whose units are all recorded is skipped, one with any missing is evaluated
+        whole), so every value is computed by the same forward in both runs: bit for bit the same.
 
-        Under ``torchrun`` each rank evaluates its share (every ``world``-th head set) one batched
-        forward per round; each round's results are gathered on every rank and rank 0 records
-        them, so the ranks never race on the journal (and what rank 0 found there at the start is
-        shared with the others first).
+        Under ``torchrun`` each rank evaluates its share (every ``world``-th intervention) one
+        batched forward per round; each round's results are gathered on every rank and rank 0
+        records them, so the ranks never race on the journal (and what rank 0 found there at the
+        start is shared with the others first).
         """
-        masks = torch.as_tensor(masks, dtype=torch.bool)
-        L, H, T = self.info.n_layers, self.info.n_heads, self.probe.seq_len
-        if tuple(masks.shape[1:]) not in ((L, H), (L, H, T)):
-            raise AblationError(
-                f"masks must have shape [n, {L}, {H}] (or [n, {L}, {H}, {T}] per position), got {list(masks.shape)}"
-            )
-        result = torch.full((masks.shape[0], self.probe.batch), float("nan"))
-        base = _along(self.base, masks)
-        extra = masks & ~base
-        todo = []  # (the first layer a head set touches, its index), in the order they are evaluated
-        for i in range(masks.shape[0]):
-            if not bool(extra[i].any()):
+        units = self.language.units_of(self, interventions)
+        result = torch.full((len(units), self.probe.batch), float("nan"))
+        L = self.info.n_layers
+        todo = []  # (the first block an intervention reaches, its index), in the order they are evaluated
+        for i in range(len(units)):
+            start = units.start(i)
+            if start > L:  # nothing changed
                 result[i] = self.unpatched
             else:
-                todo.append((int(extra[i].flatten(1).any(-1).nonzero()[0]), i))
+                todo.append((start, i))
         todo.sort()
         keys: dict[int, Any] = {}
         done: set[int] = set()
         if self.journal is not None and todo:
-            keys = self._journal_keys(todo, extra, scope or desc)
+            keys = {i: (scope or desc, *units.key(i)) for _, i in todo}
             done = self._from_journal(keys, result, named or f"the {scope or desc}")
-        self.interrupted = self._rounds(todo, done, masks | base, result, keys, desc)
+        self.interrupted = self._rounds(todo, done, units, result, keys, desc)
         return result
 
-    def _journal_keys(self, todo: list[tuple[int, int]], extra: Tensor, where: str) -> dict[int, Any]:
-        """Each head set's unit in the journal: ``(scope, base heads, its heads)``."""
-        base = tuple(tuple(p) for p in self.base.nonzero().tolist())
-        return {i: (where, base, tuple(tuple(p) for p in extra[i].nonzero().tolist())) for _, i in todo}
-
     def _from_journal(self, keys: dict[int, Any], result: Tensor, named: str) -> set[int]:
-        """The head sets the journal holds, filled into ``result``; said on the resume line."""
+        """The interventions the journal holds, filled into ``result``; said on the resume line."""
         found = distributed.from_main(self.journal.done, "reading the journal")
         done = set()
         for i, key in keys.items():
@@ -394,7 +253,7 @@ class Sweeper:
         self,
         todo: list[tuple[int, int]],
         done: set[int],
-        effective: Tensor,
+        units: Units,
         result: Tensor,
         keys: dict[int, Any],
         desc: str,
@@ -421,7 +280,7 @@ class Sweeper:
                 return None, False
             start, idx = mine[k]
             try:
-                return (idx, self._evaluate_group(start, effective[idx])), False
+                return (idx, self._evaluate_group(start, units[idx])), False
             except KeyboardInterrupt:
                 return None, True
 
@@ -462,9 +321,7 @@ class Sweeper:
     @property
     def shortcuts(self) -> list[str]:
         """The exact shortcuts the fast replay takes on this model (see :mod:`interp.adapters.surgery`)."""
-        if self.replay != "fast":
-            return []
-        return [name for name, on in (("reused_attention", self._reuse), ("trimmed_mlp", self._trim)) if on]
+        return list(self.language.shortcuts) if self.replay == "fast" else []
 
     @property
     def batches(self) -> tuple[UnpatchedBatch, ...]:
@@ -478,7 +335,8 @@ class Sweeper:
         chunk = self.chunk or self._default_chunk(mb)
         n_read = memory.positions_read(self.metric, self.info, self.probe.seq_len)
         shape = memory.Shape.of(self.model, self.info)
-        return memory.sweep_estimate(shape, self.probe.batch, self.probe.seq_len, mb, chunk, n_read)
+        base = memory.sweep_estimate(shape, self.probe.batch, self.probe.seq_len, mb, chunk, n_read)
+        return self.language.memory(self, base, minibatch)
 
     def _default_chunk(self, minibatch: int) -> int:
         budget = _TOKEN_BUDGET["cpu" if self.info.device.type == "cpu" else "other"]
@@ -502,22 +360,17 @@ class Sweeper:
                 groups.append((start, [i]))
         return groups
 
-    def _evaluate_group(self, start: int, masks: Bool[Tensor, "rep layer head *pos"]) -> Tensor:
-        rep = masks.shape[0]
+    def _evaluate_group(self, start: int, group: Any) -> Tensor:
+        rep = len(group)
         values = torch.empty(rep, self.probe.batch)
         for batch in self._batches:
             if self.replay == "loop":
-                outs = [self._run(batch.tokens, masks[0], batch.rows)]
+                out = self.language.plain(self, batch, group)
             else:
-                outs = self._replay(batch, start, masks).chunk(rep)
-            for r, out in enumerate(outs):
-                values[r, batch.rows] = self.metric(out, batch.tokens, batch.reference, batch.rows).cpu()
+                out = self.replayed(batch, start, group)
+            for r, o in enumerate(out.chunk(rep)):
+                values[r, batch.rows] = self.metric(o, batch.tokens, batch.reference, batch.rows).cpu()
         return values
-
-
-def _along(base: Bool[Tensor, "layer head"], masks: Tensor) -> Tensor:
-    """``base`` with a position axis when ``masks`` has one (a base head is ablated everywhere)."""
-    return base[..., None] if masks.ndim == 4 else base
 
 
 def read_out(
@@ -568,15 +421,4 @@ def unembeds_read_positions(model: HookedModel, tokens: Tensor, metric: Metric, 
             return False
     if got.shape != want.shape:
         return False
-    return float((got - want).abs().max()) <= _rounding(want)[1]
-
-
-def _eps(x: Tensor) -> float:
-    return torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
-
-
-def _rounding(want: Tensor) -> tuple[float, float]:
-    """``want``'s scale, and the largest max error a replay of it may show and still reproduce it:
-    batched and unbatched matmuls round differently, so that much is allowed, more in low precision."""
-    scale = float(want.abs().max()) + 1e-6
-    return scale, max(1e-4, 16 * _eps(want)) * scale
+    return float((got - want).abs().max()) <= replay_tolerance(want)[1]

@@ -15,12 +15,13 @@ outside it; Wang et al.'s path from a sender to a receiver is ``SOURCE`` on the 
 the receiver and the MLPs between, ``OWN`` everywhere else below the receiver's layer (every other head
 frozen), so one run stands for their two.
 
-:class:`EdgeSweeper` evaluates many interventions as rows of the ablation sweep's batched replay
-(:class:`~interp.ablation.replay.Sweeper`): blocks from the lowest layer an intervention reaches up,
-``rep`` interventions batched, journaled, split over ``torchrun`` ranks, with its own self-check:
-before any work the replay and a plain forward must give the model's own output with nothing
-patched, the source's output with every edge patched (the run then reads the source alone), and the
-same output as each other with one edge patched; a model where they differ is refused.
+:class:`EdgeCodes` is the language the executor (:class:`~interp.ablation.replay.Sweeper`, the one
+that runs head sets too) speaks for them, and :class:`EdgeSweeper` that executor speaking it: blocks
+from the lowest layer an intervention reaches up, ``rep`` interventions batched, journaled, split
+over ``torchrun`` ranks, with the language's own self-check: before any work the replay and a plain
+forward must give the model's own output with nothing patched, the source's output with every edge
+patched (the run then reads the source alone), and the same output as each other with one edge
+patched; a model where they differ is refused.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from contextlib import ExitStack
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int8
+from jaxtyping import Int8
 from torch import Tensor
 
 from interp import memory
-from interp.ablation.calls import expand_call
+from interp.ablation.calls import replay_tolerance
+from interp.ablation.language import Executor, UnpatchedBatch
 from interp.ablation.modes import derangement
-from interp.ablation.replay import Sweeper, UnpatchedBatch, _rounding, read_out
+from interp.ablation.replay import Sweeper, read_out
 from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.weights import read_head_weights
 from interp.errors import UsageError
@@ -69,9 +71,10 @@ SOURCES.add(
 )
 
 
-class Units:
-    """The interventions :meth:`EdgeSweeper.evaluate` runs: how many, each one's codes (built when
-    its batched forward comes, never all at once), the lowest layer it reaches and its journal key."""
+class CodedUnits:
+    """Interventions given as edge codes (the executor's :class:`~interp.ablation.replay.Units`):
+    how many, each one's codes (built when its batched forward comes, never all at once), the
+    lowest layer it reaches and its label in the journal."""
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -82,14 +85,17 @@ class Units:
     def start(self, i: int) -> int:
         raise NotImplementedError
 
-    def key(self, i: int) -> Any:
+    def label(self, i: int) -> str:
         raise NotImplementedError
 
-    def __getitem__(self, index: Sequence[int]) -> Tensor:  # what the sweep's rounds index
+    def key(self, i: int) -> tuple:
+        return (self.label(i),)
+
+    def __getitem__(self, index: Sequence[int]) -> Tensor:  # what a batched forward's hooks read
         return self.codes(list(index))
 
 
-class CodeUnits(Units):
+class CodeUnits(CodedUnits):
     """Interventions given as a ``[n, sender, receiver]`` code tensor (keys: a digest of each one's codes)."""
 
     def __init__(self, graph: Graph, codes: Int8[Tensor, "n sender receiver"]):
@@ -108,13 +114,13 @@ class CodeUnits(Units):
     def start(self, i: int) -> int:
         return int(self.starts[i])
 
-    def key(self, i: int) -> Any:
+    def label(self, i: int) -> str:
         nz = self.all[i].nonzero()
         blob = torch.cat([nz, self.all[i][nz[:, 0], nz[:, 1]][:, None].long()], 1).numpy().tobytes()
         return hashlib.sha1(blob).hexdigest()
 
 
-class EdgeUnits(Units):
+class EdgeUnits(CodedUnits):
     """Single edges, each patched alone (``SOURCE`` on that edge only), keyed by the edge's name."""
 
     def __init__(self, graph: Graph, edges: Sequence[tuple[int, int]]):
@@ -133,35 +139,25 @@ class EdgeUnits(Units):
     def start(self, i: int) -> int:
         return self.graph.receivers[self.edges[i][1]].layer
 
-    def key(self, i: int) -> Any:
+    def label(self, i: int) -> str:
         s, r = self.edges[i]
         return f"{self.graph.senders[s].name}->{self.graph.receivers[r].name}"
 
 
-class EdgeSweeper(Sweeper):
-    """Evaluate the metric under many edge interventions at once, on a task's pairs (``run``).
-
+class EdgeCodes:
+    """The edge-code language of the executor (:class:`~interp.ablation.replay.Sweeper`): each
+    intervention a code per (sender, receiver) of ``graph``, on a task's pairs (``run``);
     ``source``: what a ``SOURCE`` code reads (:data:`SOURCES`); ``what``: the work's name in its
-    messages (a refusal for memory says it). ``replay``, ``chunk`` and ``journal``
-    as for :class:`~interp.ablation.replay.Sweeper`; its unpatched pass is the run's own prompts. A model
-    whose patched runs cannot be reproduced (see the module docstring) is refused before any work:
-    with ``replay="auto"`` the plain forward stands in where only the replay fails."""
+    messages (a refusal for memory says it). Its unpatched pass is the run's own prompts, with every
+    sender's output kept on them and on the source; a model whose patched runs cannot be
+    reproduced (see the module docstring) is refused before any work. It is also what the edge
+    replay reads (:class:`~interp.patching.edge_replay.Patcher`)."""
 
     units = "intervention"
-    shortcuts_wanted = False
     fewer = FEWER_PAIRS
+    shortcuts: list[str] = []  # the head sets' shortcuts reuse a head's attention: never here
 
-    def __init__(
-        self,
-        run: Setup,
-        graph: Graph,
-        *,
-        source: str = "patch",
-        what: str = "edge patching",
-        replay: str = "auto",
-        chunk: int | None = None,
-        journal: Journal | None = None,
-    ):
+    def __init__(self, run: Setup, graph: Graph, *, source: str = "patch", what: str = "edge patching"):
         SOURCES.check(source)
         if run.metric.reads != "logits":
             raise UsageError(
@@ -169,34 +165,56 @@ class EdgeSweeper(Sweeper):
                 "hidden state: use a task metric (metric=)"
             )
         self.run, self.graph, self.source, self.what = run, graph, source, what
-        info = run.info
-        w = read_head_weights(run.model, info, "edge patching")
+        self.model, self.info, self.metric = run.model, run.info, run.metric
+        w = read_head_weights(run.model, run.info, "edge patching")
         dtype = next(iter(run.model.parameters())).dtype
         g = graph.shape.group
         self.W = {"q": w.W_Q.to(dtype), "k": w.W_K[:, ::g].to(dtype), "v": w.W_V[:, ::g].to(dtype)}
-        self.posts = post_norms(run.model, info.n_layers)  # a post-norm's gain folded into W_O
+        self.posts = post_norms(run.model, run.info.n_layers)  # a post-norm's gain folded into W_O
         self.W_O = fold(run.model, w.W_O.to(dtype), run.probe.tokens[:2], self.posts)  # [layer, head, d_head, d_model]
         self.layout = Layout(graph)
         self.norms = ReceiverNorms.of(run.model, graph.shape.mlp_layers)
-        self._mean: SenderValues | None = None
         self.scratch: dict[Any, Tensor] = {}  # the replay's buffers, reused forward after forward
         self.donors = _donors(run, source)
-        super().__init__(
-            run.model,
-            run.probe,
-            run.metric,
-            ablation=None,  # its interventions are edge codes, not a head ablation
-            replay=replay,
-            chunk=chunk,
-            config=run.config,
-            journal=journal,
-        )
-        self._reproduces()
+        self._mean: SenderValues | None = None
+        self.sweeper: Executor | None = None  # the executor it is bound to (the mean source reads its batches)
+
+    # ---- the language's part of the executor's construction ------------------------------------
+
+    def refuse(self, sw: Executor) -> None:
+        """Refused in the constructor already (a metric that does not read the logits)."""
+
+    def prepare(self, sw: Executor) -> None:
+        """Bound to its executor (every weight was read in the constructor)."""
+        self.sweeper = sw
+
+    def memory(self, sw: Executor, base: memory.Estimate, minibatch: int | None) -> memory.Estimate:
+        """The replay's estimate, plus every sender's output on both prompts kept for every pair and,
+        per batched forward, every sender's projected difference and their running total for each
+        of the two codes (:meth:`Replay._fill`, :meth:`Replay._total`) and the shifted inputs of
+        the widest layer's receivers, one intervention's at a time (:meth:`Replay._norm_of`)."""
+        info, T = sw.info, sw.probe.seq_len
+        item = memory.Shape.of(sw.model, info).itemsize
+        senders = 2 * (info.d_model * (1 + info.n_layers) + info.n_layers * info.n_heads * info.d_head)
+        g = self.graph
+        widest = max(len(g.receivers_of(l)) for l in range(g.shape.n_layers + 1))
+        b = min(minibatch or sw.minibatch, sw.probe.batch)
+        kept = base.kept + item * sw.probe.batch * T * senders
+        per_forward = base.per_forward + item * b * T * info.d_model * (3 * widest + 2)
+        per_forward += item * sw.chunk_size * b * T * info.d_model * 2 * (len(g.senders) + 1)  # + each code's total
+        kept_is = "the unpatched pass and every sender's output on both prompts, kept"
+        return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
+
+    def units_of(self, sw: Executor, units: CodedUnits) -> CodedUnits:
+        return units
+
+    def to_loop(self, sw: Executor) -> None:
+        """The loop keeps every capture: its plain forwards read the senders' outputs too."""
 
     # ---- what the interventions read --------------------------------------------------------
 
-    def _capture(self, rows: Tensor) -> EdgeBatch:
-        batch = super()._capture(rows)
+    def capture(self, sw: Executor, rows: Tensor) -> EdgeBatch:
+        batch = sw.unpatched_pass(rows, [], [])
         fields = {f: getattr(batch, f) for f in UnpatchedBatch.__dataclass_fields__}
         return EdgeBatch(**fields, own=self._senders(batch.tokens), source=self._senders(self._donor(rows)))
 
@@ -236,47 +254,26 @@ class EdgeSweeper(Sweeper):
                 {l: torch.zeros_like(m[:1]) for l, m in own.mlp.items()},
             )
         if self._mean is None:
-            batches = self._batches
+            batches = self.sweeper.batches
             self._mean = SenderValues.mean([b.source for b in batches], [len(b.rows) for b in batches])
         return self._mean
 
-    def _can_reuse(self) -> bool:
-        return False
-
-    def _can_trim(self) -> bool:
-        return False
-
     # ---- the replay and the plain forward under an intervention ----------------------------
 
-    def _replay(self, batch: EdgeBatch, start: int, codes: Int8[Tensor, "rep sender receiver"]) -> Tensor:
-        rep, L, adapter = codes.shape[0], self.info.n_layers, self.adapter
-        start = min(start, L - 1)  # the logits alone: the last block is replayed
-        hidden = batch.resid[start].repeat(rep, 1, 1)
-        state = Replay(self, batch, codes, start)
-        with ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            state.install(stack)
-            calls = [expand_call(batch.calls[l], self._plans[l], rep) for l in range(start, L)]
-            picked = self.metric.read(adapter.run_blocks(hidden, start, calls))
-            return adapter.unembed(picked)
+    def install(self, sw: Executor, stack: ExitStack, batch: EdgeBatch, start: int, codes: Tensor) -> int:
+        """The edge replay's hooks (:class:`~interp.patching.edge_replay.Replay`) from block ``start``
+        (the last block where only the logits are reached)."""
+        start = min(start, self.info.n_layers - 1)
+        Replay(self, batch, codes, start).install(stack)
+        return start
 
-    def _plain(self, batch: EdgeBatch, codes: Int8[Tensor, "rep sender receiver"]) -> Tensor:
+    def plain(self, sw: Executor, batch: EdgeBatch, codes: Int8[Tensor, "rep sender receiver"]) -> Tensor:
         """The reference: one plain forward of ``rep`` copies of the minibatch under ``codes``."""
         rep = codes.shape[0]
-        state = Replay(self, batch, codes, 0)
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
-            state.install(stack)
+            Replay(self, batch, codes, 0).install(stack)
             return read_out(self.model, batch.tokens.repeat(rep, 1), self.metric, [], self.info.n_layers)
-
-    def _evaluate_group(self, start: int, codes: Tensor) -> Tensor:
-        rep = codes.shape[0]
-        values = torch.empty(rep, self.probe.batch)
-        for batch in self._batches:
-            out = self._plain(batch, codes) if self.replay == "loop" else self._replay(batch, start, codes)
-            for r, o in enumerate(out.chunk(rep)):
-                values[r, batch.rows] = self.metric(o, batch.tokens, batch.reference, batch.rows).cpu()
-        return values
 
     def _probe_codes(self) -> Tensor:
         """Three interventions for the checks: nothing patched, every edge patched, and the input's
@@ -288,14 +285,14 @@ class EdgeSweeper(Sweeper):
         one[0, 0, (g.receivers_of(g.shape.n_layers - 1) or g.receivers_of(g.shape.n_layers))[0]] = SOURCE
         return torch.cat([none, every, one])
 
-    def _reproduces(self) -> None:
+    def verify(self, sw: Executor) -> None:
         """Refuse, before any work, a model whose plain forward under the codes does not give its own
         output with nothing patched and the source's with every edge patched."""
-        B = self.probe.batch
-        check = self._capture(torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
-        got = self._plain(check, self._probe_codes()[:2]).chunk(2)
+        B = sw.probe.batch
+        check = self.capture(sw, torch.tensor([0, 1]) if B >= 2 else torch.tensor([0, 0]))
+        got = self.plain(sw, check, self._probe_codes()[:2]).chunk(2)
         own, source = check.out, self._plain_source(check)
-        scale, bound = _rounding(torch.stack([own, source]))
+        scale, bound = replay_tolerance(torch.stack([own, source]))
         for value, want, what, run in (
             (got[0], own, "nothing", "its own"),
             (got[1], source, "every edge", "the source's"),
@@ -307,20 +304,20 @@ class EdgeSweeper(Sweeper):
                     f"{run} output, off by {err:.2e} (of {scale:.2e}); its receivers may read inputs the graph does not name"
                 )
 
-    def _self_check(self) -> str | None:
+    def settle(self, sw: Executor) -> str | None:
         """Can the replay stand in for a plain forward under interventions? Replayed from block 0,
         the three of :meth:`_probe_codes` must give what plain forwards give, and the last (the last
         layer's edge) too, replayed from its own layer."""
-        check, why = self._plan_calls()
+        check, why = sw.plan_calls()
         if why is not None:
             return why
         codes = self._probe_codes()
-        plain = self._plain(check, codes).chunk(3)
-        _, bound = _rounding(torch.stack(plain))
+        plain = self.plain(sw, check, codes).chunk(3)
+        _, bound = replay_tolerance(torch.stack(plain))
         L = self.info.n_layers
         for start, rows, want in ((0, codes, plain), (L - 1, codes[2:], plain[2:])):
             try:
-                replayed = self._replay(check, start, rows).chunk(rows.shape[0])
+                replayed = sw.replayed(check, start, rows).chunk(rows.shape[0])
             except Exception as e:  # an architecture whose blocks need more than the recorded call
                 return f"replaying its blocks under edge patching failed ({type(e).__name__}: {e})"
             for got, reference in zip(replayed, want):
@@ -349,47 +346,36 @@ class EdgeSweeper(Sweeper):
     def _write(self, values: SenderValues, l: int) -> Tensor:
         return layer_write(values.z[l], self.W_O[l])
 
-    # ---- evaluation ------------------------------------------------------------------------
 
-    def evaluate(  # type: ignore[override]
-        self, units: Units, *, desc: str = "patching edges", scope: str | None = None, named: str | None = None
-    ) -> Float[Tensor, "n batch"]:
-        """The metric per pair under each intervention of ``units``, as :meth:`Sweeper.evaluate`
-        does for head sets (journaled by each unit's key, Ctrl-C leaves NaN rows and sets
-        :attr:`interrupted`, shared out over ``torchrun`` ranks)."""
-        n = len(units)
-        result = torch.full((n, self.probe.batch), float("nan"))
-        todo = sorted((units.start(i), i) for i in range(n))
-        L = self.info.n_layers
-        for start, i in todo:
-            if start > L:  # nothing patched
-                result[i] = self.unpatched
-        todo = [(s, i) for s, i in todo if s <= L]
-        keys: dict[int, Any] = {}
-        done: set[int] = set()
-        if self.journal is not None and todo:
-            keys = {i: (scope or desc, units.key(i)) for _, i in todo}
-            done = self._from_journal(keys, result, named or f"the {scope or desc}")
-        self.interrupted = self._rounds(todo, done, units, result, keys, desc)
-        return result
+class EdgeSweeper(Sweeper):
+    """The executor speaking edge codes (:class:`EdgeCodes`): the metric under many edge
+    interventions at once, on a task's pairs (``run``). ``source`` and ``what`` as for
+    :class:`EdgeCodes`; ``replay``, ``chunk`` and ``journal`` as for
+    :class:`~interp.ablation.replay.Sweeper` (with ``replay="auto"`` the plain forward stands in
+    where only the replay fails). :meth:`evaluate` takes :class:`CodedUnits`."""
 
-    def memory_estimate(self, minibatch: int | None = None) -> memory.Estimate:
-        """The replay's estimate, plus every sender's output on both prompts kept for every pair and,
-        per batched forward, every sender's projected difference and their running total for each
-        of the two codes (:meth:`Replay._fill`, :meth:`Replay._total`) and the shifted inputs of
-        the widest layer's receivers, one intervention's at a time (:meth:`Replay._norm_of`)."""
-        base = super().memory_estimate(minibatch)
-        info, T = self.info, self.probe.seq_len
-        item = memory.Shape.of(self.model, info).itemsize
-        senders = 2 * (info.d_model * (1 + info.n_layers) + info.n_layers * info.n_heads * info.d_head)
-        g = self.graph
-        widest = max(len(g.receivers_of(l)) for l in range(g.shape.n_layers + 1))
-        b = min(minibatch or self.minibatch, self.probe.batch)
-        kept = base.kept + item * self.probe.batch * T * senders
-        per_forward = base.per_forward + item * b * T * info.d_model * (3 * widest + 2)
-        per_forward += item * self.chunk_size * b * T * info.d_model * 2 * (len(g.senders) + 1)  # + each code's total
-        kept_is = "the unpatched pass and every sender's output on both prompts, kept"
-        return memory.Estimate(self.what, kept, per_forward, base.minibatch, kept_is)
+    def __init__(
+        self,
+        run: Setup,
+        graph: Graph,
+        *,
+        source: str = "patch",
+        what: str = "edge patching",
+        replay: str = "auto",
+        chunk: int | None = None,
+        journal: Journal | None = None,
+    ):
+        self.codes = EdgeCodes(run, graph, source=source, what=what)
+        super().__init__(
+            run.model,
+            run.probe,
+            run.metric,
+            language=self.codes,
+            replay=replay,
+            chunk=chunk,
+            config=run.config,
+            journal=journal,
+        )
 
 
 def _donors(run: Setup, source: str) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.ablation.replay import UnpatchedBatch
+from interp.ablation.language import UnpatchedBatch
 from interp.adapters.info import ModelInfo
 from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.surgery import by_head

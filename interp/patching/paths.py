@@ -44,7 +44,7 @@ from interp.patching.core import (
     setup,
     validate_setup,
 )
-from interp.patching.edge_patch import EdgeSweeper, Units
+from interp.patching.edge_patch import CodedUnits, EdgeSweeper
 from interp.patching.edge_replay import ACTUAL, OWN, SOURCE
 from interp.patching.graph import MLP_SITE, Graph, graph_of
 from interp.patching.metrics import refuse_raw
@@ -241,7 +241,7 @@ def _heads(info: ModelInfo, heads: Any) -> list[tuple[int, int]]:
     return [tuple(p) for p in mask.nonzero().tolist()]  # type: ignore[misc]
 
 
-class PathUnits(Units):
+class PathUnits(CodedUnits):
     """Each (sender head, receiver) pair as one intervention (see the module docstring), its codes
     built when its batched forward comes; a receiver not above its sender is marked ``unreached``."""
 
@@ -287,7 +287,7 @@ class PathUnits(Units):
         s, _ = self.pairs[i]
         return int(self.layer[s]) if not bool(self.unreached[i]) else self.graph.shape.n_layers + 1
 
-    def key(self, i: int) -> Any:
+    def label(self, i: int) -> str:
         s, r = self.pairs[i]
         return edge_name(self.graph.senders[s].name, self.graph.receivers[r].name)
 
