@@ -4,9 +4,10 @@
 how each block was called, then evaluates interventions by replaying blocks ``l .. L-1`` on the
 cached residual (``replay="fast"``), several batched along the batch axis, or by one plain
 ``run_with_hooks`` each (``replay="loop"``, the reference). :data:`REPLAYS` registers the choices.
-What an intervention is, is its :class:`Language`'s: head sets ablated by a kind
-(:class:`~interp.ablation.head_sets.HeadSets`, node patching and the ablation kinds) or edge codes
-(:class:`~interp.patching.edge_patch.EdgeCodes`: edges, paths, circuits); the minibatches, the
+What an intervention is, is its language's (:class:`~interp.ablation.language.Language`): head
+sets ablated by a kind (:class:`~interp.ablation.head_sets.HeadSets`, node patching and the
+ablation kinds) or edge codes (:class:`~interp.patching.edge_patch.EdgeCodes`: edges, paths,
+circuits); the minibatches, the
 replay, the loop, the rounds, the journal, the ranks and the memory check are the executor's, the
 same for both. What touches the model's internals (hooks on its blocks, calling them, its
 unembedding, its stacked ``W_O``, the shortcuts' module surgery) is the model's adapter's
@@ -56,7 +57,7 @@ class Sweeper:
     """Evaluate a metric under many interventions at once, on one probe: the one executor of node
     and edge interventions alike.
 
-    ``language``: what an intervention is (:class:`Language`); by default head sets
+    ``language``: what an intervention is (:class:`~interp.ablation.language.Language`); by default head sets
     (:class:`~interp.ablation.head_sets.HeadSets`) of ``ablation``'s kind over ``base`` heads,
     which stay ablated throughout (used by pruning with re-estimation). With ``replay="auto"`` the
     fast replay is used when replaying the model's blocks reproduces its output, else the plain
@@ -201,7 +202,7 @@ class Sweeper:
         """The metric per sequence under each intervention: for head sets, ``[n, layer, head]`` masks
         (added to base), or ``[n, layer, head, pos]`` (``pos`` the probe's length) to ablate each
         head at the positions marked only (activation patching per position); for another
-        language, its :class:`Units`.
+        language, its :class:`~interp.ablation.language.Units`.
 
         On Ctrl-C the evaluation stops, :attr:`interrupted` is set, and the rows not reached are NaN.
 

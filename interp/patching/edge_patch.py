@@ -72,7 +72,7 @@ SOURCES.add(
 
 
 class CodedUnits:
-    """Interventions given as edge codes (the executor's :class:`~interp.ablation.replay.Units`):
+    """Interventions given as edge codes (the executor's :class:`~interp.ablation.language.Units`):
     how many, each one's codes (built when its batched forward comes, never all at once), the
     lowest layer it reaches and its label in the journal."""
 
