@@ -35,7 +35,7 @@ class HeadSetUnits:
     journal by ``(base heads, its heads)`` and starts at the first layer it touches beyond ``base``."""
 
     def __init__(self, masks: Bool[Tensor, "n layer head *pos"], base: Bool[Tensor, "layer head"], n_layers: int):
-        self.base = base[..., None] if masks.ndim == 4 else base  # a base head is ablated at every position
+        self.base = _along(base, masks)
         self.extra = masks & ~self.base
         self.effective = masks | self.base
         self.n_layers = n_layers
@@ -131,8 +131,7 @@ class HeadSets:
         stack.enter_context(sw.model.hooks(fwd_hooks=hooks))
         if reuse:
             clean, n_out = batch.attn_out[start]
-            base = self.base[..., None] if masks.ndim == 4 else self.base
-            extra = masks[:, start] & ~base[start]
+            extra = masks[:, start] & ~_along(self.base, masks)[start]
             stack.enter_context(
                 sw.adapter.reuse_attention(start, clean, n_out, self._per_head(sw, batch, start), extra)
             )
@@ -265,6 +264,11 @@ class HeadSets:
         if hi != lo:
             groups.append((hi, top[None]))
         return groups
+
+
+def _along(base: Bool[Tensor, "layer head"], masks: Tensor) -> Tensor:
+    """``base`` with a position axis when ``masks`` has one (a base head is ablated everywhere)."""
+    return base[..., None] if masks.ndim == 4 else base
 
 
 __all__ = ["HeadSetUnits", "HeadSets"]

@@ -198,7 +198,7 @@ def refuse_padded_ablation(probe: TokenProbe, ablation: Any) -> None:
     """Mean and resample ablations average head outputs over the probe's positions, and do not yet
     leave padded ones out: refuse them on a padded probe."""
     kind = ablation if isinstance(ablation, str) else getattr(ablation, "kind", None)
-    if probe.padded and ablation is not None and kind != "zero":
+    if probe.padded and kind != "zero":
         raise AblationError(
             f"{kind} ablation does not take padded probes yet (its averages would read padded positions): "
             "use ablation='zero', or texts of one length",

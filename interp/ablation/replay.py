@@ -7,9 +7,8 @@ cached residual (``replay="fast"``), several batched along the batch axis, or by
 What an intervention is, is its language's (:class:`~interp.ablation.language.Language`): head
 sets ablated by a kind (:class:`~interp.ablation.head_sets.HeadSets`, node patching and the
 ablation kinds) or edge codes (:class:`~interp.patching.edge_patch.EdgeCodes`: edges, paths,
-circuits); the minibatches, the
-replay, the loop, the rounds, the journal, the ranks and the memory check are the executor's, the
-same for both. What touches the model's internals (hooks on its blocks, calling them, its
+circuits); the minibatches, the replay, the loop, the rounds, the journal, the ranks and the
+memory check are the executor's, the same for both. What touches the model's internals (hooks on its blocks, calling them, its
 unembedding, its stacked ``W_O``, the shortcuts' module surgery) is the model's adapter's
 (:class:`interp.adapters.Adapter`); this module only calls it.
 """

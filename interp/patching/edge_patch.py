@@ -164,7 +164,7 @@ class EdgeCodes:
                 f"edge patching reads the metric from the logits (a receiver); {run.metric.name} reads the final "
                 "hidden state: use a task metric (metric=)"
             )
-        self.run, self.graph, self.source, self.what = run, graph, source, what
+        self.graph, self.source, self.what = graph, source, what
         self.model, self.info, self.metric = run.model, run.info, run.metric
         w = read_head_weights(run.model, run.info, "edge patching")
         dtype = next(iter(run.model.parameters())).dtype

@@ -69,9 +69,6 @@ def layer_write(
     return einsum(zs, W_O.to(zs.dtype), "b t h e, h e d -> b t d")
 
 
-__all__ = ["fold", "layer_write", "post_norms", "scaled"]
-
-
 def sender_hooks(
     posts: dict[int, NormSite],
     n_layers: int,
@@ -107,3 +104,6 @@ def sender_hooks(
         if l in posts:
             hooks.append((posts[l].scale, scale(f"z{l}")))
     return hooks + [(mlp_out_hook(l), grab(f"m{l}")) for l in mlp_layers]
+
+
+__all__ = ["fold", "layer_write", "post_norms", "scaled", "sender_hooks"]
