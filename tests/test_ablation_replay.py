@@ -117,3 +117,30 @@ def test_cross_block_model_is_refused_in_bf16_too():
     p = repeated_tokens(model, batch=3, block_len=8, seed=0)
     with pytest.raises(AblationError, match=r"under zero ablation of 0.0, .*\(max error .*, the ablation.s effect"):
         exact_sweep(model, p, incontext_loss(p), replay="fast")
+
+
+def test_head_sets_given_as_the_language_are_the_default_sweeper_and_edges_share_its_executor():
+    """The Sweeper is the one executor: head sets passed as its language give what its default
+    gives (a mean ablation over a base head, per head and per position), and the edge executor
+    overrides none of its capture, replay, loop or evaluation, only its constructor."""
+    from interp.ablation import HeadSets
+    from interp.patching.edge_patch import EdgeCodes, EdgeSweeper
+
+    torch.manual_seed(0)
+    model = ToyTransformer(_cfg()).eval()
+    p = repeated_tokens(model, batch=3, block_len=8, seed=0)
+    metric = incontext_loss(p)
+    default = Sweeper(model, p, metric, ablation="mean", base=["2.1"])
+    given = Sweeper(model, p, metric, language=HeadSets("mean", ["2.1"]))
+    masks = torch.zeros(3, 3, 4, dtype=torch.bool)
+    masks[0, 0, 1] = masks[1, 1, 2] = masks[2, 2, 0] = True
+    per_pos = torch.zeros(1, 3, 4, p.seq_len, dtype=torch.bool)
+    per_pos[0, 1, 3, 5:] = True
+    for sets in (masks, per_pos):
+        want = default.evaluate(sets)
+        assert torch.equal(given.evaluate(sets), want)
+        assert (want - default.unpatched).abs().max() > 1e-3  # the head sets move the metric
+    assert given.shortcuts == default.shortcuts and given.base[2, 1] and given.ablation.kind == "mean"
+    overridden = {k for k in vars(EdgeSweeper) if callable(vars(EdgeSweeper)[k])}
+    assert overridden == {"__init__"}
+    assert {"capture", "install", "plain", "settle", "verify"} <= set(vars(EdgeCodes))
