@@ -277,7 +277,7 @@ class GradientPasses:
         total = torch.zeros(b, len(graph.senders), len(graph.receivers), dtype=torch.float64)
         for s in range(0, T, CHUNK):
             c = slice(s, min(s + CHUNK, T))
-            D = self._sender_deltas(delta, c).double()  # [b, c, sender, d_model], summed in float64
+            D = self._sender_deltas(delta, c)  # [b, sender, c * d_model], in float64
             for l in range(self.info.n_layers):
                 heads = self._head_cotangents(grads, l, c)  # [receiver, b, c, d_model]
                 G = _through_norm(norms.heads[l], norm_in[f"ln1.{l}"][:, c], heads)
@@ -289,19 +289,30 @@ class GradientPasses:
             self._add(total, D, G, graph.receivers_of(self.info.n_layers))
         return total
 
-    def _add(self, total: Tensor, D: Tensor, G: Tensor, receivers: list[int]) -> None:
+    def _add(
+        self,
+        total: Tensor,
+        D: Float[Tensor, "pair sender cd"],
+        G: Float[Tensor, "receiver pair c d"],
+        receivers: list[int],
+    ) -> None:
+        """``total[:, s, r] += D[:, s] . G[r]`` for the senders upstream of ``receivers``: one batched
+        product over the pairs, the senders a prefix of ``D``'s rows (no copy of them per group)."""
         n = self.graph.upstream(receivers[0])  # the receivers of one group read the same senders
-        part = einsum(D[:, :, :n], G.double(), "b c s d, r b c d -> b s r")
-        total[:, :n, receivers] += part.cpu()
+        b = D.shape[0]
+        by_pair = G.double().permute(1, 0, 2, 3).reshape(b, G.shape[0], -1)  # [b, receiver, c * d]
+        total[:, :n, receivers] += torch.bmm(D[:, :n], by_pair.transpose(1, 2)).cpu()
 
-    def _sender_deltas(self, delta: dict[str, Tensor], c: slice) -> Float[Tensor, "pair pos sender d_model"]:
-        """Each sender's output difference (donor - own) at positions ``c``, in :attr:`Graph.senders` order."""
-        cols = [delta["input"][:, c, None]]
+    def _sender_deltas(self, delta: dict[str, Tensor], c: slice) -> Float[Tensor, "pair sender cd"]:
+        """Each sender's output difference (donor - own) at positions ``c``, in :attr:`Graph.senders`
+        order, as float64 rows of ``c * d_model`` (laid out once for every receiver group's product)."""
+        cols = [delta["input"][:, None, c]]
         for l in range(self.info.n_layers):
-            cols.append(einsum(delta[f"z{l}"][:, c], self.W_O[l], "b c h e, h e d -> b c h d"))
+            cols.append(einsum(delta[f"z{l}"][:, c], self.W_O[l], "b c h e, h e d -> b h c d"))
             if f"m{l}" in delta:
-                cols.append(delta[f"m{l}"][:, c, None])
-        return torch.cat(cols, dim=2)
+                cols.append(delta[f"m{l}"][:, None, c])
+        D = torch.cat([x.double() for x in cols], dim=1)  # [b, sender, c, d]
+        return D.reshape(*D.shape[:2], -1)
 
     def _head_cotangents(
         self, grads: dict[str, Tensor], l: int, c: slice
