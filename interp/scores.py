@@ -130,7 +130,11 @@ def bootstrap_ratio(
 def _quantiles(x: Float[Tensor, "draws columns"], levels: Sequence[float]) -> list[Tensor]:
     """Each column's quantiles at ``levels``, NaN left out: ``torch.nanquantile``'s linear
     interpolation to the bit, from one sort of the columns for all the levels (NaN where a column
-    holds no number)."""
+    holds no number). Without NaN and with every level in a tail, only the order statistics each level
+    reads are selected (:func:`_tail_quantile`): a CI's two ends, several times faster than a sort."""
+    n = x.shape[0]
+    if n > 1 and all(min(q, 1 - q) * n < n // 4 for q in levels) and not bool(x.isnan().any()):
+        return [_tail_quantile(x, q) for q in levels]
     ordered = x.sort(0).values  # NaN sorts last
     valid = (~x.isnan()).sum(0)
     last = (valid - 1).clamp_min(0)
@@ -144,6 +148,22 @@ def _quantiles(x: Float[Tensor, "draws columns"], levels: Sequence[float]) -> li
         )
         out.append(torch.where(valid > 0, value, torch.full_like(value, float("nan"))))
     return out
+
+
+def _tail_quantile(x: Float[Tensor, "draws columns"], q: float) -> Float[Tensor, " columns"]:
+    """Each column's quantile at ``q`` (no NaN in ``x``), interpolated as :func:`_quantiles` does, from
+    the order statistics of its nearer tail alone (a ``topk``, not a sort)."""
+    n = x.shape[0]
+    rank = q * (n - 1)
+    below = math.floor(rank)
+    above = min(below + 1, n - 1)
+    if above < n - 1 - below:  # the low tail: the above + 1 smallest, ascending
+        ordered = x.topk(above + 1, 0, largest=False, sorted=True).values
+        low, high = ordered[below], ordered[above]
+    else:  # the high tail: the n - below largest, descending (order statistic i at n - 1 - i)
+        ordered = x.topk(n - below, 0, largest=True, sorted=True).values
+        low, high = ordered[n - 1 - below], ordered[n - 1 - above]
+    return torch.lerp(low, high, torch.full_like(low, rank - below))
 
 
 _GATHER_BUDGET = 1 << 26  # bytes of resampled statistics a bootstrap holds at once (64 MiB)

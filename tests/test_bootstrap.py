@@ -137,3 +137,23 @@ def test_interval_bounds_print_with_the_values_decimals():
     assert lines[3].split(None, 1)[1].strip() == "1.2e-05 [1e-06, 3.4e-05]"  # exponent form keeps fmt
     fixed = format_table(frame.head(1), ["effect"], ci=["effect"]).splitlines()[1]
     assert fixed.split(None, 1)[1] == "0.098 [0.070, 0.133]"
+
+
+@pytest.mark.parametrize("n", [2, 3, 40, 1000])
+def test_quantiles_from_the_tails_alone_equal_nanquantile_to_the_bit(n):
+    from interp.scores import _quantiles, _tail_quantile
+
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 300, generator=gen, dtype=torch.float64)
+    x[:, :100] = torch.randint(0, 4, (n, 100), generator=gen).double()  # ties
+    alpha = expanded_alpha(0.95, 50)
+    for q in (alpha, 1 - alpha, 0.0, 1.0, 0.1, 0.9):
+        want = torch.nanquantile(x, q, dim=0)
+        assert torch.equal(_tail_quantile(x, q), want), q
+        assert torch.equal(_quantiles(x, [q])[0], want), q
+    # a column with NaN takes the sort: NaN left out of its quantiles, as nanquantile has them
+    x[: n // 2, 7] = float("nan")
+    x[:, 8] = float("nan")
+    lo, hi = _quantiles(x, (alpha, 1 - alpha))
+    torch.testing.assert_close(lo, torch.nanquantile(x, alpha, dim=0), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(hi, torch.nanquantile(x, 1 - alpha, dim=0), rtol=0, atol=0, equal_nan=True)
