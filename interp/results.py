@@ -60,7 +60,7 @@ KEY_COLUMNS = ("label", "sender", "receiver", "kind", "ranking", "revision", "ro
 
 
 # an edge table's columns as a repr shows them: the edge names its sender and receiver
-EDGE_COLUMNS = ("edge", "in_circuit", "score", "score_lo", "score_hi", "stability", "site")
+EDGE_COLUMNS = ("edge", "position", "in_circuit", "score", "score_lo", "score_hi", "stability", "site")
 
 
 def plural(n: int, noun: str, plural: str | None = None) -> str:

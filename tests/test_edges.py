@@ -232,6 +232,88 @@ def test_eap_equals_exact_edge_patching_where_the_metric_is_linear_in_the_receiv
     assert t.loc[edges, "score"].abs().max() > 0.1
 
 
+# ---- position-specific edges ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig-inputs"])
+def test_edge_scores_per_position_sum_to_the_edges_scores(method, monkeypatch):
+    """LayerNorm, MLPs and grouped keys/values: each edge's rows per position add up to its score,
+    and the node scores are the same either way (the positions contracted in chunks of 4)."""
+    from tests.test_circuits import _random_toy
+
+    model, task = _random_toy()
+    kw = {"steps": 3} if method != "eap" else {}
+    edges = edge_scores(model, task, method=method, config=FAST, **kw)
+    monkeypatch.setattr("interp.circuits.passes.CHUNK", 4)
+    per = edge_scores(model, task, method=method, by="position", config=FAST, **kw)
+    T, t = task.seq_len, per.table
+    assert per.by == "position" and per.meta["by"] == "position" and edges.by == "edge"
+    assert len(t) == T * len(edges.table) and (t.position.to_numpy() == list(range(T)) * len(edges.table)).all()
+    assert (t.edge.to_numpy()[::T] == edges.table.edge.to_numpy()).all()
+    summed = torch.tensor(t.score.to_numpy()).reshape(-1, T).sum(1)
+    want = torch.tensor(edges.table.score.to_numpy())
+    torch.testing.assert_close(summed, want, rtol=0, atol=1e-6 * float(want.abs().max()))
+    assert float(want.abs().max()) > 0.1 and (t.groupby("edge").score.apply(lambda s: (s != 0).sum()) > 1).any()
+    nodes, per_nodes = edges.node_scores(), per.node_scores()
+    assert (nodes.node == per_nodes.node).all()
+    torch.testing.assert_close(
+        torch.tensor(per_nodes.score.to_numpy()), torch.tensor(nodes.score.to_numpy()), atol=1e-6, rtol=1e-5
+    )
+
+
+def test_eap_per_position_equals_exact_patching_at_that_position_where_the_metric_is_linear():
+    # attention-only, no norm (as the per-edge test above): patching a sender's output at one position,
+    # as one receiver reads it there, moves the metric by that edge and position's score (the model in
+    # float64; the metric reads float32 logits of order 100, so the reference's differences carry their
+    # rounding: 1.5e-5 here)
+    torch.manual_seed(2)
+    cfg = ToyConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=32, normalization_type=None)
+    cfg.init_range = 0.6
+    model = ToyTransformer(cfg).eval().double()
+    task = task_probe(model, "repeat", n_pairs=5, seed=0)
+    t = edge_scores(model, task, by="position", config=FAST).table.set_index(["edge", "position"])
+    own, donor = task.corrupted, task.clean
+    with torch.no_grad():
+        base = _metric(model, own, task, []).mean()
+        delta = {k: _outputs(model, donor)[k] - v for k, v in _outputs(model, own).items()}
+        edges = ["1.0->logits", "1.3->logits", "input->logits", "0.2->1.1<v>", "input->1.3<v>"]
+        checked = 0
+        for edge in edges:
+            sender, receiver = edge.split("->")
+            for p in range(task.seq_len):
+                at = torch.zeros_like(delta[sender])
+                at[:, p] = delta[sender][:, p]
+                exact = _metric(model, own, task, _receiver_hooks(model, receiver, at)).mean() - base
+                assert t.loc[(edge, p), "score"] == pytest.approx(float(exact), rel=1e-4, abs=5e-5), (edge, p)
+                checked += abs(float(exact)) > 0.01
+    assert checked >= 6  # several positions of several edges move the metric, not only the last
+
+
+def test_scores_per_position_refuse_what_takes_a_score_per_edge(tmp_path):
+    model = planted_model(n_ctx=64)
+    with pytest.raises(UsageError, match=r"^by='tokens': 'edge' \(a score per edge, summed over positions\) or "):
+        edge_scores(model, "repeat", by="tokens")
+    with pytest.raises(
+        UsageError,
+        match=r"^method=exact patches each edge at every position at once; by='position' takes an attribution "
+        r"method \(eap, eap-ig-inputs, eap-ig-activations, clean-corrupted\)$",
+    ):
+        validate_edge_scores(method="exact", by="position")
+    per = edge_scores(model, "repeat", by="position", config=FAST)
+    per.save(tmp_path)
+    back = EdgeScores.load(tmp_path)
+    assert back.table.equals(per.table) and back.meta == per.meta and back.by == "position"
+    why = r"takes a score per edge; these scores are per edge and position \(by='position'\): score with by='edge'"
+    for call, what in (
+        (lambda: per.circuit(10), "a circuit"),
+        (lambda: per.node_circuit(2), "a node circuit"),
+        (lambda: per.faithfulness_curve(model, "repeat"), "a faithfulness curve"),
+        (lambda: back.figure(), "the graph figure"),
+    ):
+        with pytest.raises(UsageError, match=f"^{what} {why}"):
+            call()
+
+
 # ---- the trained toy ------------------------------------------------------------------------------
 
 

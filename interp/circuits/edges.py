@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from interp.circuits.curve import FaithfulnessCurve
 
 STEM = "edge_scores"
+BY = ("edge", "position")  # a score per edge, or per edge and position
 DEFAULT_TOP = 20  # the stability's top-n
 IG_STEPS = 5  # EAP-IG's usual m
 
@@ -85,6 +86,7 @@ class EdgeScores(Result):
         whose absolute score reaches ``threshold``; pruned to the edges on input-to-logits paths."""
         from interp.circuits.circuit import Circuit, select
 
+        self._per_edge("a circuit")
         scores = self.table["score"].to_numpy()
         keep = select(self.graph, scores, how, n=n, threshold=threshold)
         asked = {
@@ -98,6 +100,19 @@ class EdgeScores(Result):
         for n, column in enumerate(c for c in ("score_lo", "score_hi", "stability") if c in self.table):
             circuit.table.insert(at + n, column, self.table[column].to_numpy())  # its CSV, hover and repr show them
         return circuit
+
+    @property
+    def by(self) -> str:
+        """``edge`` (a row per edge) or ``position`` (a row per edge and position)."""
+        return self.meta.get("by", "edge")
+
+    def _per_edge(self, what: str) -> None:
+        """Refuse ``what``, which takes a score per edge, on scores per edge and position."""
+        if self.by == "position":
+            raise UsageError(
+                f"{what} takes a score per edge; these scores are per edge and position (by='position'): "
+                "score with by='edge' (each edge's sum over positions)"
+            )
 
     def _provenance(self) -> dict[str, Any]:
         """What a circuit extracted from these scores carries of their meta: model, task, method, direction, metric."""
@@ -124,6 +139,7 @@ class EdgeScores(Result):
         (:meth:`~interp.circuits.Circuit.of_nodes`)."""
         from interp.circuits.circuit import Circuit
 
+        self._per_edge("a node circuit")
         nodes = self.node_scores()
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= len(nodes):
             raise UsageError(f"n={n!r}: a number of nodes from 0 to {len(nodes)} (the graph's senders)", params="n")
@@ -152,6 +168,7 @@ class EdgeScores(Result):
         ``refine``, ``metric``, ``n_pairs``, ``journal``)."""
         from interp.circuits.circuit import faithfulness_curve
 
+        self._per_edge("a faithfulness curve")
         scores = self.table["score"].to_numpy()
         return faithfulness_curve(model, task, scores, how=how, source=source, config=config, **options)
 
@@ -159,6 +176,7 @@ class EdgeScores(Result):
         """The ``edges`` edges of largest absolute score, drawn as a graph (:func:`~interp.circuits.figure.graph_figure`)."""
         from interp.circuits.figure import graph_figure
 
+        self._per_edge("the graph figure")
         return graph_figure(self.table, self.meta, edges=edges, title=title)
 
 
@@ -169,10 +187,24 @@ def validate_edge_scores(
     metric: str | Metric | Callable | None = None,
     direction: str = DEFAULT_DIRECTION,
     top: int = DEFAULT_TOP,
+    by: str = "edge",
 ) -> None:
     """What :func:`edge_scores` refuses before any forward, without a model: an unknown name,
-    ``steps`` given to a method without steps or not an integer >= 1, a ``top`` that is not >= 1."""
+    ``steps`` given to a method without steps or not an integer >= 1, a ``top`` that is not >= 1,
+    ``by`` neither ``edge`` nor ``position``, or ``position`` with ``method="exact"``."""
     METHODS.check(method)
+    if by not in BY:
+        raise UsageError(
+            f"by={by!r}: 'edge' (a score per edge, summed over positions) or 'position' (a score per edge and position)",
+            params="by",
+        )
+    if by == "position" and method == "exact":
+        attribution = ", ".join(m for m in METHODS if m != "exact")
+        raise UsageError(
+            f"method=exact patches each edge at every position at once; by='position' takes an attribution method "
+            f"({attribution})",
+            params=("method", "by"),
+        )
     validate_setup(metric=metric, direction=direction)
     if steps is not None and not METHODS.info(method, "steps"):
         stepped = " or ".join(METHODS.select(lambda e: e.info.get("steps", False)))
@@ -196,6 +228,7 @@ def edge_scores(
     n_pairs: int | None = None,
     top: int = DEFAULT_TOP,
     edges: Sequence[str] | None = None,
+    by: str = "edge",
     config: RunConfig | None = None,
     journal: Journal | None = None,
 ) -> EdgeScores:
@@ -205,10 +238,15 @@ def edge_scores(
     the points of an ``eap-ig-*`` method (default 5); ``top``: the n of each edge's stability.
     ``edges``: with ``method="exact"``, the edges to patch (by name, e.g. an attribution's top rows'
     ``edge``; default every edge), the others left NaN; ``journal``: exact's record, for a resumed run.
+    ``by="position"``: a row per edge and position (``position``, auto-circuit's position-specific
+    edges: the receiver at that position reading the sender's output there), the terms whose sum over
+    positions is the edge's score; its stability ranks (edge, position) rows.
     ``config``: its ``minibatch`` (pairs per pass), ``n_boot``, ``level`` and ``seed``. A model the
     graph cannot describe is refused before any forward, and so is a run that would not fit in memory
     (the estimate said)."""
-    validate_edge_scores(method=method, steps=steps, metric=own_metric(task, metric), direction=direction, top=top)
+    validate_edge_scores(
+        method=method, steps=steps, metric=own_metric(task, metric), direction=direction, top=top, by=by
+    )
     if edges is not None and method != "exact":
         raise UsageError(
             f"method={method} scores every edge at once; edges= picks the edges of method=exact", params="edges"
@@ -220,12 +258,14 @@ def edge_scores(
     m = (steps or IG_STEPS) if METHODS.info(method, "steps") else 1
     step = run.config.minibatch or run.task.n_pairs
     fused = fused_attention(run.model, run.config, run.probe.tokens[:1, :8], graph)
-    memory.check(edge_memory(run, graph, m, fused), step, run.info.device, fewer=FEWER_PAIRS)
-    passes = GradientPasses(run, graph, method, m, fused)
+    positions = by == "position"
+    memory.check(edge_memory(run, graph, m, fused, positions), step, run.info.device, fewer=FEWER_PAIRS)
+    passes = GradientPasses(run, graph, method, m, fused, positions)
     per_pair, own, donor = passes.all_pairs(step)
     run.clean, run.corrupted = (donor, own) if run.direction == "denoise" else (own, donor)
     attention = "fused (no pattern formed)" if passes.fused else "the model's own"
-    return _result(run, graph, per_pair, method, m, top, passes.passes(), attention=attention)
+    facts = {"by": "position"} if positions else {}
+    return _result(run, graph, per_pair, method, m, top, passes.passes(), attention=attention, **facts)
 
 
 def _exact(
@@ -283,6 +323,10 @@ def _result(
     cfg = run.config
     point, lo, hi = bootstrap_mean(per_pair, n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     table = graph.table()
+    if facts.get("by") == "position":  # each edge's positions in turn
+        T = run.task.seq_len
+        table = table.loc[table.index.repeat(T)].reset_index(drop=True)
+        table.insert(1, "position", np.tile(np.arange(T), graph.n_edges))
     columns = {"score": point, "score_lo": lo, "score_hi": hi, "abs_score": point.abs()}
     columns["stability"] = stability(per_pair, top, n_boot=cfg.n_boot, seed=cfg.seed)
     for name, col in columns.items():

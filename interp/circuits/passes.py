@@ -62,11 +62,13 @@ METHODS.add(
 )
 
 
-def edge_memory(run: Setup, graph: Graph, steps: int, fused: bool = False) -> Callable[[int], memory.Estimate]:
+def edge_memory(
+    run: Setup, graph: Graph, steps: int, fused: bool = False, by_position: bool = False
+) -> Callable[[int], memory.Estimate]:
     """Bytes edge attribution needs beyond the model: per minibatch, the model's forward and backward
     (the gradient pass; ``fused``: no ``[T, T]`` pattern in it), the donor's and the own sender outputs
     and every norm's input kept for the contraction, the receiver gradients, and one chunk's
-    contraction; the per-pair scores for the run."""
+    contraction; the per-pair scores for the run (``by_position``: per position too)."""
     info, n, T = run.info, run.task.n_pairs, run.task.seq_len
     shape = memory.Shape.of(run.model, info)
     n_read = memory.positions_read(run.metric, info, T)
@@ -74,12 +76,14 @@ def edge_memory(run: Setup, graph: Graph, steps: int, fused: bool = False) -> Ca
     L, H = info.n_layers, info.n_heads
     per_token = d * (2 * (1 + 2 * L) + 2 * L + 1) + 3 * L * H * info.d_head  # outputs x2, norm inputs, q/k/v grads
     c = min(CHUNK, T)
+    pos = T if by_position else 1
 
     def estimate(minibatch: int) -> memory.Estimate:
         b = min(minibatch, n)
         grad = memory.gradient_estimate(shape, T, b, n_read, fused=fused).per_forward
-        work = shape.itemsize * b * (T * per_token + c * d * (S + 2 * 3 * H) + S * R)
-        return memory.Estimate("edge attribution", 8 * n * graph.n_edges, grad + work, b, "the per-pair edge scores")
+        work = shape.itemsize * b * (T * per_token + c * d * (S + 2 * 3 * H) + pos * S * R)
+        kept = 8 * n * graph.n_edges * pos
+        return memory.Estimate("edge attribution", kept, grad + work, b, "the per-pair edge scores")
 
     return estimate
 
@@ -88,8 +92,11 @@ class GradientPasses:
     """The forwards and backwards of one method, and the contraction of their gradients with the
     senders' output differences into per-pair edge scores."""
 
-    def __init__(self, run: Setup, graph: Graph, method: str, steps: int, fused: bool = False):
+    def __init__(
+        self, run: Setup, graph: Graph, method: str, steps: int, fused: bool = False, by_position: bool = False
+    ):
         self.run, self.graph, self.method, self.steps = run, graph, method, steps
+        self.by_position = by_position  # a score per edge and position, not summed over positions
         self.model, self.info = run.model, run.info
         w = read_head_weights(run.model, run.info, "edge attribution")
         dtype = next(iter(run.model.parameters())).dtype
@@ -102,7 +109,8 @@ class GradientPasses:
         self.fused = fused  # the attention runs fused (fused_attention)
 
     def all_pairs(self, step: int) -> tuple[Float[Tensor, "pair edge"], Tensor, Tensor]:
-        """Per-pair edge scores (in :meth:`Graph.table` order) and the metric of the own and donor prompts."""
+        """Per-pair edge scores (in :meth:`Graph.table` order; :attr:`by_position`: each edge's
+        positions in turn, ``[pair, edge * pos]``) and the metric of the own and donor prompts."""
         n = self.run.task.n_pairs
         parts, own, donor = [], [], []
         mask = self.graph.edges.T  # receiver-major, as the table
@@ -115,7 +123,10 @@ class GradientPasses:
         with tqdm(total=len(starts) * self.passes(), desc=desc, disable=not on, sizes=sizes, unit="pass") as bar:
             for start in starts:  # the bar counts gradient passes: an integration's steps show as they go
                 scores, o, d = self._block(torch.arange(start, min(start + step, n)), bar.update)
-                parts.append(scores.transpose(1, 2)[:, mask])
+                if self.by_position:  # [b, pos, sender, receiver] -> [b, edge, pos]
+                    parts.append(scores.transpose(2, 3)[:, :, mask].transpose(1, 2).reshape(len(o), -1))
+                else:
+                    parts.append(scores.transpose(1, 2)[:, mask])
                 own.append(o)
                 donor.append(d)
         return torch.cat(parts), torch.cat(own).float(), torch.cat(donor).float()
@@ -131,7 +142,7 @@ class GradientPasses:
         donor_tokens = probe.donor[rows.to(probe.donor.device)]
         with torch.no_grad():
             donor_out, donor_value = self._forward(donor_tokens, rows)
-        total = torch.zeros(len(rows), len(self.graph.senders), len(self.graph.receivers), dtype=torch.float64)
+        total = self._zeros(len(rows))
         points = self._points(tokens, donor_tokens, list(donor_out))
         delta, own_value = None, None
         if METHODS.info(self.method, "steps"):  # no point is the own run unmoved: one plain forward of it
@@ -269,25 +280,32 @@ class GradientPasses:
 
     def _contract(
         self, delta: dict[str, Tensor], grads: dict[str, Tensor], norm_in: dict[str, Tensor]
-    ) -> Float[Tensor, "pair sender receiver"]:
+    ) -> Float[Tensor, "pair *pos sender receiver"]:
         """``sum over positions of delta_sender . dM/d(receiver input)`` for every (sender, receiver),
-        in chunks of positions."""
+        in chunks of positions (:attr:`by_position`: each position's term apart)."""
         b, T = delta["input"].shape[:2]
         graph, norms = self.graph, self.norms
-        total = torch.zeros(b, len(graph.senders), len(graph.receivers), dtype=torch.float64)
+        total = self._zeros(b)
         for s in range(0, T, CHUNK):
             c = slice(s, min(s + CHUNK, T))
+            into = total[:, c] if self.by_position else total
             D = self._sender_deltas(delta, c)  # [b, sender, c * d_model], in float64
             for l in range(self.info.n_layers):
                 heads = self._head_cotangents(grads, l, c)  # [receiver, b, c, d_model]
                 G = _through_norm(norms.heads[l], norm_in[f"ln1.{l}"][:, c], heads)
-                self._add(total, D, G, graph.receivers_of(l)[: len(heads)])
+                self._add(into, D, G, graph.receivers_of(l)[: len(heads)])
                 if l in norms.mlps:
                     G = _through_norm(norms.mlps[l], norm_in[f"norm.m{l}"][:, c], grads[f"m{l}"][None, :, c])
-                    self._add(total, D, G, [graph.receivers_of(l)[-1]])
+                    self._add(into, D, G, [graph.receivers_of(l)[-1]])
             G = _through_norm(norms.final, norm_in["ln_final"][:, c], grads["logits"][None, :, c])
-            self._add(total, D, G, graph.receivers_of(self.info.n_layers))
+            self._add(into, D, G, graph.receivers_of(self.info.n_layers))
         return total
+
+    def _zeros(self, b: int) -> Float[Tensor, "pair *pos sender receiver"]:
+        """A minibatch's scores, zero: ``[b, sender, receiver]``, with the positions after ``b`` where
+        :attr:`by_position`."""
+        pos = (self.run.task.seq_len,) if self.by_position else ()
+        return torch.zeros(b, *pos, len(self.graph.senders), len(self.graph.receivers), dtype=torch.float64)
 
     def _add(
         self,
@@ -300,6 +318,11 @@ class GradientPasses:
         product over the pairs, the senders a prefix of ``D``'s rows (no copy of them per group)."""
         n = self.graph.upstream(receivers[0])  # the receivers of one group read the same senders
         b = D.shape[0]
+        if total.ndim == 4:  # [b, c, sender, receiver]: one product per pair and position
+            r, _, c, d = G.shape
+            by_position = D[:, :n].reshape(b, n, c, d).transpose(1, 2)  # [b, c, n, d]
+            total[:, :, :n, receivers] += torch.matmul(by_position, G.double().permute(1, 2, 3, 0)).cpu()
+            return
         by_pair = G.double().permute(1, 0, 2, 3).reshape(b, G.shape[0], -1)  # [b, receiver, c * d]
         total[:, :n, receivers] += torch.bmm(D[:, :n], by_pair.transpose(1, 2)).cpu()
 
