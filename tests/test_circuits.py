@@ -111,10 +111,13 @@ def test_eap_equals_exact_edge_patching_where_the_metric_is_linear_in_the_receiv
 # ---- circuit evaluation against EAP-IG's definition, written as plain hooks --------------------------
 
 
-def _circuit_reference(model, task, keep_edges: set[str], zero: bool = False, donors=None) -> torch.Tensor:
+def _circuit_reference(
+    model, task, keep_edges: set, zero: bool = False, donors=None, positions: bool = False
+) -> torch.Tensor:
     """The clean prompts run; every receiver reads each sender outside the circuit at its output on
     the corrupted prompt (the rest as this run computes it): EAP-IG's evaluate_graph, as plain hooks
-    (``zero``: at zero instead; ``donors``: on these prompts instead)."""
+    (``zero``: at zero instead; ``donors``: on these prompts instead; ``positions``: the circuit is a
+    set of (edge, position) pairs)."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     graph = graph_of(model)
     table = graph.table()
@@ -125,6 +128,11 @@ def _circuit_reference(model, task, keep_edges: set[str], zero: bool = False, do
     seen: dict[str, torch.Tensor] = {}
 
     def shift(receiver: str) -> torch.Tensor:
+        if positions:  # keep_edges holds (edge, position) pairs: outside, the sender at that position only
+            rows = table[table.receiver == receiver]
+            T = task.seq_len
+            out = [torch.tensor([(e, t) not in keep_edges for t in range(T)])[None, :, None] for e in rows.edge]
+            return sum((o * (corrupted[s] - actual[s]) for o, s in zip(out, rows.sender)), torch.zeros(()))
         rows = table[(table.receiver == receiver) & ~table.edge.isin(keep_edges)]
         return sum((corrupted[s] - actual[s] for s in rows.sender), torch.zeros(()))
 
@@ -204,6 +212,51 @@ def test_circuit_evaluation_equals_eap_igs_definition_as_plain_hooks():
     assert curve.table.faithfulness.iloc[-1] == pytest.approx(1.0) and curve.table.faithfulness.iloc[-2] == 0.0
     m = curve.table.metric.to_numpy()  # the two larger circuits are neither empty nor whole, nor alike
     assert min(abs(m[1] - m[2]), *abs(m[1:3, None] - m[None, 3:]).ravel()) > 0.02
+
+
+def test_circuits_of_edges_at_positions_equal_plain_hooks_that_patch_those_positions_alone():
+    """Codes by position on the replay (random sets of (edge, position) pairs, from a few to most),
+    and the faithfulness curve of scores by position (its top pairs), against the plain hooks."""
+    model, task = _random_toy()
+    run = setup(model, task, metric="raw-logit-diff", direction="noise", config=FAST)
+    graph = graph_of(model)
+    names, T = list(graph.table().edge), task.seq_len
+    rng = random.Random(2)
+    units = [(e, t) for e in names for t in range(T)]
+    circuits = [set(rng.sample(units, int(f * len(units)))) for f in (0.05, 0.5, 0.95)]
+    where = graph.edges.T.nonzero()  # receiver-major, as the table
+    codes = torch.zeros(len(circuits), len(graph.senders), len(graph.receivers), T, dtype=torch.int8)
+    for i, c in enumerate(circuits):
+        inside = torch.tensor([[(e, t) in c for t in range(T)] for e in names])
+        codes[i, where[:, 1], where[:, 0]] = torch.where(inside, 0, SOURCE).to(torch.int8)
+    got = EdgeSweeper(run, graph).evaluate(CodeUnits(graph, codes))
+    want = [_circuit_reference(model, task, c, positions=True) for c in circuits]
+    for value, reference in zip(got, want):
+        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-5)
+    every = _circuit_reference(model, task, set(names))
+    assert min(float((w - every).abs().max()) for w in want) > 0.05  # the positions left out matter
+
+    per = edge_scores(model, task, by="position", metric="raw-logit-diff", direction="noise", config=FAST)
+    curve = per.faithfulness_curve(model, task, metric="raw-logit-diff", refine=False, config=FAST)
+    assert curve.meta["by"] == "position" and curve.meta["graph_units"] == len(units) == len(per.table)
+    order = np.argsort(-per.table.score.abs().to_numpy(), kind="stable")
+    rows = [row for row in curve.table.itertuples() if row.fraction in (0.05, 0.2)]
+    assert len(rows) == 2
+    for row in rows:
+        kept = {units[i] for i in order[: row.size]}
+        want = float(_circuit_reference(model, task, kept, positions=True).mean())
+        assert row.metric == pytest.approx(want, rel=1e-5, abs=1e-5), row.fraction
+    with pytest.raises(UsageError, match=r"^how=greedy grows or cuts whole edges; by='position' keeps the top"):
+        per.faithfulness_curve(model, task, how="greedy", config=FAST)
+    from interp.circuits.circuit import faithfulness_curve
+
+    short = per.table.score.to_numpy()[:-1]
+    with pytest.raises(
+        UsageError,
+        match=rf"^{len(short)} scores for a graph of {len(names)} edges at {len(units):,} \(edge, position\) pairs: "
+        r"score this model's graph \(edge_scores, by=position\)$",
+    ):
+        faithfulness_curve(model, task, short, by="position", metric="raw-logit-diff", config=FAST)
 
 
 def test_the_mean_source_reads_the_corrupted_prompts_mean_everywhere_outside_the_circuit():

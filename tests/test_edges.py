@@ -307,7 +307,6 @@ def test_scores_per_position_refuse_what_takes_a_score_per_edge(tmp_path):
     for call, what in (
         (lambda: per.circuit(10), "a circuit"),
         (lambda: per.node_circuit(2), "a node circuit"),
-        (lambda: per.faithfulness_curve(model, "repeat"), "a faithfulness curve"),
         (lambda: back.figure(), "the graph figure"),
     ):
         with pytest.raises(UsageError, match=f"^{what} {why}"):

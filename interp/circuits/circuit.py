@@ -344,6 +344,7 @@ def faithfulness_curve(
     refine: bool = True,
     metric: str | Metric | Callable | None = None,
     n_pairs: int | None = None,
+    by: str = "edge",
     config: RunConfig | None = None,
     journal: Journal | None = None,
 ) -> FaithfulnessCurve:
@@ -353,8 +354,19 @@ def faithfulness_curve(
     each evaluating up to :data:`REFINE_SIZES` evenly spaced sizes in one pass between the two sizes
     around the first reaching :data:`FAITHFUL` (the MIB fractions', then the last round's), so it is
     found to within ``1 / (REFINE_SIZES + 1) ** REFINE`` of that first bracket (rows with ``mib``
-    false; CPR and CMD read MIB's rows only)."""
+    false; CPR and CMD read MIB's rows only). ``by="position"``: ``scores`` per edge and position
+    (each edge's positions in turn, as ``edge_scores(by="position")`` gives them), the units counted
+    and kept are (edge, position) pairs, the top ones by absolute score (``how="top"``; not pruned:
+    a path is a matter of edges, not of positions); outside the circuit a receiver reads the
+    sender at the source at that position only."""
     validate_circuit(how=how, source=source, fractions=fractions)
+    if by not in ("edge", "position"):
+        raise UsageError(f"by={by!r}: 'edge' or 'position' (scores per edge and position)", params="by")
+    if by == "position" and how != "top":
+        raise UsageError(
+            f"how={how} grows or cuts whole edges; by='position' keeps the top (edge, position) pairs: how='top'",
+            params=("how", "by"),
+        )
     missing = int(np.isnan(np.asarray(scores, dtype=np.float64)).sum())
     if missing:
         raise UsageError(
@@ -362,13 +374,15 @@ def faithfulness_curve(
             "run?): a circuit of a given size needs every edge scored; score all edges (edge_scores without edges=)",
             params="scores",
         )
-    ev = _Evaluation(model, task, source, metric, n_pairs, config, journal)
-    if len(scores) != ev.graph.n_edges:
+    ev = _Evaluation(model, task, source, metric, n_pairs, config, journal, by == "position")
+    if len(scores) != ev.units:
+        per = f" at {ev.units:,} (edge, position) pairs" if ev.positions else ""
         raise UsageError(
-            f"{len(scores)} scores for a graph of {ev.graph.n_edges:,} edges: score this model's graph (edge_scores)"
+            f"{len(scores)} scores for a graph of {ev.graph.n_edges:,} edges{per}: score this model's graph "
+            f"(edge_scores{', by=position' if ev.positions else ''})"
         )
-    sizes = sizes_of(ev.graph.n_edges, fractions)
-    table = ev.rows([select(ev.graph, scores, how, n=n) for n in sizes], sizes)
+    sizes = sizes_of(ev.units, fractions)
+    table = ev.rows([ev.select(scores, how, n) for n in sizes], sizes)
     table.insert(1, "fraction", list(fractions))
     table["mib"] = True
     for k in range(REFINE if refine else 0):
@@ -379,8 +393,8 @@ def faithfulness_curve(
         between = sorted(set(np.linspace(lo + 1, hi - 1, min(REFINE_SIZES, hi - lo - 1)).round().astype(int)))
         if not between:
             break
-        extra = ev.rows([select(ev.graph, scores, how, n=n) for n in between], between, scope=f"refine{k + 1}")
-        extra.insert(1, "fraction", [n / ev.graph.n_edges for n in between])
+        extra = ev.rows([ev.select(scores, how, n) for n in between], between, scope=f"refine{k + 1}")
+        extra.insert(1, "fraction", [n / ev.units for n in between])
         extra["mib"] = False
         table = pd.concat([table, extra]).sort_values(["size", "mib"], kind="stable").reset_index(drop=True)
     meta = ev.meta(how=how)
@@ -426,18 +440,34 @@ class _Evaluation:
         n_pairs: int | None,
         config: RunConfig | None,
         journal: Journal | None,
+        positions: bool = False,
     ):
         self.graph = graph_of(model, "circuit evaluation")
         self.run = setup(model, task, metric=metric, direction="noise", n_pairs=n_pairs, config=config)
-        self.source = source
+        self.source, self.positions = source, positions  # positions: circuits of (edge, position) pairs
+        self.units = self.graph.n_edges * (self.run.task.seq_len if positions else 1)
         self.sweeper = EdgeSweeper(self.run, self.graph, source=source, what="circuit evaluation", journal=journal)
-        self.empty = self._values([np.zeros(self.graph.n_edges, dtype=bool)], "empty")[0]
+        self.empty = self._values([np.zeros(self.units, dtype=bool)], "empty")[0]
+
+    def select(self, scores: np.ndarray, how: str, n: int) -> Bool[np.ndarray, " unit"]:
+        """The ``n`` units ``how`` keeps: edges, pruned (:func:`select`), or the top (edge, position) pairs."""
+        if not self.positions:
+            return select(self.graph, scores, how, n=n)
+        mag = np.abs(np.asarray(scores, dtype=np.float64))
+        keep = np.zeros(self.units, dtype=bool)
+        keep[np.argsort(-mag, kind="stable")[: min(n, self.units)]] = True
+        return keep
 
     def _values(self, circuits: Sequence[np.ndarray], scope: str) -> Tensor:
         idx = self.graph.edge_index()
         g = self.graph
-        codes = torch.zeros(len(circuits), len(g.senders), len(g.receivers), dtype=torch.int8)
+        pos = (self.run.task.seq_len,) if self.positions else ()
+        codes = torch.zeros(len(circuits), len(g.senders), len(g.receivers), *pos, dtype=torch.int8)
         for i, keep in enumerate(circuits):
+            if self.positions:  # [edge, pos]: each edge's positions outside read the source there
+                out = torch.as_tensor(~np.asarray(keep, dtype=bool).reshape(g.n_edges, -1))
+                codes[i, idx[:, 0], idx[:, 1]] = torch.where(out, SOURCE, 0).to(torch.int8)
+                continue
             out = idx[torch.as_tensor(~np.asarray(keep, dtype=bool))]
             codes[i, out[:, 0], out[:, 1]] = SOURCE
         return self.sweeper.evaluate(
@@ -474,6 +504,7 @@ class _Evaluation:
             graph=self.graph.describe(),
             shape=self.graph.shape.as_dict(),
             graph_edges=self.graph.n_edges,
+            **({"by": "position", "graph_units": self.units} if self.positions else {}),
             clean_metric=float(run.clean.mean()),
             corrupted_metric=float(run.corrupted.mean()),
             empty_metric=float(self.empty.mean()),

@@ -165,12 +165,12 @@ class EdgeScores(Result):
     ) -> FaithfulnessCurve:
         """The faithfulness of the circuits extracted from these scores at MIB's sizes
         (:func:`~interp.circuits.circuit.faithfulness_curve`; ``options``: its ``fractions``,
-        ``refine``, ``metric``, ``n_pairs``, ``journal``)."""
+        ``refine``, ``metric``, ``n_pairs``, ``journal``); scores by position make circuits of
+        (edge, position) pairs."""
         from interp.circuits.circuit import faithfulness_curve
 
-        self._per_edge("a faithfulness curve")
         scores = self.table["score"].to_numpy()
-        return faithfulness_curve(model, task, scores, how=how, source=source, config=config, **options)
+        return faithfulness_curve(model, task, scores, how=how, source=source, by=self.by, config=config, **options)
 
     def figure(self, title: str | None = None, edges: int = 60) -> go.Figure:
         """The ``edges`` edges of largest absolute score, drawn as a graph (:func:`~interp.circuits.figure.graph_figure`)."""
@@ -240,7 +240,8 @@ def edge_scores(
     ``edge``; default every edge), the others left NaN; ``journal``: exact's record, for a resumed run.
     ``by="position"``: a row per edge and position (``position``, auto-circuit's position-specific
     edges: the receiver at that position reading the sender's output there), the terms whose sum over
-    positions is the edge's score; its stability ranks (edge, position) rows.
+    positions is the edge's score; its stability ranks (edge, position) rows, and its
+    :meth:`EdgeScores.faithfulness_curve` evaluates circuits of (edge, position) pairs.
     ``config``: its ``minibatch`` (pairs per pass), ``n_boot``, ``level`` and ``seed``. A model the
     graph cannot describe is refused before any forward, and so is a run that would not fit in memory
     (the estimate said)."""

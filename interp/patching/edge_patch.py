@@ -96,12 +96,14 @@ class CodedUnits:
 
 
 class CodeUnits(CodedUnits):
-    """Interventions given as a ``[n, sender, receiver]`` code tensor (keys: a digest of each one's codes)."""
+    """Interventions given as a ``[n, sender, receiver]`` code tensor, or ``[n, sender, receiver,
+    pos]`` for edges coded position by position (keys: a digest of each one's codes)."""
 
-    def __init__(self, graph: Graph, codes: Int8[Tensor, "n sender receiver"]):
+    def __init__(self, graph: Graph, codes: Int8[Tensor, "n sender receiver *pos"]):
         self.graph, self.all = graph, codes.to(torch.int8)
         layers = torch.tensor([n.layer for n in graph.receivers])
-        touched = (self.all != ACTUAL).any(1)  # [n, receiver]
+        touched = (self.all != ACTUAL).any(1)  # [n, receiver] (, pos)
+        touched = touched.reshape(*touched.shape[:2], -1).any(-1)
         big = graph.shape.n_layers + 1
         self.starts = torch.where(touched, layers[None], torch.full_like(layers[None], big)).min(1).values
 
@@ -116,7 +118,7 @@ class CodeUnits(CodedUnits):
 
     def label(self, i: int) -> str:
         nz = self.all[i].nonzero()
-        blob = torch.cat([nz, self.all[i][nz[:, 0], nz[:, 1]][:, None].long()], 1).numpy().tobytes()
+        blob = torch.cat([nz, self.all[i][tuple(nz.T)][:, None].long()], 1).numpy().tobytes()
         return hashlib.sha1(blob).hexdigest()
 
 

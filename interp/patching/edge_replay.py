@@ -138,7 +138,8 @@ class Replay:
 
     def _build(self) -> None:
         sw, L = self.sw, self.sw.info.n_layers
-        touched = (self.codes != ACTUAL).any(0).any(0).cpu()  # [receiver]
+        touched = (self.codes != ACTUAL).any(0).any(0)  # [receiver], or [receiver, pos] by position
+        touched = touched.reshape(touched.shape[0], -1).any(1).cpu()
         self.active = {l: any(bool(touched[r]) for r in sw.graph.receivers_of(l)) for l in range(L + 1)}
         for l in range(self.start, L):
             self.hooks.append((z_hook(l), self._keep_z(l)))
@@ -214,25 +215,27 @@ class Replay:
         costs ``min(k, n_up - k)`` differences, not ``n_up``. Each code is one product per
         intervention of a ``[C, n_up]`` matrix of +-1 (sparse where few entries are set) with every
         upstream sender's difference, each difference and each total formed once per forward
-        (:meth:`_fill`, :meth:`_total`)."""
-        codes = self.codes[:, :, receivers]  # [rep, sender, C]
+        (:meth:`_fill`, :meth:`_total`). Codes by position (``[rep, sender, receiver, pos]``, edges
+        that hold at some positions only) choose the set per receiver and position."""
+        codes = self.codes[:, :, receivers]  # [rep, sender, C] (, pos)
         if not bool((codes != ACTUAL).any()):
             return None
         n_up = self.sw.graph.upstream(receivers[0])
-        live = (codes[:, :n_up] != ACTUAL).any(1).any(0).nonzero()[:, 0]  # receivers some intervention shifts
+        live = (codes[:, :n_up] != ACTUAL).any(1).any(0)  # receivers some intervention shifts
+        live = live.reshape(live.shape[0], -1).any(1).nonzero()[:, 0]
         codes = codes[:, :n_up, live]
         terms = []
         for code in (SOURCE, OWN):
-            m = codes == code  # [rep, n_up, C_live]
-            k = m.sum(1)  # [rep, C_live]: the senders each receiver reads under this code
+            m = codes == code  # [rep, n_up, C_live] (, pos)
+            k = m.sum(1)  # [rep, C_live] (, pos): the senders each receiver reads under this code
             if not bool(k.any()):
                 continue
             flip = 2 * k > n_up  # cheaper as the total minus the rest
-            summed = m ^ flip[:, None, :]  # the senders summed, with sign -1 where flipped
-            used = summed.any(0).any(-1) | bool(flip.any())
+            summed = m ^ flip[:, None]  # the senders summed, with sign -1 where flipped
+            used = summed.transpose(0, 1).reshape(n_up, -1).any(1) | bool(flip.any())
             P = self._fill(code, used.cpu().numpy())[:, :n_up]  # [rep, n_up, b * T * d]
-            sign = torch.where(flip, -1.0, 1.0).to(P.dtype)  # [rep, C_live]
-            weights = summed.transpose(1, 2).to(P.dtype) * sign[:, :, None]  # [rep, C_live, n_up]
+            sign = torch.where(flip, -1.0, 1.0).to(P.dtype)  # [rep, C_live] (, pos)
+            weights = summed.movedim(1, -1).to(P.dtype) * sign[..., None]  # [rep, C_live, (pos,) n_up]
             total = self._total(code, n_up) if bool(flip.any()) else None
             terms.append((weights, P, flip.to(P.dtype), total))
         return Shift(live.to(self.codes.device), terms, (self.b, self.T))
@@ -345,8 +348,9 @@ class Replay:
 @dataclass
 class Shift:
     """What :meth:`Replay._shift` leaves for one site: the receivers shifted (``live``) and, per code
-    read, the ``[rep, C_live, n_up]`` weights (+-1) on the upstream senders' differences ``P``
-    (``[rep, n_up, b * T * d]``), which receivers take the code's total (``flip``) and that total."""
+    read, the ``[rep, C_live, n_up]`` weights (+-1; ``[rep, C_live, T, n_up]`` for codes by position)
+    on the upstream senders' differences ``P`` (``[rep, n_up, b * T * d]``), which receivers take the
+    code's total (``flip``) and that total."""
 
     live: Tensor
     terms: list[tuple[Tensor, Tensor, Tensor, Tensor | None]]
@@ -354,13 +358,19 @@ class Shift:
 
     def of(self, r: int) -> Float[Tensor, "C b T d"]:
         """Intervention ``r``'s shift of each live receiver's input."""
+        b, T = self.shape
         D = None
         for weights, P, flip, total in self.terms:
-            term = _product(weights[r], P[r])
-            if total is not None:
-                term = term + flip[r][:, None] * total[r][None]
+            if weights.ndim == 4:  # by position: each position's own weights on the senders there
+                term = torch.einsum("ctn,nbtd->cbtd", weights[r], P[r].reshape(P.shape[1], b, T, -1))
+                if total is not None:
+                    term = term + flip[r][:, None, :, None] * total[r].reshape(b, T, -1)[None]
+            else:
+                term = _product(weights[r], P[r])
+                if total is not None:
+                    term = term + flip[r][:, None] * total[r][None]
             D = term if D is None else D + term
-        return D.reshape(D.shape[0], *self.shape, -1)
+        return D.reshape(D.shape[0], b, T, -1)
 
 
 def _through(
