@@ -116,7 +116,12 @@ def bootstrap_ratio(
     # columns at a time keeps [n_boot, columns] under the budget (each column's quantiles are its own)
     cols = max(1, _GATHER_BUDGET // (32 * n_boot))
     lo, hi, dropped = [], [], 0
+    mean = b > 0 and bool((flat_den == 1).all())  # every resample pools its n draws: no ratio to mask
     for c in range(0, max(flat_num.shape[1], 1), cols):
+        if mean:  # the same quotients as below (each pooled denominator is exactly n), without forming them
+            low, high = _quantiles(draws @ flat_num[:, c : c + cols] / float(n), (alpha, 1 - alpha))
+            lo.append(low), hi.append(high)
+            continue
         pooled = draws @ flat_den[:, c : c + cols]
         ratios = torch.where(pooled != 0, draws @ flat_num[:, c : c + cols] / _nonzero(pooled), nan)
         degenerate = (pooled == 0) & (flat_total[c : c + cols] != 0)  # a resample drew only units without its targets

@@ -157,3 +157,14 @@ def test_quantiles_from_the_tails_alone_equal_nanquantile_to_the_bit(n):
     lo, hi = _quantiles(x, (alpha, 1 - alpha))
     torch.testing.assert_close(lo, torch.nanquantile(x, alpha, dim=0), rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(hi, torch.nanquantile(x, 1 - alpha, dim=0), rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_mean_skips_the_ratios_denominators_and_gives_the_same_interval_to_the_bit():
+    # denominators of one (a mean, as bootstrap_mean asks) take the short path; of two, the ratio's
+    # own: every pooled quotient is the same number, so the intervals are equal bit for bit
+    num, _ = synthetic(reps=300, n_seq=40, seed=5)
+    mean = bootstrap_ratio(num, torch.ones_like(num), n_boot=500, seed=2)
+    ratio = bootstrap_ratio(2 * num, 2 * torch.ones_like(num), n_boot=500, seed=2)
+    for a, b in zip(mean, ratio):
+        assert torch.equal(a, b)
+    assert mean.units == 40 and mean.dropped == 0 and bool((mean.hi > mean.lo).all())
