@@ -362,7 +362,7 @@ class Shift:
         D = None
         for weights, P, flip, total in self.terms:
             if weights.ndim == 4:  # by position: each position's own weights on the senders there
-                term = torch.einsum("ctn,nbtd->cbtd", weights[r], P[r].reshape(P.shape[1], b, T, -1))
+                term = _product_by_position(weights[r], P[r].reshape(P.shape[1], b, T, -1))
                 if total is not None:
                     term = term + flip[r][:, None, :, None] * total[r].reshape(b, T, -1)[None]
             else:
@@ -397,6 +397,16 @@ def _zeroed(scratch: dict, key: Any, shape: tuple[int, ...], dtype: torch.dtype,
     if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
         scratch[key] = buf = torch.empty(n, dtype=dtype, device=device)
     return buf[:n].view(shape).zero_()
+
+
+def _product_by_position(w: Float[Tensor, "C T n"], p: Float[Tensor, "n b T d"]) -> Float[Tensor, "C b T d"]:
+    """Each position's ``w[:, t] @ p[:, :, t]``, read in place: one product per position batched over
+    the sequences (an einsum lays ``p`` out afresh first, several times slower)."""
+    C, T, _ = w.shape
+    out = p.new_empty(C, p.shape[1], T, p.shape[3])
+    for t in range(T):
+        out[:, :, t] = torch.matmul(w[:, t], p[:, :, t].transpose(0, 1)).transpose(0, 1)
+    return out
 
 
 DENSE_ROWS = 2  # a dense product costs about min(C, 2) sparse entries' work per sender (measured on CPUs)
