@@ -111,8 +111,7 @@ def select(
 ) -> Bool[np.ndarray, " edge"]:
     """The edges ``how`` extracts from ``scores`` (absolute values ranked; ties in table order), pruned."""
     HOWS.check(how)
-    mag = np.abs(np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-1.0))
-    E = len(mag)
+    mag = _magnitudes(scores)
     if how == "threshold":
         if threshold is None:
             raise UsageError(
@@ -121,11 +120,21 @@ def select(
         return prune(graph, mag >= threshold)
     if n is None or n < 0:
         raise UsageError(f"how={how} needs n=: how many edges (an integer >= 0)", params="n")
-    keep = np.zeros(E, dtype=bool)
     if how == "top":
-        keep[np.argsort(-mag, kind="stable")[: min(n, E)]] = True
-        return prune(graph, keep)
+        return prune(graph, _top(mag, n))
     return prune(graph, _greedy(graph, mag, n))
+
+
+def _magnitudes(scores: Float[np.ndarray, " unit"]) -> Float[np.ndarray, " unit"]:
+    """Absolute scores (NaN read as -1)."""
+    return np.abs(np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-1.0))
+
+
+def _top(mag: Float[np.ndarray, " unit"], n: int) -> Bool[np.ndarray, " unit"]:
+    """The ``n`` units of largest ``mag`` (ties in order)."""
+    keep = np.zeros(len(mag), dtype=bool)
+    keep[np.argsort(-mag, kind="stable")[: min(n, len(mag))]] = True
+    return keep
 
 
 def _greedy(graph: Graph, mag: np.ndarray, n: int) -> np.ndarray:
@@ -322,10 +331,30 @@ class Circuit(Result):
         return graph_figure(self.table, self.meta, edges=edges, title=title)
 
 
-def validate_circuit(*, how: str = "top", source: str = "patch", fractions: Sequence[float] = MIB_FRACTIONS) -> None:
+BY = ("edge", "position")  # scores and circuits per edge, or per (edge, position) pair
+
+
+def check_by(by: str) -> None:
+    """Refuse a ``by`` that is neither ``edge`` nor ``position``."""
+    if by not in BY:
+        raise UsageError(
+            f"by={by!r}: 'edge' (a score per edge, summed over positions) or 'position' (a score per edge and position)",
+            params="by",
+        )
+
+
+def validate_circuit(
+    *, how: str = "top", source: str = "patch", fractions: Sequence[float] = MIB_FRACTIONS, by: str = "edge"
+) -> None:
     """What extraction and evaluation refuse before any forward, without a model."""
     HOWS.check(how)
     SOURCES.check(source)
+    check_by(by)
+    if by == "position" and how != "top":
+        raise UsageError(
+            f"how={how} grows or cuts whole edges; by='position' keeps the top (edge, position) pairs: how='top'",
+            params=("how", "by"),
+        )
     bad = [f for f in fractions if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1]
     if bad or not fractions:
         raise UsageError(
@@ -359,14 +388,7 @@ def faithfulness_curve(
     and kept are (edge, position) pairs, the top ones by absolute score (``how="top"``; not pruned:
     a path is a matter of edges, not of positions); outside the circuit a receiver reads the
     sender at the source at that position only."""
-    validate_circuit(how=how, source=source, fractions=fractions)
-    if by not in ("edge", "position"):
-        raise UsageError(f"by={by!r}: 'edge' or 'position' (scores per edge and position)", params="by")
-    if by == "position" and how != "top":
-        raise UsageError(
-            f"how={how} grows or cuts whole edges; by='position' keeps the top (edge, position) pairs: how='top'",
-            params=("how", "by"),
-        )
+    validate_circuit(how=how, source=source, fractions=fractions, by=by)
     missing = int(np.isnan(np.asarray(scores, dtype=np.float64)).sum())
     if missing:
         raise UsageError(
@@ -451,12 +473,7 @@ class _Evaluation:
 
     def select(self, scores: np.ndarray, how: str, n: int) -> Bool[np.ndarray, " unit"]:
         """The ``n`` units ``how`` keeps: edges, pruned (:func:`select`), or the top (edge, position) pairs."""
-        if not self.positions:
-            return select(self.graph, scores, how, n=n)
-        mag = np.abs(np.asarray(scores, dtype=np.float64))
-        keep = np.zeros(self.units, dtype=bool)
-        keep[np.argsort(-mag, kind="stable")[: min(n, self.units)]] = True
-        return keep
+        return _top(_magnitudes(scores), n) if self.positions else select(self.graph, scores, how, n=n)
 
     def _values(self, circuits: Sequence[np.ndarray], scope: str) -> Tensor:
         idx = self.graph.edge_index()

@@ -37,6 +37,7 @@ from torch import Tensor
 from interp import memory
 from interp.ablation.metrics import Metric
 from interp.adapters import HookedModel
+from interp.circuits.circuit import check_by
 from interp.circuits.passes import METHODS, GradientPasses, edge_memory, fused_attention
 from interp.config import RunConfig, run_header
 from interp.errors import UsageError
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from interp.circuits.curve import FaithfulnessCurve
 
 STEM = "edge_scores"
-BY = ("edge", "position")  # a score per edge, or per edge and position
 DEFAULT_TOP = 20  # the stability's top-n
 IG_STEPS = 5  # EAP-IG's usual m
 
@@ -193,11 +193,7 @@ def validate_edge_scores(
     ``steps`` given to a method without steps or not an integer >= 1, a ``top`` that is not >= 1,
     ``by`` neither ``edge`` nor ``position``, or ``position`` with ``method="exact"``."""
     METHODS.check(method)
-    if by not in BY:
-        raise UsageError(
-            f"by={by!r}: 'edge' (a score per edge, summed over positions) or 'position' (a score per edge and position)",
-            params="by",
-        )
+    check_by(by)
     if by == "position" and method == "exact":
         attribution = ", ".join(m for m in METHODS if m != "exact")
         raise UsageError(
