@@ -419,6 +419,20 @@ def test_pruning_keeps_only_edges_on_input_to_logits_paths_and_greedy_grows_from
         select(g, scores, "threshold")
 
 
+def test_unscored_edges_rank_below_every_scored_one():
+    """Exact scores of a subset leave the rest NaN: neither the top n nor a threshold keeps one of
+    them (they had read as |score| 1, above every score under 1)."""
+    graph = graph_of(planted_model(n_ctx=64))
+    scores = np.full(graph.n_edges, np.nan)
+    names = list(graph.table().edge)
+    for name, value in (("input->0.0<v>", 0.5), ("0.0->1.0<k>", 0.2), ("1.0->logits", -0.4)):
+        scores[names.index(name)] = value
+    unscored = np.isnan(scores)
+    for keep in (select(graph, scores, "top", n=3), select(graph, scores, "threshold", threshold=0.1)):
+        assert keep.sum() == 3 and not keep[unscored].any()
+    assert select(graph, scores, "threshold", threshold=0.3).sum() == 0  # 0.2 breaks the chain: pruned
+
+
 def test_mib_sizes_and_the_areas_of_a_known_curve():
     assert sizes_of(32491) == [32, 64, 162, 324, 649, 1624, 3249, 6498, 16245, 32491]
     f = np.array([0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.0])

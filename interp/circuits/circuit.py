@@ -126,8 +126,8 @@ def select(
 
 
 def _magnitudes(scores: Float[np.ndarray, " unit"]) -> Float[np.ndarray, " unit"]:
-    """Absolute scores (NaN read as -1)."""
-    return np.abs(np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-1.0))
+    """Absolute scores, NaN (an unscored edge) at -1: below every score, so never kept over one."""
+    return np.nan_to_num(np.abs(np.asarray(scores, dtype=np.float64)), nan=-1.0)
 
 
 def _top(mag: Float[np.ndarray, " unit"], n: int) -> Bool[np.ndarray, " unit"]:
