@@ -350,6 +350,35 @@ def test_head_faithfulness_is_the_node_circuits_evaluation(to, source):
     assert np.ptp(curves.table.metric) > 0.1  # the curve moves: the comparison is not of constants
 
 
+@pytest.mark.parametrize(
+    "method, steps",
+    [("eap-ig-inputs", 3), ("eap-ig-activations", 2), ("clean-corrupted", None)],
+)
+def test_each_gradient_method_gives_a_head_the_sum_of_its_edges_scores(method, steps):
+    """One definition of each method, nodes and edges alike: patch_heads by edge attribution's method
+    (its passes read at the heads' outputs) gives each head the sum of its edges' scores by that
+    method (read at the receivers), per head and per position, both directions."""
+    from interp.patching import patch_heads
+
+    model, task = _random_toy(dtype=torch.float64)
+    for direction in ("noise", "denoise"):
+        kw = dict(method=method, steps=steps, direction=direction, metric="raw-logit-diff", config=FAST)
+        scores = edge_scores(model, task, **kw)
+        nodes = scores.node_scores().set_index("node")
+        heads = patch_heads(model, task, **kw).table
+        got = nodes.loc[[f"{l}.{h}" for l, h in zip(heads["layer"], heads["head"])], "score"].to_numpy()
+        np.testing.assert_allclose(got, heads["effect"], rtol=1e-6, atol=1e-6)  # tables keep float32
+        assert np.abs(heads["effect"]).max() > 0.5  # scores well above the tolerance
+        per_edge = edge_scores(model, task, by="position", **kw).table
+        per_edge = per_edge[per_edge.sender.str.fullmatch(r"\d+\.\d+")]
+        want = per_edge.groupby(["sender", "position"])["score"].sum()
+        per_head = patch_heads(model, task, by="position", **kw).table
+        got = want.loc[[(f"{l}.{h}", p) for l, h, p in zip(per_head["layer"], per_head["head"], per_head["position"])]]
+        np.testing.assert_allclose(got.to_numpy(), per_head["effect"], rtol=1e-6, atol=1e-6)
+    eap = patch_heads(model, task, method="attribution", metric="raw-logit-diff", config=FAST).table["effect"]
+    assert np.abs(heads["effect"] - eap).max() > 1e-3  # not attribution patching under another name
+
+
 @pytest.mark.parametrize("direction", ["noise", "denoise"])
 def test_a_heads_node_score_is_its_attribution_and_the_top_nodes_make_a_node_circuit(direction):
     """One definition of attribution for nodes and edges: a head's EAP node score (the sum of its

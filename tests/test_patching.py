@@ -481,7 +481,9 @@ def test_eap_ig_with_one_step_is_attribution_and_finds_the_carrier(carrier):
     want[CARRIER] = 1.0
     torch.testing.assert_close(torch.as_tensor(ig.grid("effect")), want, atol=1e-5, rtol=0)
     with pytest.raises(
-        UsageError, match=r"^method=attribution does not read steps= \(it applies to method=eap-ig\): drop it$"
+        UsageError,
+        match=r"^method=attribution does not read steps= \(it applies to method=eap-ig, eap-ig-inputs or "
+        r"eap-ig-activations\): drop it$",
     ):
         patch_heads(model, task, method="attribution", steps=3)
 
@@ -737,7 +739,5 @@ def test_eap_ig_shows_progress_within_its_steps(carrier, capsys):
     with progress.lines():
         patch_heads(model, task, method="eap-ig", steps=4, config=RunConfig(n_boot=20, progress=True))
     err = capsys.readouterr().err
-    assert (
-        "attribution patching (eap-ig, 4 steps): " in err and " 1 minibatch(es) of 4 gated forward and backward" in err
-    )
+    assert "attribution patching (eap-ig, 4 steps): " in err and " 1 minibatch(es) of 4 forward and backward" in err
     assert "attribution patching (eap-ig, 4 steps): 4/4 (100%)" in err

@@ -139,7 +139,8 @@ def test_a_flag_the_method_ignores_is_refused_before_the_model_loads(tmp_path, c
     line = _refused(capsys, argv, out)
     assert line.endswith("--method attribution does not read --replay (it applies to --method exact): drop it")
     line = _refused(capsys, ["--model", "no/such-model", "--steps", "3", "--out", str(out)], out)
-    assert line.endswith("--method exact does not read --steps (it applies to --method eap-ig): drop it")
+    stepped = "--method eap-ig, eap-ig-inputs or eap-ig-activations"
+    assert line.endswith(f"--method exact does not read --steps (it applies to {stepped}): drop it")
     line = _refused(capsys, [*argv, "--site", "k"], out)
     assert line.endswith("does not read --replay or --site (it applies to --method exact): drop them")
 

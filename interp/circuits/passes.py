@@ -1,6 +1,7 @@
-"""The gradient passes of edge attribution (:mod:`~interp.circuits.edges`): the forwards and
-backwards each method takes, where it reads the receivers' gradients, and the contraction of those
-gradients with the senders' output differences into per-pair edge scores.
+"""The readout of edge attribution (:mod:`~interp.circuits.edges`) on the one gradient path
+(:class:`interp.patching.attribution.Passes`: the methods' points and passes, node attribution's
+too): where it reads the receivers' gradients, and the contraction of those gradients with the
+senders' output differences into per-pair edge scores.
 
 Memory stays O(T). The gradients are read at the receivers' own inputs, not at per-head copies of
 the residual: an MLP's and the logits' at their input after the norm, a head's at its queries, keys
@@ -14,9 +15,8 @@ pattern is asked for where the attention runs fused (:func:`fused_attention`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Any
 
 import torch
 from einops import einsum
@@ -31,7 +31,8 @@ from interp.adapters.receivers import ReceiverNorms
 from interp.adapters.weights import read_head_weights
 from interp.config import RunConfig
 from interp.errors import UsageError
-from interp.hooks import mlp_out_hook, qkv_hook, resid_pre_hook, z_hook
+from interp.hooks import qkv_hook, resid_pre_hook, z_hook
+from interp.patching.attribution import Passes, Point, begin, toward, watch
 from interp.patching.core import Setup
 from interp.patching.graph import Graph
 from interp.patching.post_norm import fold, layer_write, post_norms, sender_hooks
@@ -88,16 +89,17 @@ def edge_memory(
     return estimate
 
 
-class GradientPasses:
-    """The forwards and backwards of one method, and the contraction of their gradients with the
-    senders' output differences into per-pair edge scores."""
+class GradientPasses(Passes):
+    """One method's passes (:class:`~interp.patching.attribution.Passes`) read at every receiver's
+    input, and the contraction of those gradients with the senders' output differences into
+    per-pair edge scores."""
 
     def __init__(
         self, run: Setup, graph: Graph, method: str, steps: int, fused: bool = False, by_position: bool = False
     ):
-        self.run, self.graph, self.method, self.steps = run, graph, method, steps
+        super().__init__(run, method, steps)
+        self.graph = graph
         self.by_position = by_position  # a score per edge and position, not summed over positions
-        self.model, self.info = run.model, run.info
         w = read_head_weights(run.model, run.info, "edge attribution")
         dtype = next(iter(run.model.parameters())).dtype
         g = graph.shape.group
@@ -122,7 +124,7 @@ class GradientPasses:
         desc, on = f"edge attribution ({self.method})", self.run.config.progress
         with tqdm(total=len(starts) * self.passes(), desc=desc, disable=not on, sizes=sizes, unit="pass") as bar:
             for start in starts:  # the bar counts gradient passes: an integration's steps show as they go
-                scores, o, d = self._block(torch.arange(start, min(start + step, n)), bar.update)
+                scores, o, d = self.block(torch.arange(start, min(start + step, n)), bar.update)
                 if self.by_position:  # [b, pos, sender, receiver] -> [b, edge, pos]
                     parts.append(scores.transpose(2, 3)[:, :, mask].transpose(1, 2).reshape(len(o), -1))
                 else:
@@ -131,53 +133,10 @@ class GradientPasses:
                 donor.append(d)
         return torch.cat(parts), torch.cat(own).float(), torch.cat(donor).float()
 
-    def passes(self) -> int:
-        """Forwards and backwards per minibatch (each with a forward of the donor prompts)."""
-        nodes = 1 + self.info.n_layers + len(self.graph.shape.mlp_layers)
-        return {"eap": 1, "clean-corrupted": 2, "eap-ig-inputs": self.steps}.get(self.method, nodes * self.steps)
-
-    def _block(self, rows: Tensor, done: Callable[[], Any]) -> tuple[Tensor, Tensor, Tensor]:
-        probe = self.run.probe
-        tokens = probe.tokens[rows.to(probe.tokens.device)]
-        donor_tokens = probe.donor[rows.to(probe.donor.device)]
-        with torch.no_grad():
-            donor_out, donor_value = self._forward(donor_tokens, rows)
-        total = self._zeros(len(rows))
-        points = self._points(tokens, donor_tokens, list(donor_out))
-        delta, own_value = None, None
-        if METHODS.info(self.method, "steps"):  # no point is the own run unmoved: one plain forward of it
-            with torch.no_grad():
-                own_out, own_value = self._forward(tokens, rows)
-            delta = {k: donor_out[k] - own_out[k] for k in donor_out}
-        # else no point moves a sender toward the donor: its outputs serve the difference alone, which
-        # the first pass (the own run, unmoved) takes in place (one set of sender outputs kept, not two)
-        for toks, alpha, moved in points:
-            minus = donor_out if delta is None else None
-            with frozen(self.model):
-                _, value, grads, norm_in = self._gradient_pass(toks, rows, donor_out, alpha, moved, minus)
-            if delta is None:
-                own_value, delta = value.detach(), donor_out
-            total += self._contract(delta, grads, norm_in)
-            done()
-        return total / self.passes(), own_value.cpu(), donor_value.cpu()
-
-    def _points(
-        self, tokens: Tensor, donor_tokens: Tensor, nodes: list[str]
-    ) -> Iterator[tuple[Tensor, float | None, tuple[str, ...]]]:
-        """The :meth:`passes` points the gradient is averaged over, as EAP-IG takes them, one at a
-        time (``steps`` may be large): (the prompts run, how far from the donor's value toward the own,
-        which senders are moved). ``eap-ig-inputs``: the input at ``k / m`` for ``k = 0 .. m - 1``;
-        ``eap-ig-activations``: each of the input, a layer's heads and a layer's MLP alone at ``k / m``
-        for ``k = 1 .. m``. The eap-ig points never run the own prompts unmoved; the others do first."""
-        m = self.steps
-        if self.method == "eap":
-            yield tokens, None, ()
-        elif self.method == "clean-corrupted":
-            yield from ((tokens, None, ()), (donor_tokens, None, ()))
-        elif self.method == "eap-ig-inputs":
-            yield from ((tokens, k / m, ("input",)) for k in range(m))
-        else:
-            yield from ((tokens, k / m, (node,)) for node in nodes for k in range(1, m + 1))
+    def _moved_alone(self) -> int:
+        """The senders an ``eap-ig-activations`` point moves one at a time: the input, each layer's
+        heads and each MLP."""
+        return 1 + self.info.n_layers + len(self.graph.shape.mlp_layers) if self.method == "eap-ig-activations" else 1
 
     def _sender_hooks(
         self, keep: dict[str, Tensor], minus: dict[str, Tensor] | None = None
@@ -196,16 +155,8 @@ class GradientPasses:
         layer's heads move together, as the norm's output (what the layer adds)."""
         l = int(key[1:]) if key[0] == "z" else -1
         if l in self.posts:
-            return self.posts[l].output, _toward(layer_write(donor[key], self.W_O[l]), alpha)
-        return _hook_name(key), _toward(donor[key], alpha)
-
-    def _forward(self, tokens: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-        """A plain forward: every sender's output, and the metric per pair."""
-        keep: dict[str, Tensor] = {}
-        metric = self.run.metric
-        with self._attention() as extra:
-            out = read_out(self.model, tokens, metric, self._sender_hooks(keep) + extra, self.info.n_layers)
-        return keep, metric(out, tokens, None, rows)
+            return self.posts[l].output, toward(layer_write(donor[key], self.W_O[l]), alpha)
+        return super()._toward(donor, key, alpha)
 
     def _attention(self) -> AbstractContextManager[list]:
         """Where :attr:`fused`, the model's attention runs fused (no ``[T, T]`` pattern is formed, its
@@ -213,27 +164,20 @@ class GradientPasses:
         return streamed_attention(self.model, lambda seen: None) if self.fused else nullcontext([])
 
     def _gradient_pass(
-        self,
-        tokens: Tensor,
-        rows: Tensor,
-        donor: dict[str, Tensor],
-        alpha: float | None,
-        moved: tuple[str, ...],
-        minus: dict[str, Tensor] | None = None,
+        self, point: Point, rows: Tensor, donor: dict[str, Tensor], minus: dict[str, Tensor] | None = None
     ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """One forward and backward: the senders' outputs (``minus``: subtracted from its tensors in
         place), the metric, the gradient at every receiver's input after its norm (``q{l}``, ``k{l}``,
         ``v{l}``, ``m{l}``, ``logits``) and every norm's input."""
         keep: dict[str, Tensor] = {}
         hooks = self._sender_hooks(keep, minus)
-        if alpha is not None:  # the moved senders' outputs at donor + alpha (own - donor)
-            hooks = [*hooks, *[self._toward(donor, k, alpha) for k in moved]]
+        hooks += self._moves(donor, point)  # the moved senders' outputs at donor + alpha (own - donor)
         start: list[Tensor] = []  # the stream entering block 0, where the backward stops
-        hooks.append((resid_pre_hook(0), _start(start)))
+        hooks.append((resid_pre_hook(0), begin(start)))
         grads: dict[str, Tensor] = {}
         seen: set[str] = set()
         for l in range(self.info.n_layers):
-            hooks += [(qkv_hook(l, s), _watch(grads, seen, f"{s}{l}")) for s in "qkv"]
+            hooks += [(qkv_hook(l, s), watch(grads, seen, f"{s}{l}")) for s in "qkv"]
         norm_in: dict[str, Tensor] = {}
         norms = self.norms
         with ExitStack() as stack:
@@ -242,12 +186,12 @@ class GradientPasses:
             for l in norms.mlps:
                 if not norms.shared(l):
                     norms.watch(stack, norms.mlps[l], _grab_input(norm_in, f"norm.m{l}"))
-                hooks += norms.mlp_input(stack, l, _watch(grads, seen, f"m{l}"))
-            hooks += norms.logits_input(stack, _watch(grads, seen, "logits"))
+                hooks += norms.mlp_input(stack, l, watch(grads, seen, f"m{l}"))
+            hooks += norms.logits_input(stack, watch(grads, seen, "logits"))
             norms.watch(stack, norms.final, _grab_input(norm_in, "ln_final"))
             with self._attention() as extra:
-                out = read_out(self.model, tokens, self.run.metric, hooks + extra, self.info.n_layers, grad=True)
-            value = self.run.metric(out, tokens, None, rows)
+                out = read_out(self.model, point.tokens, self.run.metric, hooks + extra, self.info.n_layers, grad=True)
+            value = self.run.metric(out, point.tokens, None, rows)
         names = self._expected(seen, norm_in)
         torch.autograd.grad(value.sum(), start)  # the receivers' tensor hooks keep their gradients
         unreached = [k for k in names if k not in grads]
@@ -256,7 +200,7 @@ class GradientPasses:
                 f"edge attribution cannot read {self.info.name}'s receiver inputs {unreached}: the metric does not "
                 "depend on them through the hooks where they were read; this architecture is not supported yet"
             )
-        b, T = tokens.shape  # OPT's blocks run their MLP (and its norm) on [batch * pos, d_model]
+        b, T = point.tokens.shape  # OPT's blocks run their MLP (and its norm) on [batch * pos, d_model]
         found = {k: _by_position(grads[k], b, T) for k in names}
         norm_in = {k: _by_position(x, b, T) for k, x in norm_in.items()}
         for l in self.graph.shape.mlp_layers:
@@ -366,7 +310,7 @@ def fused_attention(model: HookedModel, config: RunConfig, tokens: Tensor, graph
     seen: set[str] = set()
     hooks = [(name, lambda x, hook, name=name: seen.add(name)) for name in names]  # hook.name: the bridge's own
     start: list[Tensor] = []
-    hooks.append((resid_pre_hook(0), _start(start)))
+    hooks.append((resid_pre_hook(0), begin(start)))
     try:
         with torch.no_grad():
             want = run_with_reducers(model, tokens, [])
@@ -382,50 +326,6 @@ def fused_attention(model: HookedModel, config: RunConfig, tokens: Tensor, graph
 def _by_position(x: Tensor, b: int, T: int) -> Tensor:
     """``x`` as ``[batch, pos, ...]`` where a model flattened it to ``[batch * pos, d]``."""
     return x.reshape(b, T, *x.shape[1:]) if x.ndim == 2 and x.shape[0] == b * T else x
-
-
-def _hook_name(key: str) -> str:
-    if key == "input":
-        return resid_pre_hook(0)
-    layer = key[1:]
-    return z_hook(layer) if key[0] == "z" else mlp_out_hook(layer)
-
-
-def _toward(donor: Tensor, alpha: float) -> Callable:
-    """A hook putting its activation at ``donor + alpha (own - donor)``."""
-
-    def hook(x: Tensor, hook: Any) -> Tensor:
-        return donor.to(x.dtype) + alpha * (x - donor.to(x.dtype))
-
-    return hook
-
-
-def _start(start: list[Tensor]) -> Callable:
-    """A hook making the stream entering block 0 the one tensor that requires grad (the weights are
-    frozen): every activation after it is in the graph, and the backward stops there."""
-
-    def hook(x: Tensor, hook: Any) -> Tensor:
-        start.append(x.detach().requires_grad_(True))
-        return start[-1]
-
-    return hook
-
-
-def _watch(grads: dict[str, Tensor], seen: set[str], key: str) -> Callable:
-    """A hook that keeps its activation's gradient, when the backward reaches it, under ``key``
-    (a tensor hook: the activation is not copied, nothing is added to the graph)."""
-
-    def hook(x: Tensor, hook: Any) -> Tensor:
-        seen.add(key)
-        if not x.requires_grad:
-            return x
-        # a view of its own (no copy): where the model hands one tensor to attention and the MLP
-        # (GPT-J's shared norm), the gradient kept is this reader's alone
-        x = x.view_as(x)
-        x.register_hook(lambda g: grads.__setitem__(key, g.detach()))
-        return x
-
-    return hook
 
 
 def _grab_input(keep: dict[str, Tensor], key: str) -> Callable[[Tensor], None]:

@@ -4,7 +4,7 @@ A thin layer over :func:`interp.patching.patch_heads`: ``--task`` is a bundled t
 ``ioi``, ``greater-than``: ``--batch`` pairs, default 20, seeded by ``--seed``) or a JSONL/CSV file
 with the columns ``clean``, ``corrupted``, ``answer``, ``wrong`` (its first ``--batch`` pairs, default
 every pair, the header says which; ``--framed``: its prompts already carry the model's framing); ``--by head|position|path``; ``--direction
-denoise|noise``; ``--method exact|attribution|eap-ig``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
+denoise|noise``; ``--method exact|attribution|eap-ig|eap-ig-inputs|eap-ig-activations|clean-corrupted``; ``--site z|q|k|v|pattern`` (exact). Writes ``patch_<by>.{csv,json,html}`` and
 ``patch_<by>_pairs.csv`` (the effect per pair; ``patch_attribution_<by>...`` for attribution) under
 ``--out``. Every patch finished is journaled there: ``--resume`` continues an
 interrupted run.
@@ -13,8 +13,8 @@ interrupted run.
 ``--receivers`` grid, the receivers the logits (default) or heads whose ``--site`` (``q``, ``k`` or
 ``v``; default ``q``) receives the path, each path a row of the edge replay (journaled too);
 writes ``path_patching.{csv,json,html}``. ``--faithfulness``
-(per head) adds the faithfulness curves of the rankings of the methods it names (default every
-method; the run's own result is one of them): ``faithfulness.{csv,json,html}``, and the smallest
+(per head) adds the faithfulness curves of the rankings of the methods it names (default exact,
+attribution and eap-ig; the run's own result is one of them): ``faithfulness.{csv,json,html}``, and the smallest
 number of heads that reaches 0.8 and 0.9 of the clean metric per ranking.
 
 Bad input (a task file without a column, pairs of different lengths, an answer of several tokens,
@@ -54,6 +54,7 @@ from interp.patching import (
     validate_path_patch,
 )
 from interp.patching.faithfulness import TARGETS
+from interp.patching.heads import STEPPED
 from interp.patching.paths import LOGITS
 from interp.plots import save_figure
 from interp.probes.task import DEFAULT_DIRECTION, DIRECTIONS, N_PAIRS, TaskProbe, task_probe
@@ -62,6 +63,7 @@ from interp.scores import format_table
 
 STEM = "patch"
 PATH = "path"
+RANKINGS = ("exact", "attribution", "eap-ig")  # --faithfulness given alone
 ALIASES = {"n_pairs": "batch", "to": "faithfulness_to"}  # the library's parameters whose flags have other names
 
 
@@ -107,11 +109,11 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         "--faithfulness",
         type=flags.names_in(METHODS, "method"),
         nargs="?",
-        const=list(METHODS.names()),
+        const=list(RANKINGS),
         default=None,
         help="--by head: also the faithfulness curves (the top n heads kept, every other head patched) of the "
-        "rankings of these methods, comma-separated (given alone: every method, "
-        + ", ".join(METHODS.names())
+        "rankings of these methods, comma-separated (given alone: "
+        + ", ".join(RANKINGS)
         + "), and the smallest n reaching "
         + " and ".join(f"{t:g}" for t in TARGETS)
         + " of the clean metric (default: off)",
@@ -138,7 +140,7 @@ def build_parser(prog: str = "python -m interp.patch") -> argparse.ArgumentParse
         "--steps",
         type=flags.positive_int,
         default=None,
-        help="eap-ig: integration steps between the activations (default: 5)",
+        help=f"{', '.join(STEPPED)}: the integration points (default: 5)",
     )
     flags.add_minibatch_flag(p, "pairs per forward (default: every pair in one forward)")
     return p
@@ -218,7 +220,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     journal = journals(kind, task.clean) if journals is not None and exact else None
     t0 = time.perf_counter()
     settings = {"replay": args.replay or "auto", "journal": journal, "site": args.site or "z"} if exact else {}
-    if args.method == "eap-ig":
+    if args.method in STEPPED:
         settings["steps"] = args.steps
     scores = patch_heads(
         model,
@@ -234,11 +236,12 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
     header(scores.meta["clean_metric"], scores.meta["corrupted_metric"])
     partial = bool(scores.meta.get("partial"))
     what = "fraction of the clean-corrupted gap moved" if normalised else f"change of {metric.name}"
-    passes = scores.meta.get("steps", 1)
+    meta = scores.meta
+    plain = " and one of their own" if not exact and meta["forwards"] > meta["backwards"] else ""
     how = (
-        f"replay {scores.meta['replay']}"
+        f"replay {meta['replay']}"
         if exact
-        else f"{passes} forward(s) and backward(s) per minibatch, after one forward of the donor prompts"
+        else f"{meta['passes']} forward(s) and backward(s) per minibatch, after one forward of the donor prompts{plain}"
     )
     print(f"{args.method} patching: {how}, {time.perf_counter() - t0:.2f}s\n")
     ranked = scores.rank("effect", top=args.top).dropna(subset=["effect"])

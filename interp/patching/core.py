@@ -112,7 +112,7 @@ def setup(
 ) -> Setup:
     """The run: names checked, the task built, its metric and baselines (refused when they agree).
     ``measured=False`` leaves the baselines (``clean``, ``corrupted``) to the method, which reads them
-    off passes it runs anyway (attribution: the donor capture and the gated forward)."""
+    off passes it runs anyway (attribution: the donor forward and its own points' passes)."""
     validate_setup(metric=metric, direction=direction, by=by, site=site)
     config = RunConfig.of(config)
     if not isinstance(task, TaskProbe):
@@ -263,7 +263,7 @@ def against_clean(model: HookedModel, task: TaskProbe, metric: Metric, minibatch
     """``metric`` (one that compares with a reference, :attr:`~interp.ablation.Metric.needs_clean`)
     bound to each pair's clean prompt: in patching its ``clean`` argument is the read-out of the
     clean prompt of the pair (``rows``), in either direction and in every pass (the baselines, the
-    replay, attribution's gated forwards, path patching's frozen runs), whatever the pass hands it.
+    replay, attribution's passes, path patching's frozen runs), whatever the pass hands it.
     The clean prompts' read-outs come from one plain forward of them, made here."""
     _check_forwards(model, task, metric, minibatch, "the clean prompts' reference pass")
     L, n = describe(model).n_layers, task.n_pairs

@@ -1,7 +1,8 @@
 """``patch_heads``: every head (or head and position) patched alone, by the method asked for.
 
 :data:`METHODS` registers the methods: ``exact`` (:mod:`interp.patching.exact`, the batched replay)
-``attribution`` and ``eap-ig`` (:mod:`interp.patching.attribution`, one or a few forwards and backwards). :func:`agreement`
+``attribution``, ``eap-ig`` and edge attribution's ``eap-ig-inputs``, ``eap-ig-activations`` and
+``clean-corrupted`` (:mod:`interp.patching.attribution`, one or a few forwards and backwards). :func:`agreement`
 says how well an approximate ranking agrees with the exact one.
 """
 
@@ -34,12 +35,40 @@ METHODS.add(
     "attribution",
     "attribution patching: (donor - own activation) . gradient, one forward and backward; signed, approximate",
     attribution_values,
+    points="eap",
 )
 METHODS.add(
     "eap-ig",
-    "EAP-IG: the gradient averaged over steps between the two activations (default 5); signed, approximate",
+    "EAP-IG at head granularity: the gradient averaged over steps with every head moved together between the two "
+    "activations (default 5); signed, approximate",
     attribution_values,
+    points="eap-ig",
+    steps=True,
 )
+METHODS.add(
+    "eap-ig-inputs",
+    "edge attribution's EAP-IG read at the heads: the gradient averaged over steps on the line from the donor's "
+    "input embeddings to the own (default 5); signed, approximate",
+    attribution_values,
+    points="eap-ig-inputs",
+    steps=True,
+)
+METHODS.add(
+    "eap-ig-activations",
+    "edge attribution's, read at the heads: the gradient averaged over steps with each node layer (the input, a "
+    "layer's heads, an MLP) moved alone (default 5); signed, approximate",
+    attribution_values,
+    points="eap-ig-activations",
+    steps=True,
+)
+METHODS.add(
+    "clean-corrupted",
+    "edge attribution's, read at the heads: the gradient averaged over the two prompts of each pair; signed, "
+    "approximate",
+    attribution_values,
+    points="clean-corrupted",
+)
+STEPPED = METHODS.select(lambda e: e.info.get("steps", False))
 EAP_IG_STEPS = 5
 
 
@@ -75,9 +104,11 @@ def validate_patch_heads(
                 f"method=exact): drop {'it' if len(given) == 1 else 'them'}",
                 params=("method", *given),
             )
-    if steps is not None and method != "eap-ig":
+    if steps is not None and method not in STEPPED:
+        stepped = ", ".join(STEPPED[:-1]) + f" or {STEPPED[-1]}"
         raise UsageError(
-            f"method={method} does not read steps= (it applies to method=eap-ig): drop it", params=("method", "steps")
+            f"method={method} does not read steps= (it applies to method={stepped}): drop it",
+            params=("method", "steps"),
         )
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise UsageError(f"steps={steps!r}: the number of integration steps is an integer >= 1", params="steps")
@@ -105,8 +136,10 @@ def patch_heads(
     (its first ``n_pairs`` pairs, default every pair).
     ``method``: ``exact`` (every patch run, on the ablation replay; ``replay`` and ``journal`` are its
     settings), ``attribution`` (the first-order estimate from one forward and
-    backward) or ``eap-ig`` (the gradient averaged over ``steps`` points between the donor's and the
-    run's own head outputs, default 5). ``metric``: a name of :data:`interp.patching.METRICS` (default: the task's own), a
+    backward), ``eap-ig`` (the gradient averaged over ``steps`` points between the donor's and the
+    run's own head outputs, default 5), or edge attribution's ``eap-ig-inputs``, ``eap-ig-activations``
+    (``steps`` points too) and ``clean-corrupted``, read at the heads (one gradient path and one
+    definition of each method, :class:`interp.patching.attribution.Passes`). ``metric``: a name of :data:`interp.patching.METRICS` (default: the task's own), a
     :class:`~interp.ablation.Metric` or an :func:`interp.as_metric`. ``direction``: ``denoise`` (run
     corrupted, patch in clean) or ``noise`` (run clean, patch in corrupted). ``by``: ``head`` (every
     position at once) or ``position`` (each position alone; on a causal model positions after the
@@ -138,10 +171,9 @@ def patch_heads(
     )
     if method == "exact":
         values, facts = exact_values(run, replay=replay or "auto", journal=journal)
-    elif method == "eap-ig":
-        values, facts = attribution_values(run, steps=steps or EAP_IG_STEPS)
     else:
-        values, facts = attribution_values(run)
+        m = (steps or EAP_IG_STEPS) if method in STEPPED else 1
+        values, facts = attribution_values(run, method=METHODS.info(method, "points"), steps=m)
     return result(run, values, method, **facts)
 
 
