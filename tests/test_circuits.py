@@ -246,6 +246,17 @@ def test_circuits_of_edges_at_positions_equal_plain_hooks_that_patch_those_posit
         kept = {units[i] for i in order[: row.size]}
         want = float(_circuit_reference(model, task, kept, positions=True).mean())
         assert row.metric == pytest.approx(want, rel=1e-5, abs=1e-5), row.fraction
+    # the summary and the figure count pairs among the graph's pairs (not edges among its edges)
+    n, E = 40, len(units)
+    curve.meta["smallest_faithful"] = {"size": n, "n_edges": n, "fraction": n / E, "faithfulness": 0.85}
+    assert curve.summary()[-1] == (
+        f"smallest circuit reaching faithfulness 0.8: {n} (edge, position) pairs ({n / E:.2%} of the graph's {E:,}), "
+        "faithfulness 0.850"
+    )
+    fig = curve.figure()
+    assert fig.layout.xaxis.title.text == "share of the graph's (edge, position) pairs"
+    star = next(t for t in fig.data if t.name.startswith("smallest reaching"))
+    assert star.x[0] == pytest.approx(n / E) and star.name == f"smallest reaching 0.8: {n} (edge, position) pairs"
     with pytest.raises(UsageError, match=r"^how=greedy grows or cuts whole edges; by='position' keeps the top"):
         per.faithfulness_curve(model, task, how="greedy", config=FAST)
     from interp.circuits.circuit import faithfulness_curve

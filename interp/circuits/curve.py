@@ -31,7 +31,7 @@ class Chosen(Protocol):
 @dataclass(repr=False)
 class FaithfulnessCurve(Result):
     """A row per circuit: its ``size`` asked for, ``fraction`` of the graph's edges, ``n_edges`` kept
-    after pruning, ``metric`` (mean over pairs) and ``faithfulness`` with its bootstrap CI over pairs.
+    after pruning (by position: of the graph's (edge, position) pairs, the pairs kept, none pruned), ``metric`` (mean over pairs) and ``faithfulness`` with its bootstrap CI over pairs.
     ``meta``: ``cpr``, ``cmd`` (over MIB's fractions, where the curve has them), the clean and
     corrupted metrics and the smallest circuit reaching :data:`FAITHFUL`."""
 
@@ -58,6 +58,7 @@ class FaithfulnessCurve(Result):
 
         t = self.table[self.table.fraction > 0]  # a log axis: the empty circuit is the curve's zero
         m = self.meta
+        units = _units(m)[1] + "s"
         fig = go.Figure(
             go.Scatter(
                 x=t.fraction,
@@ -70,7 +71,7 @@ class FaithfulnessCurve(Result):
                     "arrayminus": t.faithfulness - t.faithfulness_lo,
                 },
                 customdata=np.stack([t.n_edges, t.metric], axis=1),
-                hovertemplate="%{x:.3%} of edges (%{customdata[0]} kept): faithfulness %{y:.3f}, "
+                hovertemplate=f"%{{x:.3%}} of {units} (%{{customdata[0]}} kept): faithfulness %{{y:.3f}}, "
                 "metric %{customdata[1]:.3g}<extra></extra>",
                 name="circuit",
             )
@@ -90,7 +91,7 @@ class FaithfulnessCurve(Result):
         fig.update_layout(
             title=title
             or f"{m.get('model', 'model')}: circuit faithfulness ({m.get('how', 'given')}, {m.get('source', 'patch')}){cpr}",
-            xaxis={"title": "share of the graph's edges", "type": "log", "tickformat": ".1%"},
+            xaxis={"title": f"share of the graph's {units}", "type": "log", "tickformat": ".1%"},
             yaxis={"title": "faithfulness"},
             width=900,
             height=560,
@@ -106,6 +107,12 @@ class FaithfulnessCurve(Result):
         reach = m.get("smallest_faithful")
         if reach is None:
             lines.append(f"no circuit of these sizes reaches faithfulness {FAITHFUL}")
+        elif m.get("by") == "position":  # pairs are kept as ranked: none is pruned
+            total, n = m["graph_units"], reach["n_edges"]
+            lines.append(
+                f"smallest circuit reaching faithfulness {FAITHFUL}: {n:,} (edge, position) pairs ({n / total:.2%} "
+                f"of the graph's {total:,}), faithfulness {reach['faithfulness']:.3f}"
+            )
         else:
             share = reach["n_edges"] / m["graph_edges"] if m.get("graph_edges") else reach["fraction"]
             lines.append(
@@ -120,11 +127,11 @@ def _marks(meta: Mapping[str, Any], chosen: Chosen | None) -> list[go.Scatter]:
     (with its CI) where it has a faithfulness, each at its share of the graph's edges."""
     import plotly.graph_objects as go
 
-    E, marks = meta.get("graph_edges"), []
+    (E, unit), marks = _units(meta), []
     reach = meta.get("smallest_faithful")
     if reach is not None:
         x = reach["n_edges"] / E if E else reach["fraction"]
-        name = f"smallest reaching {FAITHFUL}: {plural(reach['n_edges'], 'edge')}"
+        name = f"smallest reaching {FAITHFUL}: {plural(reach['n_edges'], unit)}"
         star = {"symbol": "star", "size": 16, "color": "#2ca02c"}
         marks.append(go.Scatter(x=[x], y=[reach["faithfulness"]], mode="markers", marker=star, name=name))
     if chosen is not None and "faithfulness" in chosen.meta and E and chosen.n_edges:
@@ -134,6 +141,14 @@ def _marks(meta: Mapping[str, Any], chosen: Chosen | None) -> list[go.Scatter]:
         diamond = {"symbol": "diamond-open", "size": 14, "color": "#d62728", "line": {"width": 2}}
         marks.append(go.Scatter(x=[chosen.n_edges / E], y=[f], mode="markers", marker=diamond, error_y=bar, name=name))
     return marks
+
+
+def _units(meta: Mapping[str, Any]) -> tuple[int | None, str]:
+    """What the curve's circuits are made of, and how many the graph has: edges, or (edge, position)
+    pairs for scores by position."""
+    if meta.get("by") == "position":
+        return meta.get("graph_units"), "(edge, position) pair"
+    return meta.get("graph_edges"), "edge"
 
 
 def with_smallest_faithful(table: pd.DataFrame, meta: dict[str, Any]) -> dict[str, Any]:
