@@ -80,6 +80,37 @@ def test_a_named_circuit_and_no_evaluation(tmp_path, capsys):
     assert circuit.meta["how"] == "greedy" and circuit.n_edges <= 6
 
 
+def test_position_specific_edges_print_and_save_their_pairs_and_the_curve_of_their_circuits(tmp_path, capsys):
+    """--by position: the top (edge, position) pairs printed are the saved table's, the curve's summary
+    counts pairs among the graph's pairs, no circuit of edges is written, and the library gives the same."""
+    out = tmp_path / "out"
+    argv = [*BASE, "--by", "position", "--direction", "noise", "--batch", "6", "--out", str(out)]
+    assert cli(argv) == 0
+    text = capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and not p.name.endswith(".png"))
+    assert names == [
+        "circuit_faithfulness.csv", "circuit_faithfulness.html", "circuit_faithfulness.json", "edge_scores.csv",
+        "edge_scores.json",
+    ]  # fmt: skip
+    scores, curve = EdgeScores.load(out), FaithfulnessCurve.load(out)
+    assert scores.by == "position" and len(scores.table) == 81 * 21 and curve.meta["graph_units"] == 81 * 21
+    top = scores.top(10)
+    at = text.splitlines().index("top 10 (edge, position) pairs by |score| (logit-diff units, 95% CI over pairs):")
+    printed = [line.split()[0] for line in text.splitlines()[at + 1 : at + 11]]
+    assert printed == [f"{e}@{p}" for e, p in zip(top.edge, top.position)]
+    assert printed[0] == "1.2->logits@20"  # the induction head's write at the read position
+    for line in curve.summary():
+        assert f"  {line}" in text.splitlines()
+    assert " (edge, position) pairs (" in curve.summary()[-1] and "circuit: " not in text
+    model = interp.load_model("toy")
+    config = interp.RunConfig(n_boot=200)
+    direct = interp.edge_scores(model, "repeat", by="position", direction="noise", n_pairs=6, config=config)
+    np.testing.assert_allclose(direct.table.score, scores.table.score, rtol=1e-6, atol=1e-7)
+    again = direct.faithfulness_curve(model, "repeat", n_pairs=6, config=config)
+    np.testing.assert_allclose(again.table.faithfulness, curve.table.faithfulness, rtol=1e-6, atol=1e-7)
+    assert np.ptp(curve.table.faithfulness) > 0.5
+
+
 def test_exact_edges_resume_from_their_journal_without_a_patched_forward(tmp_path, capsys, monkeypatch):
     from interp.journal import Journal
 
@@ -115,6 +146,9 @@ def _refused(capsys, tmp_path, argv):
         (["--evaluate", "none"], "--evaluate none leaves no faithfulness to choose the circuit by: pass --top N, --greedy N, --threshold T or --nodes N"),
         (["--steps", "3"], "python -m interp.circuit would ignore --steps (it applies to --method eap-ig-*): drop it"),
         (["--threshold", "-1"], "--threshold -1.0: the least |score| an edge keeps, a number >= 0"),
+        (["--by", "position", "--top", "5"], "python -m interp.circuit would ignore --top (it applies to --by edge: circuits of (edge, position) pairs are the curve's top pairs): drop it"),
+        (["--by", "position", "--export", "c.json"], "python -m interp.circuit would ignore --export (it applies to --by edge: circuits of (edge, position) pairs are the curve's top pairs): drop it"),
+        (["--by", "position", "--method", "exact"], "--method exact patches each edge at every position at once; --by position takes an attribution method (eap, eap-ig-inputs, eap-ig-activations, clean-corrupted)"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_line_before_the_model_loads(tmp_path, capsys, argv, said):

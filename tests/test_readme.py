@@ -621,6 +621,33 @@ def test_circuit_numbers(runner):
         agree(pairs, curve.meta["n_pairs"], "the task's pairs")
 
 
+def test_position_specific_circuit_numbers(runner):
+    """The position-specific edges' toy sentence: its command as written, and the same by edge."""
+    from interp.circuits import FaithfulnessCurve
+
+    command = readme_command("python", "-m", "interp.circuit", "--task", "repeat", "--by", "position")
+    pairs, units, f, cpr, edges, total, f2, cpr2 = said(
+        r"On the toy \(its command below, as written: noising, 20 pairs\) (\d+) of the ([\d,]+) pairs\s+reach "
+        r"faithfulness (\S+), CPR (\S+), where the same command by edge needs (\d+) of the (\d+) edges\s+\((\S+)\), "
+        r"CPR (\S+) \(tested\)\."
+    )
+    curves = []
+    for run in (command, variant(command, "--by", "")):
+        ran = runner.run(run)
+        assert ran.code == 0, ran.err
+        curves.append(FaithfulnessCurve.load(ran.folder / "circuit_faithfulness.json"))
+    (by_pairs, by_edges), reach = curves, curves[0].meta["smallest_faithful"]
+    assert by_pairs.meta["n_pairs"] == 20 and by_pairs.meta["probe"]["direction"] == "noise"
+    agree(pairs, reach["n_edges"], "the smallest faithful set of pairs")
+    agree(units.replace(",", ""), by_pairs.meta["graph_units"], "the graph's pairs")
+    agree(f, reach["faithfulness"], "its faithfulness")
+    agree(cpr, by_pairs.meta["cpr"], "CPR by position")
+    agree(edges, by_edges.meta["smallest_faithful"]["n_edges"], "the smallest faithful circuit's edges")
+    agree(total, by_edges.meta["graph_edges"], "the graph's edges")
+    agree(f2, by_edges.meta["smallest_faithful"]["faithfulness"], "its faithfulness")
+    agree(cpr2, by_edges.meta["cpr"], "CPR by edge")
+
+
 def test_path_patching_and_faithfulness_numbers(runner):
     """The path patching and faithfulness sentences, against the commands they name, as written
     (a sentence's direction is its command's: their defaults once disagreed)."""

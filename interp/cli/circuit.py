@@ -9,7 +9,10 @@ faithfulness 0.8, and writes ``edge_scores.{csv,json}``, ``circuit.{csv,json,htm
 ``--top``/``--greedy``/``--threshold``/``--nodes`` names, by default that smallest faithful one, drawn
 as a graph)
 and ``circuit_faithfulness.{csv,json,html}`` under ``--out``; ``--export FILE.json`` writes the
-circuit as EAP-IG's graph JSON. Exact work is journaled: ``--resume`` continues it.
+circuit as EAP-IG's graph JSON. ``--by position`` scores each edge at each position (auto-circuit's
+position-specific edges) and evaluates circuits of the top (edge, position) pairs at MIB's sizes: it
+writes the scores and the curve, and names no circuit of its own. Exact work is journaled: ``--resume``
+continues it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from interp._io import ensure_writable_dir
 from interp.adapters import HookedModel
 from interp.circuits import METHODS, EdgeScores, edge_scores, validate_edge_scores
-from interp.circuits.circuit import Circuit, validate_circuit
+from interp.circuits.circuit import BY, Circuit, validate_circuit
 from interp.circuits.curve import FAITHFUL, FaithfulnessCurve
 from interp.circuits.eapig import write_eapig_json
 from interp.circuits.figure import DEFAULT_EDGES
@@ -69,6 +72,13 @@ def build_parser(prog: str = "python -m interp.circuit") -> argparse.ArgumentPar
         "--steps", type=flags.positive_int, default=None, help="eap-ig-*: the integration points m (default: 5)"
     )
     p.add_argument("--direction", choices=DIRECTIONS.names(), default=DEFAULT_DIRECTION, help=DIRECTIONS.help())
+    p.add_argument(
+        "--by",
+        choices=BY,
+        default="edge",
+        help="edge: a score per edge, summed over positions; position: a score per edge and position (auto-circuit's "
+        "position-specific edges), the circuits at MIB's sizes made of the top (edge, position) pairs (default: edge)",
+    )
     flags.choice(p, "--metric", METRICS, None, after=" (default: the task's own)")
     which = p.add_mutually_exclusive_group()
     flags.set_help(
@@ -125,8 +135,18 @@ def _drawn(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"a number of edges >= 1, or all; got {text!r}") from None
 
 
+def _by_position(args: argparse.Namespace) -> bool:
+    return args.by == "position"
+
+
+# a circuit of (edge, position) pairs is the curve's: none is named, drawn as a graph or exported
+PAIRS = "it applies to --by edge: circuits of (edge, position) pairs are the curve's top pairs"
 UNREAD = (
     Unread("--steps", "it applies to --method eap-ig-*", lambda args: not METHODS.info(args.method, "steps")),
+    *(
+        Unread(flag, PAIRS, _by_position)
+        for flag in ("--top", "--greedy", "--threshold", "--nodes", "--draw", "--export")
+    ),
     FRAMED_UNREAD,
 )
 
@@ -134,14 +154,14 @@ UNREAD = (
 def check(args: argparse.Namespace) -> None:
     """Before the model loads: the library's checks of the scores and the circuit asked for, a circuit
     chosen by faithfulness without an evaluation, an export that is not a .json file, the task."""
-    validate_edge_scores(method=args.method, steps=args.steps, metric=args.metric, direction=args.direction)
+    validate_edge_scores(method=args.method, steps=args.steps, metric=args.metric, direction=args.direction, by=args.by)
     named = (("--top", args.top), ("--greedy", args.greedy), ("--threshold", args.threshold), ("--nodes", args.nodes))
     chosen = [flag for flag, value in named if value is not None]
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(chosen)} each choose the circuit: pass one of them")
     how = "greedy" if args.greedy is not None else "threshold" if args.threshold is not None else "top"
-    validate_circuit(how=how, source=args.evaluate if args.evaluate != NO_EVALUATION else "patch")
-    if args.evaluate == NO_EVALUATION and not chosen:
+    validate_circuit(how=how, source=args.evaluate if args.evaluate != NO_EVALUATION else "patch", by=args.by)
+    if args.evaluate == NO_EVALUATION and not chosen and not _by_position(args):
         raise UsageError(
             f"--evaluate {NO_EVALUATION} leaves no faithfulness to choose the circuit by: pass --top N, --greedy N, "
             "--threshold T or --nodes N"
@@ -184,6 +204,7 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         steps=args.steps,
         metric=args.metric,
         direction=args.direction,
+        by=args.by,
         config=config,
         **({"journal": journal} if journal is not None else {}),
     )
@@ -220,8 +241,15 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
         for line in curve.summary():
             print(f"  {line}")
         written += curve.save(out)
-        if curve.meta.get("partial"):
-            stop_partial(written + save_figure(curve.figure(), out, curve.KIND), journals)
+        if curve.meta.get("partial") or _by_position(args):  # pairs: the curve's circuits are the result
+            figure = save_figure(curve.figure(), out, curve.KIND)
+            if curve.meta.get("partial"):
+                stop_partial(written + figure, journals)
+            written += figure
+    if _by_position(args):
+        if journals is not None:
+            journals.finish()
+        return written
     circuit = _chosen(args, scores, curve)
     if curve is not None and "faithfulness" not in circuit.meta and circuit.n_edges:
         _evaluate_chosen(args, model, task, config, circuit)
@@ -243,12 +271,14 @@ def _how(args: argparse.Namespace) -> str:
 def _print_top(scores: EdgeScores) -> None:
     top = scores.top(SHOWN)
     level = int(round(100 * scores.meta.get("ci_level", 0.95)))
-    print(f"\ntop {plural(len(top), 'edge')} by |score| ({scores.meta['metric']} units, {level}% CI over pairs):")
-    width = max(len(e) for e in top.edge)
+    what = plural(len(top), "(edge, position) pair" if scores.by == "position" else "edge")
+    print(f"\ntop {what} by |score| ({scores.meta['metric']} units, {level}% CI over pairs):")
+    names = [f"{e}@{p}" for e, p in zip(top.edge, top.position)] if scores.by == "position" else list(top.edge)
+    width = max(len(e) for e in names)
     few = few_ci_sequences(scores.table, scores.meta)
-    for row in top.itertuples():
+    for name, row in zip(names, top.itertuples()):
         ci = with_interval(row.score, row.score_lo, row.score_hi, ".4g") + ("!" if few else "")
-        print(f"  {row.edge:<{width}}  {ci}  stability {row.stability:.2f}")
+        print(f"  {name:<{width}}  {ci}  stability {row.stability:.2f}")
     if few:
         print(few_sequences_note(few, "pair"))
 
