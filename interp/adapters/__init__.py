@@ -22,7 +22,14 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from interp.adapters.base import Adapter, AttentionInputs, Hook, HookedAdapter, HookedModel, OnAttention
-from interp.adapters.bridge import BridgeAdapter, keeps_patterns, release_kept_pattern, use_eager_attention
+from interp.adapters.bridge import (
+    BridgeAdapter,
+    gated_attention_modules,
+    keeps_patterns,
+    output_gate_means,
+    release_kept_pattern,
+    use_eager_attention,
+)
 from interp.adapters.info import ModelInfo
 from interp.adapters.toy import ToyAdapter, is_toy
 
@@ -77,8 +84,10 @@ __all__ = [
     "ToyAdapter",
     "adapter_for",
     "describe",
+    "gated_attention_modules",
     "is_toy",
     "keeps_patterns",
+    "output_gate_means",
     "release_kept_pattern",
     "run_with_reducers",
     "use_eager_attention",

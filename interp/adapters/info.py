@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from interp.errors import ModelLoadError, NonFiniteAttentionError
-from interp.hooks import pattern_hook
+from interp.hooks import pattern_hook, resid_mid_hook
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,30 @@ def attention_layers(model: Any) -> tuple[int, ...]:
     if blocks is None:
         return tuple(range(int(model.cfg.n_layers)))
     return tuple(l for l, b in enumerate(blocks) if isinstance(getattr(b, "attn", None), torch.nn.Module))
+
+
+def attention_module(model: Any, layer: int) -> torch.nn.Module | None:
+    """Block ``layer``'s attention module (``blocks[l].attn``), ``None`` where it has none."""
+    attn = getattr(model.blocks[layer], "attn", None)
+    return attn if isinstance(attn, torch.nn.Module) else None
+
+
+def mlp_layers(model: Any) -> tuple[int, ...]:
+    """The blocks that have an MLP module (``blocks[l].mlp``); an attention-only model has none."""
+    return tuple(l for l, b in enumerate(model.blocks) if isinstance(getattr(b, "mlp", None), torch.nn.Module))
+
+
+def has_hook(model: Any, name: str) -> bool:
+    """Does ``model`` expose the hook point ``name``?"""
+    return name in getattr(model, "hook_dict", {})
+
+
+def is_parallel(model: Any) -> bool:
+    """Do attention and the MLP read the same residual (GPT-J, NeoX)? Read as TransformerLens reports
+    it, or from the hooks: a parallel block has no residual between its attention and its MLP."""
+    if bool(getattr(model.cfg, "parallel_attn_mlp", False)):
+        return True
+    return bool(mlp_layers(model)) and not has_hook(model, resid_mid_hook(0))
 
 
 def head_sizes(model: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ Both are exact up to rounding for the usual pre-norm and parallel blocks; the re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -91,6 +91,46 @@ def run_blocks(
         hidden = out[0] if isinstance(out, (tuple, list)) else out
         after_block(l)
     return hidden
+
+
+@contextmanager
+def attention_calls(
+    model: Any, layers: Iterable[int], outputs: Iterable[int] = ()
+) -> Iterator[tuple[dict[int, tuple[tuple, dict]], dict[int, Tensor]]]:
+    """Record, while the block runs, each call of ``layers``' attention modules (their positional and
+    keyword arguments, detached) and the output of ``outputs``' (the first of a tuple, detached)."""
+    calls: dict[int, tuple[tuple, dict]] = {}
+    outs: dict[int, Tensor] = {}
+
+    def record(layer: int) -> Any:
+        def pre(module: Any, args: tuple, kwargs: dict) -> None:
+            calls[layer] = (_detached(args), _detached(kwargs))
+
+        return pre
+
+    def output(layer: int) -> Any:
+        def post(module: Any, args: tuple, out: Any) -> None:
+            outs[layer] = (out[0] if isinstance(out, (tuple, list)) else out).detach()
+
+        return post
+
+    blocks = model.blocks
+    handles = [blocks[l].attn.register_forward_pre_hook(record(l), with_kwargs=True) for l in layers]
+    handles += [blocks[l].attn.register_forward_hook(output(l)) for l in outputs]
+    try:
+        yield calls, outs
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _detached(x: Any) -> Any:
+    """``x`` with every tensor in it (in tuples and lists) detached."""
+    if isinstance(x, Tensor):
+        return x.detach()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_detached(v) for v in x)
+    return x
 
 
 def masked_lm_head(model: Any) -> torch.nn.Module | None:

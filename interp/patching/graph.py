@@ -31,11 +31,10 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from interp.adapters import HookedModel
-from interp.adapters.bridge import gated_attention_modules
+from interp.adapters import HookedModel, gated_attention_modules
+from interp.adapters.info import is_parallel, mlp_layers
 from interp.adapters.weights import post_attention_norm_site
 from interp.errors import UsageError
-from interp.hooks import resid_mid_hook
 from interp.models import ModelInfo, describe
 from interp.names import INPUT, LOGITS, edge_name, head_name, kv_name, mlp_name, receiver_name
 
@@ -210,18 +209,7 @@ def refusal(model: HookedModel, info: ModelInfo) -> str | None:
 def shape_of(model: HookedModel, info: ModelInfo) -> Shape:
     """The graph's shape read off the model (key/value heads from its stacked ``W_K``)."""
     n_kv = int(getattr(model.cfg, "n_key_value_heads", None) or info.n_heads)
-    mlp = tuple(l for l, b in enumerate(model.blocks) if isinstance(getattr(b, "mlp", None), torch.nn.Module))
-    return Shape(info.n_layers, info.n_heads, n_kv, mlp, is_parallel(model))
-
-
-def is_parallel(model: HookedModel) -> bool:
-    """Do attention and the MLP read the same residual (GPT-J, NeoX)? Read as TransformerLens reports
-    it, or from the hooks: a parallel block has no residual between its attention and its MLP."""
-    if bool(getattr(model.cfg, "parallel_attn_mlp", False)):
-        return True
-    hooks: Any = getattr(model, "hook_dict", {})
-    has_mlp = any(isinstance(getattr(b, "mlp", None), torch.nn.Module) for b in model.blocks)
-    return has_mlp and resid_mid_hook(0) not in hooks
+    return Shape(info.n_layers, info.n_heads, n_kv, mlp_layers(model), is_parallel(model))
 
 
 def graph_of(model: HookedModel, what: str = "edge attribution") -> Graph:

@@ -55,8 +55,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp._io import atomic_write, atomic_write_json
-from interp.adapters import HookedModel, describe, run_with_reducers
-from interp.adapters.bridge import gated_attention_modules
+from interp.adapters import HookedModel, describe, gated_attention_modules, run_with_reducers
+from interp.adapters.info import has_hook
 from interp.adapters.weights import (
     NormSite,
     final_norm_site,
@@ -272,7 +272,7 @@ def _attribute(
     posts = {l: post_attention_norm_site(model, l) for l in info.attention_layers}
     L, H = info.n_layers, info.n_heads
     batch = torch.arange(B)
-    parallel = resid_mid_hook(0) not in model.hook_dict  # attention and MLP read the same input
+    parallel = not has_hook(model, resid_mid_hook(0))  # attention and MLP read the same input
     logits, grabbed = _capture(model, info, tokens, posts, final, parallel)
 
     # the direction on the final residual, pulled back through the frozen final norm

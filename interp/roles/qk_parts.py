@@ -42,9 +42,9 @@ from einops import einsum
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
-from interp.adapters.bridge import gated_attention_modules
-from interp.adapters.info import ModelInfo
+from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe, gated_attention_modules
+from interp.adapters.info import ModelInfo, attention_module, has_hook, mlp_layers
+from interp.adapters.surgery import attention_calls
 from interp.adapters.weights import (
     NormSite,
     centered,
@@ -156,14 +156,6 @@ def check_interface(model: HookedModel, tokens: Int[Tensor, "batch pos"], layers
         )
 
 
-def _detached(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return x.detach()
-    if isinstance(x, (tuple, list)):
-        return type(x)(_detached(v) for v in x)
-    return x
-
-
 def clean_run(
     model: HookedModel,
     tokens: Int[Tensor, "batch pos"],
@@ -201,34 +193,18 @@ def clean_run(
     names += [n for site in sites if site is not None for n in (site.input, site.scale, site.output)]
     hooks = [(n, grab(n)) for n in dict.fromkeys(names)]
 
-    def record(layer: int) -> Any:
-        def pre(module: Any, args: tuple, kwargs: dict) -> None:
-            run.calls[layer] = (_detached(args), _detached(kwargs))
-
-        return pre
-
-    def output(layer: int) -> Any:
-        def post(module: Any, args: tuple, out: Any) -> None:
-            run.attn_out[layer] = (out[0] if isinstance(out, (tuple, list)) else out).detach()
-
-        return post
-
-    blocks = model.blocks
-    handles = [blocks[l].attn.register_forward_pre_hook(record(l), with_kwargs=True) for l in layers]
-    handles += [blocks[l].attn.register_forward_hook(output(l)) for l in info.attention_layers if l < last]
-    try:
-        with adapter.capture_attention(on_attention, attend=own_attention) as capture:
-            adapter.run_with_reducers(
-                tokens.to(info.device),
-                [*capture, *hooks],
-                stop_after=resid_post_hook(last),
-                attention_mask=None if attention_mask is None else attention_mask.to(info.device),
-            )
-    except _Caught:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
+    outputs = [l for l in info.attention_layers if l < last]
+    with attention_calls(model, layers, outputs) as (run.calls, run.attn_out):
+        try:
+            with adapter.capture_attention(on_attention, attend=own_attention) as capture:
+                adapter.run_with_reducers(
+                    tokens.to(info.device),
+                    [*capture, *hooks],
+                    stop_after=resid_post_hook(last),
+                    attention_mask=None if attention_mask is None else attention_mask.to(info.device),
+                )
+        except _Caught:
+            pass
     missing = [l for l in layers if l not in run.inputs or l not in run.calls]
     if missing:
         raise UsageError(
@@ -240,7 +216,7 @@ def clean_run(
 
 def _learned_positions(model: HookedModel) -> bool:
     kind = str(getattr(model.cfg, "positional_embedding_type", "standard"))
-    return kind == "standard" and "hook_pos_embed" in model.hook_dict
+    return kind == "standard" and has_hook(model, "hook_pos_embed")
 
 
 Reader = Callable[[Tensor], Float[Tensor, "batch pos d_model"]]  # positions -> a part at them (float64)
@@ -260,7 +236,7 @@ def residual_parts(
     """The parts of the residual stream entering ``layer``, one at a time, each as a reader: given
     positions, the part at them in float64 (the run's reads stay in the model's dtype, so no part is
     ever held at every position). They add up to ``blocks.{layer}.hook_resid_pre``."""
-    g = run.grabbed
+    g, mlps = run.grabbed, set(mlp_layers(model))
     pre0 = g[resid_pre_hook(0)]
     pos = g.get("hook_pos_embed")
     if pos is not None and pos.shape[-1] == pre0.shape[-1]:
@@ -280,7 +256,7 @@ def residual_parts(
         heads = [_head_part(run.z[l][:, h], W_O[l, h], post, w_post, g) for h in range(info.n_heads)]
         for h, part in enumerate(heads):
             yield Component(f"{l}.{h}", "head", l), part
-        has_mlp = isinstance(getattr(model.blocks[l], "mlp", None), torch.nn.Module)
+        has_mlp = l in mlps
         other = write if has_mlp else delta
         yield Component(f"attn_other.{l}", "attn_other", l), lambda p, o=other, hs=heads: o(p) - sum(h(p) for h in hs)
         if has_mlp:
@@ -372,7 +348,7 @@ def replayer(
     ``norms``: the attention's query/key norms (by attribute name), each frozen at the run's scale
     at ``pos`` in place of the module's own, so the query and key stay affine in ``x``."""
     adapter = adapter_for(model)
-    attn = model.blocks[layer].attn
+    attn = attention_module(model, layer)
     modules = [attn] + (
         [attn.original_component] if isinstance(getattr(attn, "original_component", None), torch.nn.Module) else []
     )

@@ -18,8 +18,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.adapters import AttentionInputs, HookedModel, describe, run_with_reducers
-from interp.adapters.bridge import output_gate_means
+from interp.adapters import AttentionInputs, HookedModel, describe, output_gate_means, run_with_reducers
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook, v_hook

@@ -23,6 +23,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from interp.adapters import AttentionInputs, HookedModel, adapter_for, describe
+from interp.adapters.info import attention_module
 from interp.errors import UsageError
 from interp.hooks import layer_of, pattern_hook, resid_post_hook
 from interp.stream.blockwise import own_attention
@@ -55,7 +56,7 @@ def architecture(model: HookedModel, layer: int) -> str:
     """``model_type (AttentionClass)`` of a bridge's layer, or the model's class name."""
     hf = getattr(model, "original_model", None)
     model_type = getattr(getattr(hf, "config", None), "model_type", None) or type(model).__name__
-    attn = getattr(model.blocks[layer], "attn", None)
+    attn = attention_module(model, layer)
     inner = getattr(attn, "original_component", attn)
     return f"{model_type} ({type(inner).__name__})"
 
