@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 INPUT, LOGITS = "input", "logits"
@@ -120,10 +121,18 @@ def respell(name: Any, style: str) -> Any:
     if not isinstance(name, str):
         return name
     ends = name.split("->")
-    parts = [parse(end) for end in ends]
-    if len(ends) > 2 or any(p is None for p in parts):
+    spelled = [_spelled(end, style) for end in ends]
+    if len(ends) > 2 or any(s is None for s in spelled):
         return name
-    return "->".join(p.spelled(style) for p in parts)  # type: ignore[union-attr]
+    return "->".join(spelled)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=1 << 16)
+def _spelled(end: str, style: str) -> str | None:
+    """One component as ``style`` writes it (``None``: it names none), each spelled once: an edge
+    table names a few thousand components over tens of thousands of rows."""
+    part = parse(end)
+    return None if part is None else part.spelled(style)
 
 
 def memory_name(name: Any) -> Any:
