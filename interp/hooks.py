@@ -78,6 +78,9 @@ def resid_post_hook(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_post"
 
 
+POS_EMBED_HOOK = "hook_pos_embed"  # ``[batch, pos, d_model]`` a learned positional embedding's rows
+
+
 def layer_of(hook: Any) -> int:
     """The block index of a hook point or hook name (``blocks.3.attn.hook_z`` -> 3)."""
     name = hook if isinstance(hook, str) else hook.name
@@ -85,6 +88,7 @@ def layer_of(hook: Any) -> int:
 
 
 __all__ = [
+    "POS_EMBED_HOOK",
     "Hook",
     "attn_out_hook",
     "mlp_in_hook",

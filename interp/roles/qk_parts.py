@@ -56,7 +56,7 @@ from interp.adapters.weights import (
     read_head_weights,
 )
 from interp.errors import UsageError
-from interp.hooks import resid_post_hook, resid_pre_hook
+from interp.hooks import POS_EMBED_HOOK, resid_post_hook, resid_pre_hook
 from interp.roles.frozen import FrozenNorm, freeze
 from interp.stream.blockwise import attention_output, own_attention
 
@@ -187,7 +187,7 @@ def clean_run(
     names = [resid_pre_hook(0), *(resid_pre_hook(l) for l in range(last + 1))]
     names += [resid_post_hook(l) for l in range(last)]
     if _learned_positions(model):
-        names.append("hook_pos_embed")
+        names.append(POS_EMBED_HOOK)
     sites = [post_attention_norm_site(model, l) for l in range(last)] + [input_norm_site(model, l) for l in layers]
     sites += [site for l in layers for site in (qk_norm_sites(model, l) or {}).values()]
     names += [n for site in sites if site is not None for n in (site.input, site.scale, site.output)]
@@ -216,7 +216,7 @@ def clean_run(
 
 def _learned_positions(model: HookedModel) -> bool:
     kind = str(getattr(model.cfg, "positional_embedding_type", "standard"))
-    return kind == "standard" and has_hook(model, "hook_pos_embed")
+    return kind == "standard" and has_hook(model, POS_EMBED_HOOK)
 
 
 Reader = Callable[[Tensor], Float[Tensor, "batch pos d_model"]]  # positions -> a part at them (float64)
@@ -238,7 +238,7 @@ def residual_parts(
     ever held at every position). They add up to ``blocks.{layer}.hook_resid_pre``."""
     g, mlps = run.grabbed, set(mlp_layers(model))
     pre0 = g[resid_pre_hook(0)]
-    pos = g.get("hook_pos_embed")
+    pos = g.get(POS_EMBED_HOOK)
     if pos is not None and pos.shape[-1] == pre0.shape[-1]:
         at = _rows(pos.expand_as(pre0))
         yield Component("embed", "embed"), _difference(_rows(pre0), at)
