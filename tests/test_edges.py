@@ -344,6 +344,36 @@ def test_edge_scores_round_trip_and_stability_is_a_share_of_resamples(tmp_path):
     assert r.table.stability.sum() == pytest.approx(3.0)
 
 
+@pytest.mark.parametrize("case", ["heavy", "ties at zero", "nan"])
+def test_stability_is_each_resamples_top_edges_counted_directly(case, monkeypatch):
+    """Stability forms the means of the edges whose largest |score| could put them on top: the same
+    shares as every resample's top edges taken from every edge's mean (heavy-tailed scores, fewer
+    edges scoring than the top asks for, an unscored edge)."""
+    from interp.circuits import edges
+
+    gen = torch.Generator().manual_seed(3)
+    n, E, top, n_boot = 12, 5000, 20, 300
+    x = torch.randn(n, E, generator=gen, dtype=torch.float64) * torch.rand(E, generator=gen, dtype=torch.float64) ** 6
+    if case == "ties at zero":
+        x[:, 15:] = 0.0
+    if case == "nan":
+        x[:, 7] = float("nan")
+    formed = []
+    real = edges._top_means
+    monkeypatch.setattr(edges, "_top_means", lambda d, v, e, *a: formed.append(len(e)) or real(d, v, e, *a))
+    got = edges.stability(x, top, n_boot=n_boot, seed=5)
+    idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(5))
+    tops = torch.stack([x[rows].mean(0).abs().topk(top).indices for rows in idx])
+    want = torch.bincount(tops.flatten(), minlength=E).double() / n_boot
+    assert torch.equal(got.double(), want.float().double())
+    assert got.sum() == pytest.approx(top)
+    assert (got > 0).sum() > top or case == "ties at zero"  # the top differs between resamples
+    if case == "heavy":
+        assert formed[-1] < E / 4  # most edges' means never formed
+    if case == "nan":
+        assert formed == [E] and got[7] == 1.0  # NaN ranks first, as topk ranks it
+
+
 def test_a_run_that_would_not_fit_is_refused_with_the_estimate_before_any_forward(monkeypatch):
     from interp import memory
     from interp.circuits import edges
