@@ -260,6 +260,24 @@ def test_smollm2_eap_node_scores_are_the_heads_attribution(smollm2_ioi, smollm2_
 
 
 @needs_smollm2
+def test_smollm2_eap_ig_inputs_reads_the_same_at_the_heads_as_at_their_edges(smollm2, smollm2_ioi):
+    """EAP-IG (inputs), one definition on the one gradient path: patch_heads by it gives each head the
+    sum of its edges' EAP-IG scores, on the trained model, and ranks the name mover 23.3 first."""
+    from interp.circuits.edges import edge_scores
+    from interp.patching.heads import patch_heads
+
+    task, exact, _ = smollm2_ioi
+    kw = dict(method="eap-ig-inputs", steps=2, config=RUN)
+    edges, heads = edge_scores(smollm2, task, **kw), patch_heads(smollm2, task, **kw)
+    m = edges.meta
+    nodes = edges.node_scores().set_index("node")["score"] / (m["clean_metric"] - m["corrupted_metric"])
+    t = heads.table
+    got = nodes.loc[[f"{l}.{h}" for l, h in zip(t["layer"], t["head"])]].to_numpy()
+    np.testing.assert_allclose(got, t["effect"], rtol=0, atol=1e-5)
+    assert _ranked(heads)[0] == _ranked(exact)[0] == (23, 3) and t["effect"].abs().max() > 0.5
+
+
+@needs_smollm2
 def test_smollm2_ioi_circuit_of_half_the_edges_is_faithful_and_of_one_percent_is_not(smollm2, smollm2_ioi, smollm2_eap):
     """The circuits EAP's scores extract (top edges by |score|, pruned to input-to-logits paths), each
     evaluated by exact patching: half the graph's edges keep 0.94 of the gap, 1% none of it."""
