@@ -6,7 +6,8 @@ output (``hook_z``) from one prompt of every pair into the other, per head (all 
 head x position, in either direction (``denoise``: run corrupted, patch in clean; ``noise``: the
 reverse), and says what fraction of the clean-corrupted gap each patch moves: exactly (the
 ablation sweep's batched replay with the ``patch`` ablation kind, journaled) or by attribution
-patching and EAP-IG (a few forwards and backwards). The result is a :class:`PatchScores`;
+patching, EAP-IG and edge attribution's other methods (a few forwards and backwards on the one
+gradient path that edge attribution reads too, :class:`~interp.patching.attribution.Passes`). The result is a :class:`PatchScores`;
 :func:`agreement` compares an approximate ranking with the exact one. :func:`path_patch` (Wang et
 al.'s exact path patching, sender x receiver) and :func:`faithfulness_curves` (the top ``n`` heads of
 a ranking alone) sit beside it.
