@@ -31,7 +31,8 @@ class Chosen(Protocol):
 @dataclass(repr=False)
 class FaithfulnessCurve(Result):
     """A row per circuit: its ``size`` asked for, ``fraction`` of the graph's edges, ``n_edges`` kept
-    after pruning (by position: of the graph's (edge, position) pairs, the pairs kept, none pruned), ``metric`` (mean over pairs) and ``faithfulness`` with its bootstrap CI over pairs.
+    after pruning (by position: of the graph's (edge, position) pairs, the pairs kept, none pruned),
+    ``metric`` (mean over pairs) and ``faithfulness`` with its bootstrap CI over pairs.
     ``meta``: ``cpr``, ``cmd`` (over MIB's fractions, where the curve has them), the clean and
     corrupted metrics and the smallest circuit reaching :data:`FAITHFUL`."""
 
@@ -107,17 +108,14 @@ class FaithfulnessCurve(Result):
         reach = m.get("smallest_faithful")
         if reach is None:
             lines.append(f"no circuit of these sizes reaches faithfulness {FAITHFUL}")
-        elif m.get("by") == "position":  # pairs are kept as ranked: none is pruned
-            total, n = m["graph_units"], reach["n_edges"]
-            lines.append(
-                f"smallest circuit reaching faithfulness {FAITHFUL}: {n:,} (edge, position) pairs ({n / total:.2%} "
-                f"of the graph's {total:,}), faithfulness {reach['faithfulness']:.3f}"
-            )
         else:
-            share = reach["n_edges"] / m["graph_edges"] if m.get("graph_edges") else reach["fraction"]
+            (total, unit), n = _units(m), reach["n_edges"]
+            share = n / total if total else reach["fraction"]
+            # pairs are kept as ranked (none is pruned); edges are pruned to input-to-logits paths
+            of = f"of the graph's {total:,}" if m.get("by") == "position" else "of the graph, after pruning"
             lines.append(
-                f"smallest circuit reaching faithfulness {FAITHFUL}: {reach['n_edges']:,} edges "
-                f"({share:.2%} of the graph, after pruning), faithfulness {reach['faithfulness']:.3f}"
+                f"smallest circuit reaching faithfulness {FAITHFUL}: {n:,} {unit}s ({share:.2%} {of}), "
+                f"faithfulness {reach['faithfulness']:.3f}"
             )
         return lines
 
