@@ -32,10 +32,10 @@ from interp.adapters.weights import read_head_weights
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.hooks import qkv_hook, resid_pre_hook, z_hook
-from interp.patching.attribution import Passes, Point, begin, toward, watch
+from interp.patching.attribution import GRADIENT_METHODS, Passes, Point, begin, toward, watch
 from interp.patching.core import Setup
 from interp.patching.graph import Graph
-from interp.patching.post_norm import fold, layer_write, post_norms, sender_hooks
+from interp.patching.post_norm import fold, layer_write, post_norms
 from interp.progress import tqdm
 from interp.registry import Registry
 from interp.results import plural
@@ -44,18 +44,8 @@ from interp.stream.capture import check_streamable, streamed_attention
 CHUNK = 128  # positions per contraction
 
 METHODS: Registry[str] = Registry("edge attribution method")
-METHODS.add("eap", "the gradient at the run's own prompts: one forward of each prompt and one backward", steps=False)
-METHODS.add(
-    "eap-ig-inputs",
-    "the gradient averaged over m points on the line from the donor's input embeddings to the run's own (k/m, k=0..m-1)",
-    steps=True,
-)
-METHODS.add(
-    "eap-ig-activations",
-    "the gradient averaged over each node layer's output moved alone from the donor's value to its own (k/m, k=1..m)",
-    steps=True,
-)
-METHODS.add("clean-corrupted", "the gradient averaged over the two prompts of each pair", steps=False)
+for _name in GRADIENT_METHODS:  # edge attribution's: every gradient method, defined once (Passes.points)
+    METHODS.add(_name, GRADIENT_METHODS.doc(_name), steps=GRADIENT_METHODS.info(_name, "steps"))
 METHODS.add(
     "exact",
     "every edge patched alone (its receiver reads the sender's donor output), one row of the batched replay each",
@@ -97,13 +87,13 @@ class GradientPasses(Passes):
     def __init__(
         self, run: Setup, graph: Graph, method: str, steps: int, fused: bool = False, by_position: bool = False
     ):
-        super().__init__(run, method, steps)
+        posts = post_norms(run.model, run.info.n_layers)  # their gains folded into W_O
+        super().__init__(run, method, steps, range(run.info.n_layers), graph.shape.mlp_layers, posts)
         self.graph = graph
         self.by_position = by_position  # a score per edge and position, not summed over positions
         w = read_head_weights(run.model, run.info, "edge attribution")
         dtype = next(iter(run.model.parameters())).dtype
         g = graph.shape.group
-        self.posts = post_norms(run.model, run.info.n_layers)  # their gains folded into W_O
         self.W_Q = w.W_Q.to(dtype)  # [layer, head, d_model, d]
         self.W_O = fold(run.model, w.W_O.to(dtype), run.probe.tokens[:2], self.posts)
         self.W_K, self.W_V = w.W_K[:, ::g].to(dtype), w.W_V[:, ::g].to(dtype)  # one per key/value head
@@ -132,23 +122,6 @@ class GradientPasses(Passes):
                 own.append(o)
                 donor.append(d)
         return torch.cat(parts), torch.cat(own).float(), torch.cat(donor).float()
-
-    def _moved_alone(self) -> int:
-        """The senders an ``eap-ig-activations`` point moves one at a time: the input, each layer's
-        heads and each MLP."""
-        return 1 + self.info.n_layers + len(self.graph.shape.mlp_layers) if self.method == "eap-ig-activations" else 1
-
-    def _sender_hooks(
-        self, keep: dict[str, Tensor], minus: dict[str, Tensor] | None = None
-    ) -> list[tuple[str, Callable]]:
-        """Hooks keeping each sender's output in ``keep``; with ``minus``, subtracting it from
-        ``minus``'s tensor in place instead (``keep`` then holds those differences)."""
-
-        def put(key: str, x: Tensor) -> None:
-            keep[key] = x if minus is None else minus[key].sub_(x.reshape(minus[key].shape))
-
-        info = self.info
-        return sender_hooks(self.posts, info.n_layers, info.n_heads, self.graph.shape.mlp_layers, put)
 
     def _toward(self, donor: dict[str, Tensor], key: str, alpha: float) -> tuple[str, Callable]:
         """The hook moving sender ``key``'s output to ``donor + alpha (own - donor)``: a post-normed

@@ -16,7 +16,7 @@ normalisation in between), an approximation elsewhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +29,31 @@ from torch import Tensor
 from interp.ablation.gradient import frozen
 from interp.ablation.replay import read_out, unembeds_read_positions
 from interp.adapters.surgery import by_head
+from interp.adapters.weights import NormSite
 from interp.hooks import mlp_out_hook, resid_pre_hook, z_hook
 from interp.patching.core import Setup, refuse_equal
 from interp.patching.graph import shape_of
+from interp.patching.post_norm import sender_hooks
 from interp.progress import tqdm
+from interp.registry import Registry
 from interp.results import plural
+
+# the gradient methods whose points (Passes.points) edge attribution and patching's heads share
+GRADIENT_METHODS: Registry[str] = Registry("gradient method")
+GRADIENT_METHODS.add(
+    "eap", "the gradient at the run's own prompts: one forward of each prompt and one backward", steps=False
+)
+GRADIENT_METHODS.add(
+    "eap-ig-inputs",
+    "the gradient averaged over m points on the line from the donor's input embeddings to the run's own (k/m, k=0..m-1)",
+    steps=True,
+)
+GRADIENT_METHODS.add(
+    "eap-ig-activations",
+    "the gradient averaged over each node layer's output moved alone from the donor's value to its own (k/m, k=1..m)",
+    steps=True,
+)
+GRADIENT_METHODS.add("clean-corrupted", "the gradient averaged over the two prompts of each pair", steps=False)
 
 
 @dataclass(frozen=True)
@@ -58,17 +78,25 @@ class Passes:
 
     read_positions = False  # the passes unembed the metric's positions alone (read_out)
 
-    def __init__(self, run: Setup, method: str, steps: int):
+    def __init__(
+        self,
+        run: Setup,
+        method: str,
+        steps: int,
+        layers: Sequence[int],
+        mlps: Sequence[int],
+        posts: dict[int, NormSite] | None = None,
+    ):
         self.run, self.method, self.steps = run, method, steps
         self.model, self.info = run.model, run.info
+        # the senders kept: the input, the heads of ``layers`` (divided by a post-norm's scale where
+        # ``posts`` has one), the MLPs of ``mlps``
+        self.layers, self.mlps, self.posts = list(layers), tuple(mlps), dict(posts or {})
 
     def passes(self) -> int:
         """Forwards and backwards per minibatch (each with a forward of the donor prompts)."""
-        return {"eap": 1, "clean-corrupted": 2}.get(self.method, self.steps * self._moved_alone())
-
-    def _moved_alone(self) -> int:
-        """The senders an ``eap-ig-activations`` point moves one at a time (every other method, 1)."""
-        return 1
+        moved_alone = 1 + len(self.layers) + len(self.mlps) if self.method == "eap-ig-activations" else 1
+        return {"eap": 1, "clean-corrupted": 2}.get(self.method, self.steps * moved_alone)
 
     def block(self, rows: Tensor, done: Callable[[], Any]) -> tuple[Tensor, Tensor, Tensor]:
         """The scores of pairs ``rows`` averaged over the points, and the metric of their own and
@@ -145,7 +173,15 @@ class Passes:
         return hook_name(key), toward(donor[key], alpha)
 
     def _sender_hooks(self, keep: dict[str, Tensor], minus: dict[str, Tensor] | None = None) -> list:
-        raise NotImplementedError
+        """Hooks keeping each sender's output in ``keep`` (:func:`~interp.patching.post_norm.sender_hooks`);
+        with ``minus``, subtracting it from ``minus``'s tensor in place instead (``keep`` then holds
+        those differences)."""
+
+        def put(key: str, x: Tensor) -> None:
+            keep[key] = x if minus is None else minus[key].sub_(x.reshape(minus[key].shape))
+
+        L, H = self.info.n_layers, self.info.n_heads
+        return sender_hooks(self.posts, L, H, self.mlps, put, layers=self.layers)
 
     def _gradient_pass(
         self, point: Point, rows: Tensor, donor: dict[str, Tensor], minus: dict[str, Tensor] | None = None
@@ -164,32 +200,10 @@ class HeadPasses(Passes):
     contracted per head (and per position where :attr:`Setup.by` says) with its difference."""
 
     def __init__(self, run: Setup, method: str, steps: int, read_positions: bool):
-        super().__init__(run, method, steps)
+        # a layer without attention has no hook_z; eap-ig-activations moves each MLP alone too, as for edges
+        mlps = shape_of(run.model, run.info).mlp_layers if method == "eap-ig-activations" else ()
+        super().__init__(run, method, steps, run.info.attention_layers, mlps)
         self.read_positions = read_positions
-        self.layers = list(run.info.attention_layers)  # a layer without attention has no hook_z
-        # eap-ig-activations moves the input and each MLP alone too, as for edges
-        self.mlps = shape_of(run.model, run.info).mlp_layers if method == "eap-ig-activations" else ()
-
-    def _moved_alone(self) -> int:
-        return 1 + len(self.layers) + len(self.mlps) if self.method == "eap-ig-activations" else 1
-
-    def _sender_hooks(self, keep: dict[str, Tensor], minus: dict[str, Tensor] | None = None) -> list:
-        """Hooks keeping each head's output by head (and the input and MLP outputs, where a point
-        moves them); with ``minus``, subtracting it from ``minus``'s tensor in place instead."""
-        H = self.info.n_heads
-
-        def grab(key: str) -> Callable:
-            def hook(x: Tensor, hook: Any) -> None:
-                x = by_head(x.detach(), H) if key[0] == "z" else x.detach()
-                keep[key] = x if minus is None else minus[key].sub_(x)
-
-            return hook
-
-        hooks = [(z_hook(l), grab(f"z{l}")) for l in self.layers] + [
-            (mlp_out_hook(l), grab(f"m{l}")) for l in self.mlps
-        ]
-        moves_input = self.method in ("eap-ig-inputs", "eap-ig-activations")
-        return [(resid_pre_hook(0), grab("input")), *hooks] if moves_input else hooks
 
     def _gradient_pass(
         self, point: Point, rows: Tensor, donor: dict[str, Tensor], minus: dict[str, Tensor] | None = None
@@ -338,4 +352,15 @@ def watch(grads: dict[str, Tensor], seen: set[str], key: str) -> Callable:
     return hook
 
 
-__all__ = ["OWN_FIRST", "HeadPasses", "Passes", "Point", "attribution_values", "begin", "hook_name", "toward", "watch"]
+__all__ = [
+    "GRADIENT_METHODS",
+    "OWN_FIRST",
+    "HeadPasses",
+    "Passes",
+    "Point",
+    "attribution_values",
+    "begin",
+    "hook_name",
+    "toward",
+    "watch",
+]

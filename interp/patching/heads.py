@@ -22,7 +22,7 @@ from interp.adapters import HookedModel
 from interp.config import RunConfig
 from interp.errors import UsageError
 from interp.journal import Journal
-from interp.patching.attribution import attribution_values
+from interp.patching.attribution import GRADIENT_METHODS, attribution_values
 from interp.patching.core import result, setup, validate_setup
 from interp.patching.exact import exact_values
 from interp.patching.result import PatchScores
@@ -45,29 +45,14 @@ METHODS.add(
     points="eap-ig",
     steps=True,
 )
-METHODS.add(
-    "eap-ig-inputs",
-    "edge attribution's EAP-IG read at the heads: the gradient averaged over steps on the line from the donor's "
-    "input embeddings to the own (default 5); signed, approximate",
-    attribution_values,
-    points="eap-ig-inputs",
-    steps=True,
-)
-METHODS.add(
-    "eap-ig-activations",
-    "edge attribution's, read at the heads: the gradient averaged over steps with each node layer (the input, a "
-    "layer's heads, an MLP) moved alone (default 5); signed, approximate",
-    attribution_values,
-    points="eap-ig-activations",
-    steps=True,
-)
-METHODS.add(
-    "clean-corrupted",
-    "edge attribution's, read at the heads: the gradient averaged over the two prompts of each pair; signed, "
-    "approximate",
-    attribution_values,
-    points="clean-corrupted",
-)
+for _name in ("eap-ig-inputs", "eap-ig-activations", "clean-corrupted"):  # edge attribution's, read at the heads
+    METHODS.add(
+        _name,
+        f"edge attribution's, read at the heads: {GRADIENT_METHODS.doc(_name)}; signed, approximate",
+        attribution_values,
+        points=_name,
+        steps=GRADIENT_METHODS.info(_name, "steps"),
+    )
 STEPPED = METHODS.select(lambda e: e.info.get("steps", False))
 EAP_IG_STEPS = 5
 

@@ -75,11 +75,12 @@ def sender_hooks(
     n_heads: int,
     mlp_layers: Iterable[int],
     put: Callable[[str, Tensor], Any],
+    layers: Iterable[int] | None = None,
 ) -> list[tuple[str, Callable]]:
     """Hooks handing every sender's output on a forward to ``put(key, output)``, detached: the stream
     entering block 0 (``"input"``), each layer's ``hook_z`` by head (``"z{l}"``; a post-normed
-    layer's divided by its norm's scale, :func:`scaled`, once the scale is seen) and each MLP's
-    output (``"m{l}"``)."""
+    layer's divided by its norm's scale, :func:`scaled`, once the scale is seen; ``layers``: these
+    layers' alone, default every one) and each MLP's output (``"m{l}"``)."""
     raw: dict[str, Tensor] = {}  # a post-normed layer's z, until its norm's scale is seen
 
     def grab(key: str) -> Callable:
@@ -99,7 +100,7 @@ def sender_hooks(
         return lambda s, hook: put(key, scaled(raw.pop(key), s.detach()))
 
     hooks = [(resid_pre_hook(0), grab("input"))]
-    for l in range(n_layers):
+    for l in range(n_layers) if layers is None else layers:
         hooks.append((z_hook(l), head_outputs(f"z{l}", l in posts)))
         if l in posts:
             hooks.append((posts[l].scale, scale(f"z{l}")))
