@@ -248,10 +248,12 @@ def test_nodes_names_a_node_circuit_evaluated_on_its_own(tmp_path, capsys):
     assert not (tmp_path / "many" / "edge_scores.csv").exists()  # refused before any file
 
 
+@pytest.mark.parametrize("by", ["edge", "position"])
 @pytest.mark.parametrize("stage", ["sizes", "refine1", "refine2"])
-def test_ctrl_c_in_any_pass_of_the_curve_ends_the_run_marked_partial(tmp_path, capsys, monkeypatch, stage):
+def test_ctrl_c_in_any_pass_of_the_curve_ends_the_run_marked_partial(tmp_path, capsys, monkeypatch, stage, by):
     """An interrupt during MIB's sizes or either refinement round ends the command: exit 130, the
-    curve marked partial, no circuit written as if complete, and no later pass runs."""
+    curve marked partial, no circuit written as if complete, and no later pass runs (by edge and by
+    position)."""
     evaluate, group = EdgeSweeper.evaluate, EdgeSweeper._evaluate_group
     passes: list[str] = []
 
@@ -267,7 +269,7 @@ def test_ctrl_c_in_any_pass_of_the_curve_ends_the_run_marked_partial(tmp_path, c
     monkeypatch.setattr(EdgeSweeper, "evaluate", evaluate_named)
     monkeypatch.setattr(EdgeSweeper, "_evaluate_group", stopping)
     out = tmp_path / "out"
-    assert cli([*BASE, "--task", "repeat", "--direction", "noise", "--out", str(out)]) == 130
+    assert cli([*BASE, "--task", "repeat", "--direction", "noise", "--by", by, "--out", str(out)]) == 130
     captured = capsys.readouterr()
     assert captured.err.endswith("\npython -m interp.circuit: interrupted\n")
     assert passes[-1] == f"evaluating circuits ({stage})"  # nothing ran after the interrupted pass

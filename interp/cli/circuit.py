@@ -242,10 +242,9 @@ def main(args: argparse.Namespace, model: HookedModel, out: Path) -> list[Path]:
             print(f"  {line}")
         written += curve.save(out)
         if curve.meta.get("partial") or _by_position(args):  # pairs: the curve's circuits are the result
-            figure = save_figure(curve.figure(), out, curve.KIND)
+            written += save_figure(curve.figure(), out, curve.KIND)
             if curve.meta.get("partial"):
-                stop_partial(written + figure, journals)
-            written += figure
+                stop_partial(written, journals)
     if _by_position(args):
         if journals is not None:
             journals.finish()
